@@ -1,0 +1,380 @@
+//! The fill path: serve a range of a pinned object version from the block store, filling
+//! missing blocks from the origin.
+//!
+//! 1. NVMe hit → serve.
+//! 2. Join the fill in flight for the block, if there is one (single-flight).
+//! 3. Otherwise start a fill: one ranged GET from this block to the end of its origin part
+//!    (stopping at blocks already present or in flight), run as its own task so it survives the
+//!    cancellation of any reader, limited by the origin concurrency.
+//! 4. Each block goes to its waiters as soon as its last byte arrives, then is written to the
+//!    block store in the background. A block stays joinable until its write has finished, so
+//!    no reader refetches a block that is on its way to disk. A failed write is counted and
+//!    logged; it never fails a read.
+//!
+//! [`Reader`] adds a sequential detector per handle: while reads are sequential, a readahead
+//! window grows from `readahead_min` to `readahead_max`, keeping many GETs in flight.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use larder_config::OriginConfig;
+use parking_lot::Mutex;
+use tokio::sync::{Semaphore, oneshot};
+use tokio_util::task::TaskTracker;
+
+use crate::object::{ObjectId, ObjectVersion};
+use crate::origin::{Origin, OriginError};
+use crate::stats::{Stats, add};
+use crate::store::{BlockStore, VerifiedBlock};
+
+/// Why a read failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The origin could not supply a missing block; shared by every waiter of the fill.
+    #[error(transparent)]
+    Origin(Arc<OriginError>),
+    /// The fill was dropped before it finished (the daemon is shutting down).
+    #[error("the fill was abandoned before it finished")]
+    Abandoned,
+}
+
+type FillResult = Result<Bytes, ReadError>;
+type SharedFill = Shared<BoxFuture<'static, FillResult>>;
+type BlockKey = (ObjectId, u32);
+
+/// A pinned object version and the origin it comes from: what a file handle holds.
+#[derive(Debug)]
+pub struct OpenObject {
+    origin: Arc<Origin>,
+    version: ObjectVersion,
+    id: ObjectId,
+}
+
+impl OpenObject {
+    /// Pins `version` of an object of `origin`.
+    pub fn new(origin: Arc<Origin>, version: ObjectVersion) -> Arc<Self> {
+        let id = version.id();
+        Arc::new(Self { origin, version, id })
+    }
+
+    /// The pinned version.
+    pub fn version(&self) -> &ObjectVersion {
+        &self.version
+    }
+}
+
+/// The block cache's read API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<BlockStore>,
+    inflight: Mutex<HashMap<BlockKey, SharedFill>>,
+    origin_permits: Arc<Semaphore>,
+    part_blocks: u32,
+    readahead: Range<u64>,
+    stats: Arc<Stats>,
+    tasks: TaskTracker,
+}
+
+impl Cache {
+    /// A cache over `store`, fetching with the origin settings of `config`.
+    pub fn new(store: Arc<BlockStore>, config: &OriginConfig, stats: Arc<Stats>) -> Self {
+        let part_blocks = (config.part_size.as_u64() / store.block_size()).max(1) as u32;
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                inflight: Mutex::new(HashMap::new()),
+                origin_permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
+                part_blocks,
+                readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
+                stats,
+                tasks: TaskTracker::new(),
+            }),
+        }
+    }
+
+    /// The block store underneath.
+    pub fn store(&self) -> &Arc<BlockStore> {
+        &self.inner.store
+    }
+
+    /// Blocks with a fill or a cache write in flight.
+    pub fn in_flight(&self) -> usize {
+        self.inner.inflight.lock().len()
+    }
+
+    /// Waits for every fill and cache write started so far (shutdown, tests).
+    pub async fn flush(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.tasks.reopen();
+    }
+
+    fn block_count(&self, object: &OpenObject) -> u32 {
+        object.version.size.div_ceil(self.inner.store.block_size()) as u32
+    }
+
+    /// Reads up to `len` bytes at `offset` of the pinned version; short only at its end.
+    pub async fn read(&self, object: &Arc<OpenObject>, offset: u64, len: usize) -> Result<Bytes, ReadError> {
+        let end = object.version.size.min(offset.saturating_add(len as u64));
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        let block_size = self.inner.store.block_size();
+        let first = (offset / block_size) as u32;
+        let last = ((end - 1) / block_size) as u32;
+        let blocks =
+            futures::future::try_join_all((first..=last).map(|index| self.block(object, index))).await?;
+        let slice = |i: usize, block: &Bytes| {
+            let block_start = u64::from(first + i as u32) * block_size;
+            let from = offset.saturating_sub(block_start) as usize;
+            let to = ((end - block_start) as usize).min(block.len());
+            block.slice(from..to)
+        };
+        if let [block] = blocks.as_slice() {
+            return Ok(slice(0, block));
+        }
+        let mut out = BytesMut::with_capacity((end - offset) as usize);
+        for (i, block) in blocks.iter().enumerate() {
+            out.extend_from_slice(&slice(i, block));
+        }
+        Ok(out.freeze())
+    }
+
+    /// Starts fills for the missing blocks of `range` without waiting for them.
+    pub fn prefetch(&self, object: &Arc<OpenObject>, range: Range<u64>) {
+        let end = object.version.size.min(range.end);
+        if range.start >= end {
+            return;
+        }
+        let block_size = self.inner.store.block_size();
+        let last = ((end - 1) / block_size) as u32;
+        let mut index = (range.start / block_size) as u32;
+        let mut inflight = self.inner.inflight.lock();
+        while index <= last {
+            if inflight.contains_key(&(object.id, index)) || self.inner.store.contains(object.id, index) {
+                index += 1;
+            } else {
+                index = self.start_fill(object, index, &mut inflight).end;
+            }
+        }
+    }
+
+    /// One whole block, from disk, from a fill in flight, or from a new fill.
+    async fn block(&self, object: &Arc<OpenObject>, index: u32) -> FillResult {
+        let stats = &self.inner.stats;
+        if let Some(bytes) = self
+            .inner
+            .store
+            .read_block(&object.version, object.id, index)
+            .await
+        {
+            add(&stats.lookup_hit, 1);
+            add(&stats.served_nvme_bytes, bytes.len() as u64);
+            return Ok(bytes);
+        }
+        let fill = {
+            let mut inflight = self.inner.inflight.lock();
+            if let Some(fill) = inflight.get(&(object.id, index)) {
+                add(&stats.lookup_joined, 1);
+                Some(fill.clone())
+            } else if self.inner.store.contains(object.id, index) {
+                // Written between the disk lookup and now.
+                None
+            } else {
+                add(&stats.lookup_miss, 1);
+                self.start_fill(object, index, &mut inflight);
+                inflight.get(&(object.id, index)).cloned()
+            }
+        };
+        let bytes = match fill {
+            Some(fill) => fill.await?,
+            None => return Box::pin(self.block(object, index)).await,
+        };
+        add(&stats.served_origin_bytes, bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    /// Registers and spawns a fill from block `first` to the end of its origin part, stopping
+    /// before any block already present or in flight. Returns the blocks it covers.
+    fn start_fill(
+        &self,
+        object: &Arc<OpenObject>,
+        first: u32,
+        inflight: &mut HashMap<BlockKey, SharedFill>,
+    ) -> Range<u32> {
+        let part_end =
+            ((first / self.inner.part_blocks + 1) * self.inner.part_blocks).min(self.block_count(object));
+        let mut end = first + 1;
+        while end < part_end
+            && !inflight.contains_key(&(object.id, end))
+            && !self.inner.store.contains(object.id, end)
+        {
+            end += 1;
+        }
+        let mut senders = Vec::with_capacity((end - first) as usize);
+        for index in first..end {
+            let (tx, rx) = oneshot::channel::<FillResult>();
+            let fill = rx
+                .map(|r| r.unwrap_or(Err(ReadError::Abandoned)))
+                .boxed()
+                .shared();
+            inflight.insert((object.id, index), fill);
+            senders.push(tx);
+        }
+        let cache = self.clone();
+        let object = object.clone();
+        self.inner
+            .tasks
+            .spawn(async move { cache.run_fill(object, first, senders).await });
+        first..end
+    }
+
+    /// The body of a fill task.
+    async fn run_fill(self, object: Arc<OpenObject>, first: u32, senders: Vec<oneshot::Sender<FillResult>>) {
+        let store = &self.inner.store;
+        let block_size = store.block_size();
+        let size = object.version.size;
+        let start = u64::from(first) * block_size;
+        let end = size.min(start + senders.len() as u64 * block_size);
+        let mut pending = senders.into_iter();
+        let mut next = first;
+        let mut buf = BytesMut::new();
+        let result = match self.inner.origin_permits.clone().acquire_owned().await {
+            Err(_) => Err(ReadError::Abandoned),
+            Ok(_permit) => {
+                let mut sink = |mut chunk: Bytes| {
+                    while !chunk.is_empty() {
+                        let block_len = store.block_len(size, next) as usize;
+                        let take = (block_len - buf.len()).min(chunk.len());
+                        if buf.is_empty() && take == block_len {
+                            // A whole block inside one chunk: no copy.
+                            self.deliver(&object, next, chunk.split_to(take), pending.next());
+                        } else {
+                            if buf.capacity() == 0 {
+                                buf.reserve(block_len);
+                            }
+                            buf.extend_from_slice(&chunk.split_to(take));
+                            if buf.len() == block_len {
+                                let block = std::mem::take(&mut buf).freeze();
+                                self.deliver(&object, next, block, pending.next());
+                            }
+                        }
+                        if buf.is_empty() {
+                            next += 1;
+                        }
+                    }
+                };
+                object
+                    .origin
+                    .read_range(&object.version, start..end, &mut sink)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "origin fill failed");
+                        ReadError::Origin(Arc::new(e))
+                    })
+            }
+        };
+        if let Err(error) = result {
+            let mut inflight = self.inner.inflight.lock();
+            for (offset, tx) in pending.enumerate() {
+                inflight.remove(&(object.id, next + offset as u32));
+                let _ = tx.send(Err(error.clone()));
+            }
+        }
+    }
+
+    /// Hands a completed block to its waiters, then writes it to disk in the background.
+    fn deliver(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        bytes: Bytes,
+        tx: Option<oneshot::Sender<FillResult>>,
+    ) {
+        if let Some(tx) = tx {
+            let _ = tx.send(Ok(bytes.clone()));
+        }
+        let cache = self.clone();
+        let object = object.clone();
+        self.inner.tasks.spawn(async move {
+            let block = VerifiedBlock::new(bytes);
+            if let Err(error) = cache
+                .inner
+                .store
+                .write_block(&object.version, index, &block)
+                .await
+            {
+                let stats = &cache.inner.stats;
+                match error {
+                    crate::store::StoreError::NoSpace(_) => add(&stats.cache_writes_skipped, 1),
+                    _ => {
+                        add(&stats.cache_write_failures, 1);
+                        tracing::warn!(%error, "cache write failed; the block was served from memory");
+                    }
+                }
+            }
+            cache.inner.inflight.lock().remove(&(object.id, index));
+        });
+    }
+}
+
+/// A reader of one open object (one file handle): detects sequential access and keeps a
+/// growing readahead window of fills in flight ahead of it.
+#[derive(Debug)]
+pub struct Reader {
+    cache: Cache,
+    object: Arc<OpenObject>,
+    next_offset: u64,
+    window: u64,
+    prefetched_to: u64,
+}
+
+impl Reader {
+    /// A reader of `object` through `cache`.
+    pub fn new(cache: Cache, object: Arc<OpenObject>) -> Self {
+        Self {
+            cache,
+            object,
+            next_offset: 0,
+            window: 0,
+            prefetched_to: 0,
+        }
+    }
+
+    /// The pinned object.
+    pub fn object(&self) -> &Arc<OpenObject> {
+        &self.object
+    }
+
+    /// Reads like [`Cache::read`], growing the readahead window while reads are sequential and
+    /// dropping it on a jump.
+    pub async fn read(&mut self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
+        let end = offset.saturating_add(len as u64);
+        let readahead = &self.cache.inner.readahead;
+        if offset == self.next_offset {
+            self.window = (self.window * 2).clamp(readahead.start, readahead.end);
+        } else {
+            self.window = 0;
+            self.prefetched_to = 0;
+        }
+        self.next_offset = end;
+        if self.window > 0 {
+            let ahead_end = end.saturating_add(self.window).min(self.object.version.size);
+            if ahead_end > self.prefetched_to.max(end) {
+                self.cache
+                    .prefetch(&self.object, self.prefetched_to.max(end)..ahead_end);
+                self.prefetched_to = ahead_end;
+            }
+        }
+        self.cache.read(&self.object, offset, len).await
+    }
+}

@@ -1,0 +1,143 @@
+//! Page-aligned buffers for O_DIRECT I/O.
+//!
+//! A request owns its buffer while the kernel works on it and gets it back with the result, so
+//! no buffer is ever shared between userspace and an in-flight operation.
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Alignment of every buffer, offset and length handed to the kernel with O_DIRECT.
+pub const ALIGN: usize = 4096;
+
+/// Rounds `n` up to the next multiple of [`ALIGN`].
+pub fn align_up(n: u64) -> u64 {
+    n.div_ceil(ALIGN as u64) * ALIGN as u64
+}
+
+/// A zero-initialised heap buffer whose start and capacity are multiples of [`ALIGN`].
+///
+/// `len` is how many bytes are valid (read from disk, or to be written); `capacity` is fixed.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    capacity: usize,
+    len: usize,
+}
+
+// SAFETY: the buffer is uniquely owned heap memory with no interior references.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out `&[u8]`.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// A zeroed buffer of at least `capacity` bytes (rounded up to [`ALIGN`]), with `len` = 0.
+    pub fn zeroed(capacity: usize) -> Self {
+        let capacity = (capacity.max(1)).div_ceil(ALIGN) * ALIGN;
+        let layout = Self::layout(capacity);
+        // SAFETY: the layout has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        Self {
+            ptr,
+            capacity,
+            len: 0,
+        }
+    }
+
+    /// A buffer holding a copy of `data`, zero-padded to the next [`ALIGN`] boundary.
+    pub fn copy_from(data: &[u8]) -> Self {
+        let mut buf = Self::zeroed(data.len());
+        buf.spare_mut()[..data.len()].copy_from_slice(data);
+        buf.len = data.len();
+        buf
+    }
+
+    fn layout(capacity: usize) -> Layout {
+        match Layout::from_size_align(capacity, ALIGN) {
+            Ok(layout) => layout,
+            Err(_) => panic!("buffer of {capacity} bytes is larger than the address space"),
+        }
+    }
+
+    /// The fixed capacity, a multiple of [`ALIGN`].
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Number of valid bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when no byte is valid.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Marks the first `len` bytes valid.
+    ///
+    /// # Panics
+    /// If `len` is larger than the capacity.
+    pub fn set_len(&mut self, len: usize) {
+        assert!(
+            len <= self.capacity,
+            "len {len} exceeds capacity {}",
+            self.capacity
+        );
+        self.len = len;
+    }
+
+    /// The whole capacity, valid or not, for the kernel or a copy to fill.
+    pub fn spare_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `capacity` initialised (zeroed at allocation) bytes we own.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
+    }
+
+    /// Raw pointer to the start, for I/O submissions.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl AsRef<[u8]> for AlignedBuf {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes are initialised and owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with exactly this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.capacity)) }
+    }
+}
+
+impl fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("len", &self.len)
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_padded() {
+        let buf = AlignedBuf::copy_from(&[7u8; 5000]);
+        assert_eq!(buf.as_ref().as_ptr() as usize % ALIGN, 0);
+        assert_eq!(buf.capacity(), 8192);
+        assert_eq!(buf.len(), 5000);
+        let mut buf = buf;
+        assert!(buf.spare_mut()[5000..].iter().all(|&b| b == 0));
+        assert_eq!(align_up(1), 4096);
+        assert_eq!(align_up(4096), 4096);
+        assert_eq!(align_up(0), 0);
+    }
+}

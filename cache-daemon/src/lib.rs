@@ -1,0 +1,13 @@
+//! Larder's daemon library: origins, the NVMe block store and the fill path.
+//!
+//! Start reading at [`cache`]: a read of a pinned [`object::ObjectVersion`] goes to the
+//! [`store`] (NVMe), else to a single-flight fill from the [`origin`].
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod cache;
+pub mod engine;
+pub mod object;
+pub mod origin;
+pub mod stats;
+pub mod store;

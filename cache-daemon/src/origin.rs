@@ -1,0 +1,617 @@
+//! Origins: the object stores behind each source.
+//!
+//! An [`Origin`] wraps an `object_store::ObjectStore` built from the source's URL and adds what a
+//! cache needs from it: keys relative to the source's prefix, ranged GETs pinned to the version
+//! seen at open (`If-Match`, and the response's ETag checked as well), per-attempt deadlines,
+//! jittered exponential backoff under a shared retry budget, and errors typed by what the caller
+//! must do about them.
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use larder_config::{OriginConfig, SourceConfig};
+use object_store::path::Path;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
+    RetryConfig,
+};
+use parking_lot::Mutex;
+use rand::Rng;
+
+use crate::object::ObjectVersion;
+use crate::stats::{Stats, add};
+
+/// Why an origin request failed, sorted by what the caller does about it.
+#[derive(Debug, thiserror::Error)]
+pub enum OriginError {
+    /// The object (or prefix) does not exist.
+    #[error("{key:?} was not found in source {source_name}")]
+    NotFound {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+    },
+    /// The origin refused our credentials or denied access.
+    #[error("source {source_name} denied access to {key:?}: {source}")]
+    PermissionDenied {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// What the store said.
+        source: object_store::Error,
+    },
+    /// The object changed since the version was pinned.
+    #[error("{key:?} in source {source_name} changed since it was opened (ETag {expected} is gone)")]
+    VersionChanged {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// The pinned ETag.
+        expected: String,
+    },
+    /// Transient failures persisted past the attempt limit or the retry budget.
+    #[error("{key:?} in source {source_name}: gave up after {attempts} attempt(s): {source}")]
+    RetriesExhausted {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        source: TransientError,
+    },
+    /// The whole operation, retries included, ran past its deadline.
+    #[error("{key:?} in source {source_name}: no answer within {deadline:?}")]
+    DeadlineExceeded {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// The deadline that passed.
+        deadline: Duration,
+    },
+    /// A request the origin will never accept (invalid key, unsupported operation).
+    #[error("{key:?} in source {source_name}: {source}")]
+    Rejected {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// What the store said.
+        source: object_store::Error,
+    },
+    /// The source cannot be built from its configuration.
+    #[error("source {source_name} ({url}): {message}")]
+    Config {
+        /// Name of the source.
+        source_name: String,
+        /// The configured URL.
+        url: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A failure worth retrying.
+#[derive(Debug, thiserror::Error)]
+pub enum TransientError {
+    /// A 5xx, a throttle, a reset connection: anything the store reports as generic.
+    #[error(transparent)]
+    Store(object_store::Error),
+    /// No response (or no body progress) within the per-request deadline.
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+    /// The body ended before the requested range did.
+    #[error("the body ended {missing} bytes short of the requested range")]
+    ShortBody {
+        /// Bytes that never came.
+        missing: u64,
+    },
+}
+
+/// How one failed attempt is classified.
+enum Failure {
+    Transient(TransientError),
+    Final(OriginError),
+}
+
+/// Retry timing: attempt limit and jittered exponential backoff.
+#[derive(Debug, Clone)]
+struct Backoff {
+    max_attempts: u32,
+    base: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// "Full jitter": a uniform delay up to `base * 2^retry`, capped at `max`.
+    fn delay(&self, retry: u32) -> Duration {
+        let ceiling = self.base.saturating_mul(1 << retry.min(16)).min(self.max);
+        ceiling.mul_f64(rand::rng().random::<f64>())
+    }
+}
+
+/// A token bucket that keeps retries to a fraction of requests, so a failing origin sees at
+/// most `1 + ratio` times the normal load instead of `max_attempts` times.
+///
+/// Every first attempt deposits `ratio` tokens; every retry withdraws one. A trickle of
+/// `MIN_PER_SEC` tokens a second lets an idle daemon retry its first requests.
+#[derive(Debug)]
+pub struct RetryBudget {
+    ratio: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RetryBudget {
+    const MIN_PER_SEC: f64 = 10.0;
+    const CAP: f64 = 1000.0;
+
+    /// A budget allowing `ratio` retries per request.
+    pub fn new(ratio: f64) -> Self {
+        Self {
+            ratio,
+            state: Mutex::new((Self::MIN_PER_SEC, Instant::now())),
+        }
+    }
+
+    fn deposit(&self) {
+        let mut state = self.state.lock();
+        state.0 = (state.0 + self.ratio).min(Self::CAP);
+    }
+
+    fn withdraw(&self) -> bool {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let refill = now.duration_since(state.1).as_secs_f64() * Self::MIN_PER_SEC;
+        *state = ((state.0 + refill).min(Self::CAP), now);
+        if state.0 >= 1.0 {
+            state.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// One entry of a delimited listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListEntry {
+    /// A common prefix ("directory"), relative to the source, without the trailing slash.
+    Prefix(String),
+    /// An object, relative to the source.
+    Object(ObjectVersion),
+}
+
+/// A source's object store plus Larder's request discipline.
+pub struct Origin {
+    name: String,
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    backoff: Backoff,
+    budget: RetryBudget,
+    request_timeout: Duration,
+    deadline: Duration,
+    stats: Arc<Stats>,
+}
+
+impl fmt::Debug for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Origin")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Installs the process-wide TLS crypto provider once (the `ring` backend).
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // An error means another provider was installed first, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl Origin {
+    /// Builds the origin for a configured source. S3, GCS and Azure credentials, endpoints and
+    /// regions come from their standard environment variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`).
+    pub fn from_config(
+        source: &SourceConfig,
+        config: &OriginConfig,
+        stats: Arc<Stats>,
+    ) -> Result<Self, OriginError> {
+        install_crypto_provider();
+        let config_error = |message: String| OriginError::Config {
+            source_name: source.name.clone(),
+            url: source.url.clone(),
+            message,
+        };
+        let url = url::Url::parse(&source.url).map_err(|e| config_error(format!("not a URL: {e}")))?;
+        let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| config_error(e.to_string()))?;
+        let client = ClientOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            // Larder bounds attempts itself; the client's own timeout only backs it up.
+            .with_timeout(config.read_deadline);
+        // Larder retries itself, under its budget; the store must not multiply attempts.
+        let no_retries = RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 0,
+            retry_timeout: config.read_deadline,
+        };
+        let store: Arc<dyn ObjectStore> = match scheme {
+            ObjectStoreScheme::Local => {
+                let root = url
+                    .to_file_path()
+                    .map_err(|()| config_error("not a local path".into()))?;
+                Arc::new(
+                    object_store::local::LocalFileSystem::new_with_prefix(&root)
+                        .map_err(|e| config_error(e.to_string()))?,
+                )
+            }
+            ObjectStoreScheme::AmazonS3 => Arc::new(
+                object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(url.as_str())
+                    .with_client_options(client)
+                    .with_retry(no_retries)
+                    .build()
+                    .map_err(|e| config_error(e.to_string()))?,
+            ),
+            ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(url.as_str())
+                    .with_client_options(client)
+                    .with_retry(no_retries)
+                    .build()
+                    .map_err(|e| config_error(e.to_string()))?,
+            ),
+            ObjectStoreScheme::MicrosoftAzure => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(url.as_str())
+                    .with_client_options(client)
+                    .with_retry(no_retries)
+                    .build()
+                    .map_err(|e| config_error(e.to_string()))?,
+            ),
+            ObjectStoreScheme::Http => {
+                let mut base = url.clone();
+                base.set_path("");
+                Arc::new(
+                    object_store::http::HttpBuilder::new()
+                        .with_url(base.as_str())
+                        .with_client_options(client)
+                        .with_retry(no_retries)
+                        .build()
+                        .map_err(|e| config_error(e.to_string()))?,
+                )
+            }
+            other => return Err(config_error(format!("{other:?} stores are not supported"))),
+        };
+        let local_prefix = if matches!(scheme, ObjectStoreScheme::Local) {
+            Path::default()
+        } else {
+            prefix
+        };
+        Ok(Self::new(
+            &source.name,
+            &source.url,
+            store,
+            local_prefix,
+            config,
+            stats,
+        ))
+    }
+
+    /// An origin over an already built store; keys are resolved under `prefix`. Tests use this
+    /// to put fault-injecting wrappers around real stores.
+    pub fn new(
+        name: &str,
+        url: &str,
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        config: &OriginConfig,
+        stats: Arc<Stats>,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            url: url.to_owned(),
+            store,
+            prefix,
+            backoff: Backoff {
+                max_attempts: config.max_attempts.max(1),
+                base: config.backoff_base,
+                max: config.backoff_max,
+            },
+            budget: RetryBudget::new(config.retry_budget_ratio),
+            request_timeout: config.request_timeout,
+            deadline: config.read_deadline,
+            stats,
+        }
+    }
+
+    /// The source's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The source's configured URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The store location of a key relative to the source. Keys are parsed, never concatenated:
+    /// `..`, empty segments and the like are rejected, so no key escapes the prefix.
+    fn location(&self, key: &str) -> Result<Path, OriginError> {
+        let relative = Path::parse(key).map_err(|e| OriginError::Rejected {
+            source_name: self.name.clone(),
+            key: key.to_owned(),
+            source: e.into(),
+        })?;
+        Ok(self.prefix.parts().chain(relative.parts()).collect())
+    }
+
+    /// The key relative to the source of a location the store returned.
+    fn relative_key(&self, location: &Path) -> Option<String> {
+        let parts: Vec<_> = location.prefix_match(&self.prefix)?.collect();
+        Some(Path::from_iter(parts).to_string())
+    }
+
+    fn version_of(&self, key: String, meta: &object_store::ObjectMeta) -> ObjectVersion {
+        ObjectVersion {
+            origin_url: self.url.clone(),
+            key,
+            etag: meta.e_tag.clone(),
+            version: meta.version.clone(),
+            size: meta.size,
+        }
+    }
+
+    /// The current version of `key`.
+    pub async fn head(&self, key: &str) -> Result<ObjectVersion, OriginError> {
+        let location = self.location(key)?;
+        let meta = self
+            .with_retries(key, || {
+                add(&self.stats.origin_head_requests, 1);
+                self.store.head(&location)
+            })
+            .await?;
+        Ok(self.version_of(key.to_owned(), &meta))
+    }
+
+    /// One level of the tree under `dir` (relative to the source; `""` is the source's root).
+    pub async fn list(&self, dir: &str) -> Result<Vec<ListEntry>, OriginError> {
+        let location = if dir.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.location(dir)?
+        };
+        let listing = self
+            .with_retries(dir, || {
+                add(&self.stats.origin_list_requests, 1);
+                self.store.list_with_delimiter(Some(&location))
+            })
+            .await?;
+        let prefixes = listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| self.relative_key(p))
+            .map(ListEntry::Prefix);
+        let objects = listing.objects.iter().filter_map(|meta| {
+            Some(ListEntry::Object(
+                self.version_of(self.relative_key(&meta.location)?, meta),
+            ))
+        });
+        Ok(prefixes.chain(objects).collect())
+    }
+
+    /// Streams `range` of the pinned `version` into `sink`, in order, each byte exactly once.
+    ///
+    /// A failed attempt is retried from the first byte not yet delivered. Every attempt carries
+    /// `If-Match` with the pinned ETag and checks the ETag of the response: bytes of another
+    /// version are never delivered. The whole call is bounded by the read deadline.
+    pub async fn read_range(
+        &self,
+        version: &ObjectVersion,
+        range: Range<u64>,
+        sink: &mut (dyn FnMut(Bytes) + Send),
+    ) -> Result<(), OriginError> {
+        let location = self.location(&version.key)?;
+        let mut next = range.start;
+        let attempts = async {
+            let mut attempt = 0;
+            loop {
+                let failure = match self.read_attempt(&location, version, next..range.end, sink).await {
+                    Ok(()) => return Ok(()),
+                    Err((delivered, failure)) => {
+                        next += delivered;
+                        failure
+                    }
+                };
+                attempt = self.after_failure(&version.key, attempt, failure).await?;
+            }
+        };
+        self.within_deadline(&version.key, attempts).await
+    }
+
+    /// One GET of `range`; on failure, how many bytes it delivered before failing.
+    async fn read_attempt(
+        &self,
+        location: &Path,
+        version: &ObjectVersion,
+        range: Range<u64>,
+        sink: &mut (dyn FnMut(Bytes) + Send),
+    ) -> Result<(), (u64, Failure)> {
+        add(&self.stats.origin_get_requests, 1);
+        let options = GetOptions {
+            if_match: version.etag.clone(),
+            version: version.version.clone(),
+            range: Some(GetRange::Bounded(range.clone())),
+            ..GetOptions::default()
+        };
+        let response =
+            match tokio::time::timeout(self.request_timeout, self.store.get_opts(location, options)).await {
+                Err(_) => {
+                    return Err((
+                        0,
+                        Failure::Transient(TransientError::Timeout(self.request_timeout)),
+                    ));
+                }
+                Ok(Err(e)) => return Err((0, self.classify(&version.key, e))),
+                Ok(Ok(response)) => response,
+            };
+        if let Some(expected) = &version.etag
+            && response.meta.e_tag.as_ref() != Some(expected)
+        {
+            return Err((0, Failure::Final(self.version_changed(version))));
+        }
+        let mut stream = response.into_stream();
+        let want = range.end - range.start;
+        let mut delivered = 0u64;
+        while delivered < want {
+            let chunk = match tokio::time::timeout(self.request_timeout, stream.next()).await {
+                Err(_) => {
+                    return Err((
+                        delivered,
+                        Failure::Transient(TransientError::Timeout(self.request_timeout)),
+                    ));
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err((delivered, self.classify(&version.key, e))),
+                Ok(Some(Ok(chunk))) => chunk,
+            };
+            let chunk = chunk.slice(..chunk.len().min((want - delivered) as usize));
+            add(&self.stats.origin_bytes, chunk.len() as u64);
+            delivered += chunk.len() as u64;
+            sink(chunk);
+        }
+        if delivered < want {
+            let missing = want - delivered;
+            return Err((
+                delivered,
+                Failure::Transient(TransientError::ShortBody { missing }),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs a request-response operation with retries, under the deadline.
+    async fn with_retries<T, F, Fut>(&self, key: &str, mut op: F) -> Result<T, OriginError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = object_store::Result<T>>,
+    {
+        let attempts = async {
+            let mut attempt = 0;
+            loop {
+                let failure = match tokio::time::timeout(self.request_timeout, op()).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(e)) => self.classify(key, e),
+                    Err(_) => Failure::Transient(TransientError::Timeout(self.request_timeout)),
+                };
+                attempt = self.after_failure(key, attempt, failure).await?;
+            }
+        };
+        self.within_deadline(key, attempts).await
+    }
+
+    async fn within_deadline<T>(
+        &self,
+        key: &str,
+        work: impl Future<Output = Result<T, OriginError>>,
+    ) -> Result<T, OriginError> {
+        tokio::time::timeout(self.deadline, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(OriginError::DeadlineExceeded {
+                    source_name: self.name.clone(),
+                    key: key.to_owned(),
+                    deadline: self.deadline,
+                })
+            })
+    }
+
+    /// Decides whether to try again after attempt number `attempt` (0-based) failed; sleeps the
+    /// backoff and returns the next attempt's number, or the final error.
+    async fn after_failure(&self, key: &str, attempt: u32, failure: Failure) -> Result<u32, OriginError> {
+        if attempt == 0 {
+            self.budget.deposit();
+        }
+        let error = match failure {
+            Failure::Final(error) => return Err(error),
+            Failure::Transient(error) => error,
+        };
+        let attempts = attempt + 1;
+        if attempts >= self.backoff.max_attempts || !self.budget.withdraw() {
+            return Err(OriginError::RetriesExhausted {
+                source_name: self.name.clone(),
+                key: key.to_owned(),
+                attempts,
+                source: error,
+            });
+        }
+        let delay = self.backoff.delay(attempt);
+        tracing::debug!(source = %self.name, key, attempt = attempts, ?delay, %error, "retrying origin request");
+        add(&self.stats.origin_retries, 1);
+        tokio::time::sleep(delay).await;
+        Ok(attempts)
+    }
+
+    fn version_changed(&self, version: &ObjectVersion) -> OriginError {
+        add(&self.stats.origin_errors_version_changed, 1);
+        OriginError::VersionChanged {
+            source_name: self.name.clone(),
+            key: version.key.clone(),
+            expected: version.etag.clone().unwrap_or_default(),
+        }
+    }
+
+    fn classify(&self, key: &str, error: object_store::Error) -> Failure {
+        let source_name = self.name.clone();
+        let key = key.to_owned();
+        let stats = &self.stats;
+        match error {
+            object_store::Error::NotFound { .. } => {
+                add(&stats.origin_errors_not_found, 1);
+                Failure::Final(OriginError::NotFound { source_name, key })
+            }
+            object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+                add(&stats.origin_errors_version_changed, 1);
+                Failure::Final(OriginError::VersionChanged {
+                    source_name,
+                    key,
+                    expected: String::new(),
+                })
+            }
+            error @ (object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }) => {
+                add(&stats.origin_errors_permission, 1);
+                Failure::Final(OriginError::PermissionDenied {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+            error @ (object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }) => {
+                add(&stats.origin_errors_transient, 1);
+                Failure::Transient(TransientError::Store(error))
+            }
+            error => {
+                add(&stats.origin_errors_other, 1);
+                Failure::Final(OriginError::Rejected {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+        }
+    }
+}

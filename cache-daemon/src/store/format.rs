@@ -1,0 +1,338 @@
+//! The on-disk format of a block record.
+//!
+//! Every cached object version has a sparse data file holding its blocks at their natural
+//! offsets (no header, so the file can be handed to the kernel as it is) and a record file:
+//!
+//! ```text
+//! header   magic "LARDREC\0" | format version u32 | header length u32 | block size u32 |
+//!          reserved u32 (0) | object size u64 | ObjectId [32] | identity length u32 |
+//!          identity bytes | CRC32 of all the preceding header bytes u32
+//! entries  kind u8 (1 present, 2 removed) | 3 zero bytes | block index u32 |
+//!          BLAKE3 of the block [32] (zero when removed) | CRC32 of the preceding 40 bytes u32
+//! ```
+//!
+//! Integers are little-endian. Entries are appended after the block's bytes are written, so a
+//! present entry never names bytes that were not written. Replay applies entries in order; the
+//! first entry that is short or fails its CRC marks a torn tail, and it and everything after it
+//! are ignored (and cut off when the record is next opened).
+
+use std::collections::HashMap;
+
+use crate::object::ObjectId;
+
+/// First bytes of every record file.
+pub const MAGIC: [u8; 8] = *b"LARDREC\0";
+/// Bumped whenever the layout above changes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Size of one entry.
+pub const ENTRY_LEN: usize = 44;
+
+const FIXED_HEADER_LEN: usize = 68;
+const KIND_PRESENT: u8 = 1;
+const KIND_REMOVED: u8 = 2;
+
+/// Why a record could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    /// Not a record file.
+    #[error("bad magic bytes")]
+    BadMagic,
+    /// Written by another format version.
+    #[error("format version {0} is not supported (this build reads {FORMAT_VERSION})")]
+    UnsupportedVersion(u32),
+    /// Shorter than its header says.
+    #[error("the header is truncated")]
+    Truncated,
+    /// The header's checksum does not match.
+    #[error("the header checksum does not match")]
+    BadChecksum,
+    /// The header is intact but describes something else than expected.
+    #[error("the header's {0} does not match")]
+    Mismatch(&'static str),
+}
+
+/// What a record's header says about its object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// Block size the data file was written with.
+    pub block_size: u32,
+    /// Object size in bytes.
+    pub object_size: u64,
+    /// BLAKE3 of `identity`.
+    pub object_id: ObjectId,
+    /// The object version's canonical identity.
+    pub identity: Vec<u8>,
+}
+
+impl RecordHeader {
+    /// Serialises the header with its checksum.
+    pub fn encode(&self) -> Vec<u8> {
+        let header_len = FIXED_HEADER_LEN + self.identity.len() + 4;
+        let mut out = Vec::with_capacity(header_len);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&(header_len as u32).to_le_bytes());
+        out.extend_from_slice(&self.block_size.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.object_size.to_le_bytes());
+        out.extend_from_slice(&self.object_id.0);
+        out.extend_from_slice(&(self.identity.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.identity);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Parses and checks a header; returns it and its length. Checks the magic, version,
+    /// checksum, and that the id is the hash of the identity.
+    pub fn decode(bytes: &[u8]) -> Result<(Self, usize), FormatError> {
+        if bytes.len() < FIXED_HEADER_LEN + 4 {
+            return Err(FormatError::Truncated);
+        }
+        if bytes[0..8] != MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        let version = u32_at(bytes, 8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion(version));
+        }
+        let header_len = u32_at(bytes, 12) as usize;
+        let identity_len = u32_at(bytes, 64) as usize;
+        if header_len != FIXED_HEADER_LEN + identity_len + 4 {
+            return Err(FormatError::BadChecksum);
+        }
+        if bytes.len() < header_len {
+            return Err(FormatError::Truncated);
+        }
+        if crc32fast::hash(&bytes[..header_len - 4]) != u32_at(bytes, header_len - 4) {
+            return Err(FormatError::BadChecksum);
+        }
+        let mut object_id = [0u8; 32];
+        object_id.copy_from_slice(&bytes[32..64]);
+        let identity = bytes[FIXED_HEADER_LEN..FIXED_HEADER_LEN + identity_len].to_vec();
+        if *blake3::hash(&identity).as_bytes() != object_id {
+            return Err(FormatError::Mismatch("object id"));
+        }
+        let header = Self {
+            block_size: u32_at(bytes, 16),
+            object_size: u64_at(bytes, 24),
+            object_id: ObjectId(object_id),
+            identity,
+        };
+        Ok((header, header_len))
+    }
+}
+
+/// One record entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// The block's bytes are in the data file and hash to this.
+    Present {
+        /// Block index.
+        index: u32,
+        /// BLAKE3 of the block's bytes.
+        hash: [u8; 32],
+    },
+    /// The block was dropped (evicted or found corrupt).
+    Removed {
+        /// Block index.
+        index: u32,
+    },
+}
+
+impl Entry {
+    /// Serialises the entry with its checksum.
+    pub fn encode(&self) -> [u8; ENTRY_LEN] {
+        let mut out = [0u8; ENTRY_LEN];
+        let (kind, index, hash) = match *self {
+            Entry::Present { index, hash } => (KIND_PRESENT, index, hash),
+            Entry::Removed { index } => (KIND_REMOVED, index, [0; 32]),
+        };
+        out[0] = kind;
+        out[4..8].copy_from_slice(&index.to_le_bytes());
+        out[8..40].copy_from_slice(&hash);
+        let crc = crc32fast::hash(&out[..40]);
+        out[40..44].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Parses an entry; `None` when it is torn or garbage.
+    pub fn decode(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() < ENTRY_LEN || crc32fast::hash(&bytes[..40]) != u32_at(bytes, 40) {
+            return None;
+        }
+        let index = u32_at(bytes, 4);
+        match bytes[0] {
+            KIND_PRESENT => {
+                let mut hash = [0u8; 32];
+                hash.copy_from_slice(&bytes[8..40]);
+                Some(Entry::Present { index, hash })
+            }
+            KIND_REMOVED => Some(Entry::Removed { index }),
+            _ => None,
+        }
+    }
+}
+
+/// A replayed record: the header, the blocks present, and where the valid part ends.
+#[derive(Debug)]
+pub struct Replayed {
+    /// The header.
+    pub header: RecordHeader,
+    /// Present blocks and their hashes.
+    pub blocks: HashMap<u32, [u8; 32]>,
+    /// Length of the valid prefix of the file; anything after it is a torn tail.
+    pub valid_len: usize,
+    /// Number of valid entries (present and removed), to decide when to compact.
+    pub entries: usize,
+}
+
+/// Replays a whole record file.
+pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
+    let (header, mut offset) = RecordHeader::decode(bytes)?;
+    let mut blocks = HashMap::new();
+    let mut entries = 0;
+    while let Some(entry) = bytes.get(offset..offset + ENTRY_LEN).and_then(Entry::decode) {
+        match entry {
+            Entry::Present { index, hash } => blocks.insert(index, hash),
+            Entry::Removed { index } => blocks.remove(&index),
+        };
+        offset += ENTRY_LEN;
+        entries += 1;
+    }
+    Ok(Replayed {
+        header,
+        blocks,
+        valid_len: offset,
+        entries,
+    })
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    let mut word = [0u8; 4];
+    word.copy_from_slice(&bytes[at..at + 4]);
+    u32::from_le_bytes(word)
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> RecordHeader {
+        let identity = b"larder.object.v1 test identity".to_vec();
+        RecordHeader {
+            block_size: 4 << 20,
+            object_size: 10_000_000,
+            object_id: ObjectId(*blake3::hash(&identity).as_bytes()),
+            identity,
+        }
+    }
+
+    /// Fails when the format changes: bump FORMAT_VERSION and update the golden bytes.
+    #[test]
+    fn golden_bytes() {
+        let mut record = header().encode();
+        record.extend_from_slice(
+            &Entry::Present {
+                index: 2,
+                hash: [0xab; 32],
+            }
+            .encode(),
+        );
+        record.extend_from_slice(&Entry::Removed { index: 2 }.encode());
+        let golden = concat!(
+            "4c41524452454300",
+            "01000000",
+            "66000000",
+            "00004000",
+            "00000000",
+            "8096980000000000",
+            "9da2780521b5cbb03095b4eb293ade3ed2962ff4cab51c053c233b0ee9d6f982",
+            "1e000000",
+            "6c61726465722e6f626a6563742e76312074657374206964656e74697479",
+            "b15de9c2",
+            "01000000",
+            "02000000",
+            "abababababababababababababababababababababababababababababababab",
+            "389eb877",
+            "02000000",
+            "02000000",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            "15b0849d",
+        );
+        assert_eq!(hex::encode(&record), golden);
+    }
+
+    #[test]
+    fn replay_applies_entries_in_order_and_stops_at_a_torn_tail() {
+        let mut record = header().encode();
+        let header_len = record.len();
+        for entry in [
+            Entry::Present {
+                index: 0,
+                hash: [1; 32],
+            },
+            Entry::Present {
+                index: 1,
+                hash: [2; 32],
+            },
+            Entry::Removed { index: 0 },
+        ] {
+            record.extend_from_slice(&entry.encode());
+        }
+        let whole = record.len();
+        // A torn append: half an entry.
+        record.extend_from_slice(
+            &Entry::Present {
+                index: 5,
+                hash: [5; 32],
+            }
+            .encode()[..20],
+        );
+        let replayed = replay(&record).expect("replay");
+        assert_eq!(replayed.header, header());
+        assert_eq!(replayed.blocks, HashMap::from([(1, [2; 32])]));
+        assert_eq!(replayed.valid_len, whole);
+        assert_eq!(replayed.entries, 3);
+
+        // A flipped bit in an entry ends the replay there.
+        let mut flipped = record[..whole].to_vec();
+        flipped[header_len + ENTRY_LEN + 9] ^= 1;
+        let replayed = replay(&flipped).expect("replay");
+        assert_eq!(replayed.blocks, HashMap::from([(0, [1; 32])]));
+        assert_eq!(replayed.valid_len, header_len + ENTRY_LEN);
+    }
+
+    #[test]
+    fn damaged_headers_are_refused() {
+        let good = header().encode();
+        assert_eq!(
+            RecordHeader::decode(&good[..good.len() - 1]),
+            Err(FormatError::Truncated)
+        );
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert_eq!(RecordHeader::decode(&bad), Err(FormatError::BadMagic));
+        let mut bad = good.clone();
+        bad[8] = 9;
+        assert_eq!(
+            RecordHeader::decode(&bad),
+            Err(FormatError::UnsupportedVersion(9))
+        );
+        let mut bad = good.clone();
+        bad[30] ^= 1;
+        assert_eq!(RecordHeader::decode(&bad), Err(FormatError::BadChecksum));
+        let mut forged = header();
+        forged.object_id = ObjectId([7; 32]);
+        assert_eq!(
+            RecordHeader::decode(&forged.encode()),
+            Err(FormatError::Mismatch("object id"))
+        );
+    }
+}

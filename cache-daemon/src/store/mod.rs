@@ -1,0 +1,792 @@
+//! The NVMe block store: blocks of object versions in sparse data files, a crash-safe record
+//! of which blocks are present, capacity accounting and eviction.
+//!
+//! Layout under the cache dir (`0700` dirs, `0600` files, names are hashes, never keys):
+//!
+//! ```text
+//! <cache dir>/lock                                   flock: one daemon per cache dir
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.data        blocks at their natural offsets
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.rec         header + append-only entries (format.rs)
+//! ```
+//!
+//! Invariants:
+//! - A block is recorded present only after its bytes are written; a block is removed from the
+//!   index and recorded removed before its hole is punched.
+//! - Bytes in use (present blocks plus reservations, each rounded up to 4 KiB) never exceed the
+//!   capacity, and a write never takes the filesystem below its minimum free fraction: space is
+//!   reserved, and victims evicted, before a byte is written.
+//! - A block read from disk is served only if its BLAKE3 matches the record (unless verification
+//!   is off) and it was not evicted while being read.
+
+pub mod format;
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hashlink::LinkedHashMap;
+use larder_config::CacheConfig;
+use parking_lot::Mutex;
+use rustix::fs::{FallocateFlags, FlockOperation};
+use tokio::sync::OnceCell;
+
+use crate::engine::{AlignedBuf, IoEngine, align_up};
+use crate::object::{ObjectId, ObjectVersion};
+use crate::stats::{Stats, add};
+use format::{Entry, RecordHeader};
+
+/// Errors of the block store. None of them ever fails a read: the fill path counts them and
+/// serves from the network.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Another process holds the cache dir.
+    #[error("cache dir {0} is in use by another larder process")]
+    Locked(PathBuf),
+    /// No room could be made without evicting pinned or in-use blocks.
+    #[error("no room for a {0}-byte block: the rest of the cache is pinned or in use")]
+    NoSpace(u64),
+}
+
+fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Bytes from the origin or a peer together with their BLAKE3: the only way bytes enter the
+/// block store, so every stored block has a hash computed from exactly what is stored.
+#[derive(Debug, Clone)]
+pub struct VerifiedBlock {
+    bytes: Bytes,
+    hash: [u8; 32],
+}
+
+impl VerifiedBlock {
+    /// Hashes bytes received from the network.
+    pub fn new(bytes: Bytes) -> Self {
+        let hash = *blake3::hash(&bytes).as_bytes();
+        Self { bytes, hash }
+    }
+
+    /// The block's bytes.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+}
+
+/// Space use, for status and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of present blocks (each rounded up to 4 KiB).
+    pub used: u64,
+    /// Bytes reserved by writes in progress.
+    pub reserved: u64,
+    /// The configured capacity.
+    pub capacity: u64,
+    /// Objects with at least one block (or pinned).
+    pub objects: usize,
+    /// Blocks present.
+    pub blocks: usize,
+}
+
+type BlockKey = (ObjectId, u32);
+
+#[derive(Debug)]
+struct ObjectFiles {
+    data: Arc<File>,
+    record: File,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BlockMeta {
+    hash: [u8; 32],
+    /// Changes every time the block is (re)inserted, so a reader can tell whether the block it
+    /// read is still the one in the index.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct ObjectState {
+    size: u64,
+    files: Arc<OnceCell<Arc<ObjectFiles>>>,
+    /// True when the files on disk belong to this state (replayed at start or created by it).
+    on_disk: bool,
+    blocks: HashMap<u32, BlockMeta>,
+    pinned: bool,
+    /// Writes holding a reservation on this object: it is not deleted while any is running.
+    writers: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    objects: HashMap<ObjectId, ObjectState>,
+    /// Unpinned present blocks, least recently used first.
+    lru: LinkedHashMap<BlockKey, ()>,
+    used: u64,
+    reserved: u64,
+    next_generation: u64,
+}
+
+/// A block chosen for eviction, to be recorded removed and punched outside the lock.
+struct Victim {
+    id: ObjectId,
+    index: u32,
+    files: Arc<OnceCell<Arc<ObjectFiles>>>,
+    /// The object has no block left and is deleted with its files.
+    delete_object: bool,
+}
+
+/// The block store. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct BlockStore {
+    objects_dir: PathBuf,
+    engine: Arc<dyn IoEngine>,
+    block_size: u64,
+    capacity: u64,
+    min_free_fraction: f64,
+    verify: bool,
+    state: Mutex<State>,
+    stats: Arc<Stats>,
+    _lock: File,
+}
+
+impl BlockStore {
+    /// Opens (or creates) the store in `config.dir` and replays its records. Reads only the
+    /// records, never the data files.
+    pub async fn open(
+        config: &CacheConfig,
+        engine: Arc<dyn IoEngine>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, StoreError> {
+        let config = config.clone();
+        let opened = tokio::task::spawn_blocking(move || Self::open_blocking(&config, engine, stats)).await;
+        opened.unwrap_or_else(|e| {
+            Err(StoreError::Io {
+                op: "open",
+                path: PathBuf::new(),
+                source: io::Error::other(e),
+            })
+        })
+    }
+
+    fn open_blocking(
+        config: &CacheConfig,
+        engine: Arc<dyn IoEngine>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, StoreError> {
+        let dir = &config.dir;
+        create_private_dir(dir)?;
+        let lock_path = dir.join("lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(io_error("create", &lock_path))?;
+        if rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err(StoreError::Locked(dir.clone()));
+        }
+        let objects_dir = dir.join("v1").join("objects");
+        create_private_dir(&objects_dir)?;
+        let store = Self {
+            objects_dir,
+            engine,
+            block_size: config.block_size.as_u64(),
+            capacity: config.capacity.as_u64(),
+            min_free_fraction: config.min_free_fraction,
+            verify: config.verify_on_read,
+            state: Mutex::new(State::default()),
+            stats,
+            _lock: lock,
+        };
+        store.replay_all()?;
+        Ok(store)
+    }
+
+    /// Loads every record under the objects dir into the index. Damaged or foreign records are
+    /// deleted with their data files; leftover temporary files are removed.
+    fn replay_all(&self) -> Result<(), StoreError> {
+        let mut state = self.state.lock();
+        let fanouts = fs::read_dir(&self.objects_dir).map_err(io_error("list", &self.objects_dir))?;
+        for fanout in fanouts.flatten() {
+            let Ok(entries) = fs::read_dir(fanout.path()) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                match path.extension().and_then(|e| e.to_str()) {
+                    Some("rec") => self.replay_one(&mut state, &path),
+                    Some("data") if !path.with_extension("rec").exists() => remove_quietly(&path),
+                    Some("data") => {}
+                    _ => remove_quietly(&path),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn replay_one(&self, state: &mut State, rec_path: &Path) {
+        let data_path = rec_path.with_extension("data");
+        let replayed = fs::read(rec_path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| format::replay(&bytes).map_err(|e| e.to_string()));
+        let replayed = match replayed {
+            Ok(r) if u64::from(r.header.block_size) != self.block_size => {
+                Err(format!("written with block size {}", r.header.block_size))
+            }
+            Ok(r)
+                if rec_path.file_stem().and_then(|s| s.to_str())
+                    != Some(r.header.object_id.to_hex().as_str()) =>
+            {
+                Err("its file name is not its object id".to_owned())
+            }
+            Ok(r) if !data_path.exists() => Err(format!("data file missing for {} blocks", r.blocks.len())),
+            other => other,
+        };
+        let replayed = match replayed {
+            Ok(replayed) => replayed,
+            Err(reason) => {
+                tracing::warn!(record = %rec_path.display(), %reason, "dropping an unreadable cache record");
+                remove_quietly(rec_path);
+                remove_quietly(&data_path);
+                return;
+            }
+        };
+        if replayed.blocks.is_empty() {
+            remove_quietly(rec_path);
+            remove_quietly(&data_path);
+            return;
+        }
+        let compact = replayed.entries > 2 * replayed.blocks.len() + 16;
+        if let Err(error) = rewrite_record_if(rec_path, &replayed, compact) {
+            tracing::warn!(record = %rec_path.display(), %error, "could not repair a cache record; dropping it");
+            remove_quietly(rec_path);
+            remove_quietly(&data_path);
+            return;
+        }
+        let id = replayed.header.object_id;
+        let size = replayed.header.object_size;
+        let mut blocks = HashMap::with_capacity(replayed.blocks.len());
+        for (index, hash) in replayed.blocks {
+            state.next_generation += 1;
+            blocks.insert(
+                index,
+                BlockMeta {
+                    hash,
+                    generation: state.next_generation,
+                },
+            );
+            state.used += align_up(self.block_len(size, index));
+            state.lru.insert((id, index), ());
+        }
+        state.objects.insert(
+            id,
+            ObjectState {
+                size,
+                files: Arc::default(),
+                on_disk: true,
+                blocks,
+                pinned: false,
+                writers: 0,
+            },
+        );
+    }
+
+    /// The configured block size.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// Length of block `index` of an object of `size` bytes.
+    pub fn block_len(&self, size: u64, index: u32) -> u64 {
+        let start = u64::from(index) * self.block_size;
+        size.saturating_sub(start).min(self.block_size)
+    }
+
+    fn paths(&self, id: ObjectId) -> (PathBuf, PathBuf) {
+        let hex = id.to_hex();
+        let dir = self.objects_dir.join(&hex[..2]);
+        (dir.join(format!("{hex}.data")), dir.join(format!("{hex}.rec")))
+    }
+
+    /// Whether block `index` of `id` is present.
+    pub fn contains(&self, id: ObjectId, index: u32) -> bool {
+        self.state
+            .lock()
+            .objects
+            .get(&id)
+            .is_some_and(|o| o.blocks.contains_key(&index))
+    }
+
+    /// Current space use.
+    pub fn usage(&self) -> Usage {
+        let state = self.state.lock();
+        Usage {
+            used: state.used,
+            reserved: state.reserved,
+            capacity: self.capacity,
+            objects: state.objects.len(),
+            blocks: state.objects.values().map(|o| o.blocks.len()).sum(),
+        }
+    }
+
+    /// Pins or unpins an object version: pinned blocks are never evicted. Pinning an object
+    /// with no block yet keeps the pin for the blocks to come.
+    pub fn set_pinned(&self, version: &ObjectVersion, pinned: bool) {
+        let id = version.id();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let object = state.objects.entry(id).or_insert_with(|| ObjectState {
+            size: version.size,
+            files: Arc::default(),
+            on_disk: false,
+            blocks: HashMap::new(),
+            pinned: false,
+            writers: 0,
+        });
+        object.pinned = pinned;
+        for &index in object.blocks.keys() {
+            if pinned {
+                state.lru.remove(&(id, index));
+            } else {
+                state.lru.insert((id, index), ());
+            }
+        }
+        if !pinned && object.blocks.is_empty() && object.writers == 0 && !object.on_disk {
+            state.objects.remove(&id);
+        }
+    }
+
+    /// Reads block `index` of `version` from disk. `None` is a miss: absent, evicted while being
+    /// read, unreadable, or corrupt (then it is also dropped, so the caller refetches it).
+    pub async fn read_block(&self, version: &ObjectVersion, id: ObjectId, index: u32) -> Option<Bytes> {
+        let (meta, files) = {
+            let mut state = self.state.lock();
+            let object = state.objects.get(&id)?;
+            let meta = *object.blocks.get(&index)?;
+            let files = object.files.clone();
+            if state.lru.contains_key(&(id, index)) {
+                state.lru.to_back(&(id, index));
+            }
+            (meta, files)
+        };
+        let files = match self.files(version, &files, false).await {
+            Ok(files) => files,
+            Err(error) => {
+                add(&self.stats.cache_read_errors, 1);
+                tracing::warn!(%error, "cache read failed; refetching");
+                return None;
+            }
+        };
+        let len = self.block_len(version.size, index) as usize;
+        let offset = u64::from(index) * self.block_size;
+        let (buf, result) = self
+            .engine
+            .read(files.data.clone(), offset, AlignedBuf::zeroed(len))
+            .await;
+        let corrupt = match result {
+            Ok(n) if n < len => true,
+            Ok(_) => self.verify && *blake3::hash(&buf.as_ref()[..len]).as_bytes() != meta.hash,
+            Err(error) => {
+                add(&self.stats.cache_read_errors, 1);
+                tracing::warn!(%error, "cache read failed; refetching");
+                return None;
+            }
+        };
+        if corrupt {
+            add(&self.stats.lookup_corrupt, 1);
+            tracing::warn!(object = %id, index, "cached block does not match its record; dropping it");
+            self.remove_block(id, index, meta.generation).await;
+            return None;
+        }
+        let still_there = self
+            .state
+            .lock()
+            .objects
+            .get(&id)
+            .and_then(|o| o.blocks.get(&index))
+            .is_some_and(|m| m.generation == meta.generation);
+        still_there.then(|| Bytes::from_owner(buf).slice(..len))
+    }
+
+    /// Stores block `index` of `version`. Reserves room first (evicting least recently used
+    /// unpinned blocks), writes the bytes, then records them.
+    pub async fn write_block(
+        &self,
+        version: &ObjectVersion,
+        index: u32,
+        block: &VerifiedBlock,
+    ) -> Result<(), StoreError> {
+        let id = version.id();
+        let alloc = align_up(block.bytes.len() as u64);
+        let free = self.free_space();
+        let (files_cell, victims) = {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            if state
+                .objects
+                .get(&id)
+                .is_some_and(|o| o.blocks.contains_key(&index))
+            {
+                return Ok(());
+            }
+            let victims = self.reserve(state, alloc, free, id)?;
+            let object = state.objects.entry(id).or_insert_with(|| ObjectState {
+                size: version.size,
+                files: Arc::default(),
+                on_disk: false,
+                blocks: HashMap::new(),
+                pinned: false,
+                writers: 0,
+            });
+            object.writers += 1;
+            (object.files.clone(), victims)
+        };
+        self.drop_victims(victims).await;
+        let written = self.write_and_record(version, &files_cell, index, block).await;
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        state.reserved -= alloc;
+        let object = match state.objects.get_mut(&id) {
+            Some(object) => object,
+            None => return written,
+        };
+        object.writers -= 1;
+        if written.is_ok() {
+            object.on_disk = true;
+            state.next_generation += 1;
+            object.blocks.insert(
+                index,
+                BlockMeta {
+                    hash: block.hash,
+                    generation: state.next_generation,
+                },
+            );
+            state.used += alloc;
+            if !object.pinned {
+                state.lru.insert((id, index), ());
+            }
+            add(&self.stats.cache_write_bytes, block.bytes.len() as u64);
+        }
+        written
+    }
+
+    async fn write_and_record(
+        &self,
+        version: &ObjectVersion,
+        files: &OnceCell<Arc<ObjectFiles>>,
+        index: u32,
+        block: &VerifiedBlock,
+    ) -> Result<(), StoreError> {
+        let files = self.files(version, files, true).await?;
+        let (data_path, rec_path) = self.paths(version.id());
+        let offset = u64::from(index) * self.block_size;
+        let is_last = offset + block.bytes.len() as u64 >= version.size;
+        let mut buf = AlignedBuf::copy_from(&block.bytes);
+        buf.set_len(buf.capacity());
+        let (_, result) = self.engine.write(files.data.clone(), offset, buf).await;
+        result.map_err(io_error("write", &data_path))?;
+        let entry = Entry::Present {
+            index,
+            hash: block.hash,
+        }
+        .encode();
+        let size = version.size;
+        blocking(move || {
+            if is_last {
+                // The padded write may have grown the file past the object's end.
+                files
+                    .data
+                    .set_len(size)
+                    .map_err(io_error("truncate", &data_path))?;
+            }
+            (&files.record)
+                .write_all(&entry)
+                .map_err(io_error("append", &rec_path))
+        })
+        .await
+    }
+
+    /// Chooses victims until `alloc` more bytes fit within capacity and free space, and
+    /// reserves them. `id` is the object being written, whose files must not be deleted.
+    fn reserve(
+        &self,
+        state: &mut State,
+        alloc: u64,
+        free: Option<(u64, u64)>,
+        id: ObjectId,
+    ) -> Result<Vec<Victim>, StoreError> {
+        let over_capacity = (state.used + state.reserved + alloc).saturating_sub(self.capacity);
+        let over_free_space = free.map_or(0, |(available, total)| {
+            let keep = (total as f64 * self.min_free_fraction) as u64;
+            (keep + state.reserved + alloc).saturating_sub(available)
+        });
+        let mut need = over_capacity.max(over_free_space);
+        let mut chosen = Vec::new();
+        while need > 0 {
+            let Some(((victim_id, index), ())) = state.lru.pop_front() else {
+                // Put back what was chosen: nothing was written or removed yet.
+                for victim in chosen {
+                    let Victim { id, index, .. } = victim;
+                    state.lru.insert((id, index), ());
+                }
+                return Err(StoreError::NoSpace(alloc));
+            };
+            let size = state.objects.get(&victim_id).map_or(0, |o| o.size);
+            need = need.saturating_sub(align_up(self.block_len(size, index)));
+            chosen.push(Victim {
+                id: victim_id,
+                index,
+                files: Arc::default(),
+                delete_object: false,
+            });
+        }
+        let mut victims = Vec::with_capacity(chosen.len());
+        for mut victim in chosen {
+            let Some(object) = state.objects.get_mut(&victim.id) else {
+                continue;
+            };
+            if object.blocks.remove(&victim.index).is_none() {
+                continue;
+            }
+            let freed = align_up(self.block_len(object.size, victim.index));
+            state.used -= freed;
+            add(&self.stats.evicted_blocks, 1);
+            add(&self.stats.evicted_bytes, freed);
+            victim.files = object.files.clone();
+            if object.blocks.is_empty() && object.writers == 0 && !object.pinned && victim.id != id {
+                state.objects.remove(&victim.id);
+                victim.delete_object = true;
+            }
+            victims.push(victim);
+        }
+        state.reserved += alloc;
+        Ok(victims)
+    }
+
+    /// Records victims removed and frees their space: whole files for objects left empty,
+    /// punched holes otherwise.
+    async fn drop_victims(&self, victims: Vec<Victim>) {
+        if victims.is_empty() {
+            return;
+        }
+        let block_size = self.block_size;
+        let jobs: Vec<_> = victims.into_iter().map(|v| (self.paths(v.id), v)).collect();
+        let result = blocking(move || {
+            for ((data_path, rec_path), victim) in jobs {
+                if victim.delete_object {
+                    remove_quietly(&rec_path);
+                    remove_quietly(&data_path);
+                    continue;
+                }
+                let files = match victim.files.get() {
+                    Some(files) => files.clone(),
+                    // Replayed at start and not opened since.
+                    None => Arc::new(open_object_files((data_path, rec_path.clone()), None)?),
+                };
+                punch_block(&files, victim.index, block_size, &rec_path)?;
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "could not free an evicted block's space");
+        }
+    }
+
+    /// Drops one block found corrupt, if it is still the generation that was read.
+    async fn remove_block(&self, id: ObjectId, index: u32, generation: u64) {
+        let victim = {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            let Some(object) = state.objects.get_mut(&id) else {
+                return;
+            };
+            if object
+                .blocks
+                .get(&index)
+                .is_none_or(|m| m.generation != generation)
+            {
+                return;
+            }
+            object.blocks.remove(&index);
+            state.used -= align_up(self.block_len(object.size, index));
+            state.lru.remove(&(id, index));
+            Victim {
+                id,
+                index,
+                files: object.files.clone(),
+                delete_object: false,
+            }
+        };
+        self.drop_victims(vec![victim]).await;
+    }
+
+    /// Opens (once) the object's files; `create` makes fresh ones for an object not on disk.
+    async fn files(
+        &self,
+        version: &ObjectVersion,
+        cell: &OnceCell<Arc<ObjectFiles>>,
+        create: bool,
+    ) -> Result<Arc<ObjectFiles>, StoreError> {
+        let id = version.id();
+        let fresh = create && !self.state.lock().objects.get(&id).is_some_and(|o| o.on_disk);
+        let paths = self.paths(id);
+        let header = RecordHeader {
+            block_size: self.block_size as u32,
+            object_size: version.size,
+            object_id: id,
+            identity: version.identity(),
+        };
+        cell.get_or_try_init(|| async move {
+            blocking(move || open_object_files(paths, fresh.then_some(header)).map(Arc::new)).await
+        })
+        .await
+        .cloned()
+    }
+
+    /// `(available, total)` bytes of the cache filesystem, if it can be read.
+    fn free_space(&self) -> Option<(u64, u64)> {
+        let stat = rustix::fs::statvfs(&self.objects_dir).ok()?;
+        Some((stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize))
+    }
+}
+
+/// Opens an object's data and record files; with a header, creates them afresh.
+fn open_object_files(
+    (data_path, rec_path): (PathBuf, PathBuf),
+    fresh: Option<RecordHeader>,
+) -> Result<ObjectFiles, StoreError> {
+    if let Some(dir) = data_path.parent() {
+        create_private_dir(dir)?;
+    }
+    let mut data_options = OpenOptions::new();
+    data_options
+        .read(true)
+        .write(true)
+        .create(fresh.is_some())
+        .mode(0o600);
+    let data = open_direct(&mut data_options, &data_path)?;
+    let mut rec_options = OpenOptions::new();
+    rec_options.append(true).create(fresh.is_some()).mode(0o600);
+    if let Some(header) = fresh {
+        let record = rec_options
+            .truncate(false)
+            .open(&rec_path)
+            .map_err(io_error("create", &rec_path))?;
+        record.set_len(0).map_err(io_error("truncate", &rec_path))?;
+        data.set_len(0).map_err(io_error("truncate", &data_path))?;
+        data.set_len(header.object_size)
+            .map_err(io_error("size", &data_path))?;
+        (&record)
+            .write_all(&header.encode())
+            .map_err(io_error("write", &rec_path))?;
+        return Ok(ObjectFiles {
+            data: Arc::new(data),
+            record,
+        });
+    }
+    let record = rec_options.open(&rec_path).map_err(io_error("open", &rec_path))?;
+    Ok(ObjectFiles {
+        data: Arc::new(data),
+        record,
+    })
+}
+
+/// Opens with O_DIRECT, falling back to buffered I/O on filesystems that refuse it.
+fn open_direct(options: &mut OpenOptions, path: &Path) -> Result<File, StoreError> {
+    match options.clone().custom_flags(libc::O_DIRECT).open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            options.open(path).map_err(io_error("open", path))
+        }
+        other => other.map_err(io_error("open", path)),
+    }
+}
+
+/// Records block `index` removed, then punches its hole.
+fn punch_block(files: &ObjectFiles, index: u32, block_size: u64, rec_path: &Path) -> Result<(), StoreError> {
+    (&files.record)
+        .write_all(&Entry::Removed { index }.encode())
+        .map_err(io_error("append", rec_path))?;
+    let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    rustix::fs::fallocate(&*files.data, flags, u64::from(index) * block_size, block_size).map_err(|e| {
+        StoreError::Io {
+            op: "punch",
+            path: rec_path.with_extension("data"),
+            source: e.into(),
+        }
+    })
+}
+
+/// Cuts a torn tail off a replayed record, or rewrites it without removed entries.
+fn rewrite_record_if(rec_path: &Path, replayed: &format::Replayed, compact: bool) -> io::Result<()> {
+    if compact {
+        let mut bytes = replayed.header.encode();
+        let mut blocks: Vec<_> = replayed.blocks.iter().collect();
+        blocks.sort_unstable();
+        for (&index, &hash) in blocks {
+            bytes.extend_from_slice(&Entry::Present { index, hash }.encode());
+        }
+        let tmp = rec_path.with_extension("tmp");
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_data()?;
+        return fs::rename(&tmp, rec_path);
+    }
+    let file = OpenOptions::new().write(true).open(rec_path)?;
+    if file.metadata()?.len() > replayed.valid_len as u64 {
+        file.set_len(replayed.valid_len as u64)?;
+    }
+    Ok(())
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_error("create", dir))
+}
+
+fn remove_quietly(path: &Path) {
+    if let Err(error) = fs::remove_file(path)
+        && error.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), %error, "could not remove a cache file");
+    }
+}
+
+/// Runs blocking filesystem work off the async workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(StoreError::Io {
+            op: "run",
+            path: PathBuf::new(),
+            source: io::Error::other(e),
+        })
+    })
+}

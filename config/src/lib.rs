@@ -1,0 +1,22 @@
+//! Larder's configuration.
+//!
+//! A [`Config`] comes from a TOML file, then `LARDER_*` environment
+//! variables, then command-line flags, each overriding the one before
+//! ([`ConfigArgs::load`]). Code that builds a `Config` by hand should call
+//! [`Config::validate`] before using it.
+//!
+//! Sizes are [`ByteSize`] values written like `"4MiB"` or `"100GB"`;
+//! durations are humantime strings like `"250ms"` or `"30s"`. Every error
+//! ([`ConfigError`]) names the key or flag at fault and the rejected value.
+
+mod args;
+mod bytesize;
+mod duration;
+mod error;
+mod schema;
+mod validate;
+
+pub use args::ConfigArgs;
+pub use bytesize::{ByteSize, ParseByteSizeError};
+pub use error::ConfigError;
+pub use schema::{CacheConfig, Config, IoEngineKind, OriginConfig, SourceConfig};

@@ -1,0 +1,531 @@
+//! The configuration structs, their defaults and their TOML form.
+//!
+//! A file looks like this (every key except a source's `name` and `url` may
+//! be left out, in which case the default shown is used):
+//!
+//! ```toml
+//! [cache]
+//! dir = "/var/cache/larder"
+//! capacity = "100GiB"
+//! min_free_fraction = 0.05
+//! block_size = "4MiB"
+//! verify_on_read = true
+//! io_engine = "uring"        # or "psync"
+//! io_queue_depth = 64
+//!
+//! [origin]
+//! part_size = "16MiB"
+//! concurrency = 16
+//! connect_timeout = "3s"
+//! request_timeout = "10s"
+//! read_deadline = "30s"
+//! max_attempts = 5
+//! backoff_base = "50ms"
+//! backoff_max = "2s"
+//! retry_budget_ratio = 0.2
+//! readahead_min = "8MiB"
+//! readahead_max = "256MiB"
+//!
+//! [[source]]
+//! name = "datasets"
+//! url = "s3://bucket/prefix"
+//! immutable = false
+//! metadata_ttl = "60s"
+//! ```
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::de::IntoDeserializer;
+use serde::{Deserialize, Serialize};
+
+use crate::bytesize::ByteSize;
+use crate::duration::humantime_serde;
+use crate::error::ConfigError;
+
+/// The whole configuration of a Larder daemon.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The local cache: where it lives, how big it is, how it does I/O.
+    pub cache: CacheConfig,
+    /// How the daemon fetches from the object stores behind the cache.
+    pub origin: OriginConfig,
+    /// The object stores served; written as `[[source]]` tables in TOML.
+    /// At least one is required by [`Config::validate`].
+    #[serde(rename = "source", skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<SourceConfig>,
+}
+
+/// Settings of the on-disk cache (`[cache]`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Directory holding the cached blocks. Created by the daemon if
+    /// missing; must not be an existing non-directory.
+    /// Default `/var/cache/larder`.
+    pub dir: PathBuf,
+    /// Most bytes the cache may hold. At least one block. Default 100GiB.
+    pub capacity: ByteSize,
+    /// Fraction of the cache filesystem that must stay free, in `[0, 1)`.
+    /// Default 0.05.
+    pub min_free_fraction: f64,
+    /// Unit of caching and verification: a power of two from 1MiB to
+    /// 64MiB. Default 4MiB.
+    pub block_size: ByteSize,
+    /// Check each block's checksum when it is read from disk. Default true.
+    pub verify_on_read: bool,
+    /// Which disk I/O engine to use. Default `uring`.
+    pub io_engine: IoEngineKind,
+    /// Disk I/O requests in flight, 1 to 4096. Default 64.
+    pub io_queue_depth: u32,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("/var/cache/larder"),
+            capacity: ByteSize::gib(100),
+            min_free_fraction: 0.05,
+            block_size: ByteSize::mib(4),
+            verify_on_read: true,
+            io_engine: IoEngineKind::Uring,
+            io_queue_depth: 64,
+        }
+    }
+}
+
+/// The disk I/O engine of the cache. Written `"uring"` or `"psync"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum IoEngineKind {
+    /// Linux io_uring.
+    #[default]
+    Uring,
+    /// Positional reads and writes (`pread`/`pwrite`) on a thread pool.
+    Psync,
+}
+
+impl IoEngineKind {
+    /// The name used in TOML, flags and the environment.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Uring => "uring",
+            Self::Psync => "psync",
+        }
+    }
+}
+
+impl fmt::Display for IoEngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for IoEngineKind {
+    type Err = String;
+
+    /// Parses with the same rules as the TOML file (lowercase names).
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::deserialize(text.trim().into_deserializer())
+            .map_err(|err: serde::de::value::Error| err.to_string())
+    }
+}
+
+/// How the daemon talks to the object stores (`[origin]`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OriginConfig {
+    /// Size of one ranged GET: a multiple of `cache.block_size`, at most
+    /// 1GiB. Default 16MiB.
+    pub part_size: ByteSize,
+    /// Ranged GETs in flight per daemon, 1 to 1024. Default 16.
+    pub concurrency: usize,
+    /// Deadline for opening a connection. Non-zero. Default 3s.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Deadline of one attempt of one request. Non-zero. Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Deadline of a whole fill, retries included; at least
+    /// `request_timeout`. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub read_deadline: Duration,
+    /// Attempts per request, first try included, 1 to 20. Default 5.
+    pub max_attempts: u32,
+    /// First retry delay; zero means retry at once. Default 50ms.
+    #[serde(with = "humantime_serde")]
+    pub backoff_base: Duration,
+    /// Cap on the retry delay; at least `backoff_base`. Default 2s.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Retries allowed per request over a window, 0 to 10. Default 0.2.
+    pub retry_budget_ratio: f64,
+    /// Smallest readahead window. Default 8MiB.
+    pub readahead_min: ByteSize,
+    /// Largest readahead window; at least `readahead_min`. Default 256MiB.
+    pub readahead_max: ByteSize,
+}
+
+impl Default for OriginConfig {
+    fn default() -> Self {
+        Self {
+            part_size: ByteSize::mib(16),
+            concurrency: 16,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            read_deadline: Duration::from_secs(30),
+            max_attempts: 5,
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            retry_budget_ratio: 0.2,
+            readahead_min: ByteSize::mib(8),
+            readahead_max: ByteSize::mib(256),
+        }
+    }
+}
+
+/// One object store served by the daemon (`[[source]]`).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Unique name: 1 to 64 characters of `a-z 0-9 . _ -`, not `.` or `..`.
+    pub name: String,
+    /// Where the objects live, e.g. `s3://bucket/prefix`, `gs://bucket`,
+    /// `az://container`, `file:///data`, `https://host/path`.
+    pub url: String,
+    /// Objects never change once written, so cached data and metadata are
+    /// never revalidated. Default false.
+    #[serde(default)]
+    pub immutable: bool,
+    /// How long object metadata is trusted before it is checked again.
+    /// Ignored when `immutable` is true. Default 60s.
+    #[serde(default = "SourceConfig::default_metadata_ttl", with = "humantime_serde")]
+    pub metadata_ttl: Duration,
+}
+
+impl SourceConfig {
+    /// A source with the given name and URL and defaults for the rest.
+    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            url: url.into(),
+            immutable: false,
+            metadata_ttl: Self::default_metadata_ttl(),
+        }
+    }
+
+    /// Default of [`SourceConfig::metadata_ttl`].
+    const fn default_metadata_ttl() -> Duration {
+        Duration::from_secs(60)
+    }
+}
+
+impl Config {
+    /// Parses TOML text, normalises it and validates it.
+    ///
+    /// The result is ready to use; see [`Config::validate`] for the rules.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let mut config = Self::parse_toml(text, None)?;
+        config.normalise();
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Renders the configuration as TOML that [`Config::from_toml_str`]
+    /// reads back to an equal value, e.g. to show the effective config.
+    pub fn to_toml_string(&self) -> Result<String, ConfigError> {
+        toml::to_string(self).map_err(|err| ConfigError::Render {
+            message: err.to_string(),
+        })
+    }
+
+    /// Parses TOML text without normalising or validating it.
+    pub(crate) fn parse_toml(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|err| ConfigError::Parse {
+            path: path.map(Path::to_path_buf),
+            key: err.span().and_then(|span| key_at(text, span.start)),
+            message: err.to_string().trim_end().to_owned(),
+        })
+    }
+}
+
+/// Best-effort dotted name (`cache.block_size`, `source[1].url`) of the key
+/// on the line holding byte `offset` of a TOML document, for error messages.
+///
+/// Understands the plain layout this crate's files use: `[table]` and
+/// `[[array]]` headers followed by `key = value` lines.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset)?;
+    let line_start = before.rfind('\n').map_or(0, |newline| newline + 1);
+    let line = text.get(line_start..)?.lines().next()?;
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') {
+        return None;
+    }
+    let earlier = &text[..line_start];
+    let Some(header) = earlier
+        .lines()
+        .map(str::trim)
+        .rev()
+        .find(|line| line.starts_with('['))
+    else {
+        return Some(key.to_owned());
+    };
+    let table = if let Some(name) = header.strip_prefix("[[").and_then(|h| h.split_once("]]")) {
+        let index = earlier
+            .lines()
+            .filter(|line| line.trim() == header)
+            .count()
+            .saturating_sub(1);
+        format!("{}[{index}]", name.0.trim())
+    } else {
+        header
+            .trim_start_matches('[')
+            .split_once(']')?
+            .0
+            .trim()
+            .to_owned()
+    };
+    Some(format!("{table}.{key}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL_EXAMPLE: &str = r#"
+        [cache]
+        dir = "/mnt/nvme/larder"
+        capacity = "500GiB"
+        min_free_fraction = 0.1
+        block_size = "8MiB"
+        verify_on_read = false
+        io_engine = "psync"
+        io_queue_depth = 128
+
+        [origin]
+        part_size = "32MiB"
+        concurrency = 64
+        connect_timeout = "1s"
+        request_timeout = "5s"
+        read_deadline = "1m"
+        max_attempts = 3
+        backoff_base = "100ms"
+        backoff_max = "5s"
+        retry_budget_ratio = 0.5
+        readahead_min = "16MiB"
+        readahead_max = "1GiB"
+
+        [[source]]
+        name = "datasets"
+        url = "s3://training-data/datasets"
+        immutable = true
+
+        [[source]]
+        name = "ckpt.v2"
+        url = "gs://checkpoints"
+        metadata_ttl = "5m"
+    "#;
+
+    #[test]
+    fn defaults_match_the_documented_values() {
+        let config = Config::default();
+        assert!(config.sources.is_empty());
+        assert_eq!(config.cache.dir, Path::new("/var/cache/larder"));
+        assert_eq!(config.cache.capacity, ByteSize::gib(100));
+        assert_eq!(config.cache.block_size, ByteSize::mib(4));
+        assert_eq!(config.cache.io_engine, IoEngineKind::Uring);
+        assert_eq!(config.origin.part_size, ByteSize::mib(16));
+        assert_eq!(config.origin.read_deadline, Duration::from_secs(30));
+        assert_eq!(config.origin.backoff_base, Duration::from_millis(50));
+        assert_eq!(config.origin.readahead_max, ByteSize::mib(256));
+    }
+
+    #[test]
+    fn full_example_parses_to_expected_struct() {
+        let config = Config::from_toml_str(FULL_EXAMPLE).unwrap();
+        let expected = Config {
+            cache: CacheConfig {
+                dir: PathBuf::from("/mnt/nvme/larder"),
+                capacity: ByteSize::gib(500),
+                min_free_fraction: 0.1,
+                block_size: ByteSize::mib(8),
+                verify_on_read: false,
+                io_engine: IoEngineKind::Psync,
+                io_queue_depth: 128,
+            },
+            origin: OriginConfig {
+                part_size: ByteSize::mib(32),
+                concurrency: 64,
+                connect_timeout: Duration::from_secs(1),
+                request_timeout: Duration::from_secs(5),
+                read_deadline: Duration::from_secs(60),
+                max_attempts: 3,
+                backoff_base: Duration::from_millis(100),
+                backoff_max: Duration::from_secs(5),
+                retry_budget_ratio: 0.5,
+                readahead_min: ByteSize::mib(16),
+                readahead_max: ByteSize::gib(1),
+            },
+            sources: vec![
+                SourceConfig {
+                    name: "datasets".into(),
+                    url: "s3://training-data/datasets".into(),
+                    immutable: true,
+                    metadata_ttl: Duration::from_secs(60),
+                },
+                SourceConfig {
+                    name: "ckpt.v2".into(),
+                    url: "gs://checkpoints".into(),
+                    immutable: false,
+                    metadata_ttl: Duration::from_secs(300),
+                },
+            ],
+        };
+        assert_eq!(config, expected);
+    }
+
+    #[test]
+    fn module_doc_example_is_valid() {
+        let doc = include_str!("schema.rs");
+        let example: String = doc
+            .lines()
+            .skip_while(|line| !line.starts_with("//! ```toml"))
+            .skip(1)
+            .take_while(|line| !line.starts_with("//! ```"))
+            .map(|line| format!("{}\n", line.trim_start_matches("//!").trim_start()))
+            .collect();
+        let config = Config::from_toml_str(&example).unwrap();
+        let mut expected = Config::default();
+        expected
+            .sources
+            .push(SourceConfig::new("datasets", "s3://bucket/prefix"));
+        assert_eq!(config, expected);
+    }
+
+    #[test]
+    fn defaults_round_trip_through_toml() {
+        let mut config = Config::default();
+        config
+            .sources
+            .push(SourceConfig::new("data", "s3://bucket/prefix"));
+        let text = config.to_toml_string().unwrap();
+        assert_eq!(Config::from_toml_str(&text).unwrap(), config);
+        // The full example survives a round trip too.
+        let full = Config::from_toml_str(FULL_EXAMPLE).unwrap();
+        assert_eq!(
+            Config::from_toml_str(&full.to_toml_string().unwrap()).unwrap(),
+            full
+        );
+    }
+
+    #[test]
+    fn missing_sections_and_keys_take_defaults() {
+        let config = Config::from_toml_str("[[source]]\nname = \"a\"\nurl = \"file:///data\"\n").unwrap();
+        assert_eq!(config.cache, CacheConfig::default());
+        assert_eq!(config.origin, OriginConfig::default());
+        assert_eq!(config.sources, vec![SourceConfig::new("a", "file:///data")]);
+        let config = Config::from_toml_str(
+            "[cache]\nblock_size = 2097152\n[[source]]\nname = \"a\"\nurl = \"file:///data\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.cache.block_size, ByteSize::mib(2));
+        assert_eq!(config.cache.capacity, ByteSize::gib(100));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_everywhere() {
+        let source = "[[source]]\nname = \"a\"\nurl = \"file:///data\"\n";
+        for (text, key) in [
+            (format!("colour = 1\n{source}"), "colour"),
+            (format!("[cache]\nblocksize = \"4MiB\"\n{source}"), "blocksize"),
+            (format!("[origin]\ntimeout = \"1s\"\n{source}"), "timeout"),
+            (format!("{source}ttl = \"1s\"\n"), "ttl"),
+            (format!("[sources]\n{source}"), "sources"),
+        ] {
+            let err = Config::from_toml_str(&text).unwrap_err();
+            assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+            assert!(
+                err.to_string().contains(&format!("unknown field `{key}`")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_units_name_the_key_and_value() {
+        for (key, value) in [
+            ("block_size", "\"4 MB/s\""),
+            ("capacity", "\"lots\""),
+            ("capacity", "\"-1GiB\""),
+            ("capacity", "-1"),
+            ("io_engine", "\"aio\""),
+        ] {
+            let text = format!("[cache]\n{key} = {value}\n[[source]]\nname = \"a\"\nurl = \"file:///d\"\n");
+            let err = Config::from_toml_str(&text).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("at cache.{key}:")) && err.contains(value),
+                "{err}"
+            );
+        }
+        let text = "[origin]\nrequest_timeout = \"soon\"\n[[source]]\nname = \"a\"\nurl = \"file:///d\"\n";
+        let err = Config::from_toml_str(text).unwrap_err().to_string();
+        assert!(
+            err.contains("at origin.request_timeout:") && err.contains("\"soon\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn parse_errors_name_the_dotted_key() {
+        let text = "[cache]\nblock_size = \"4 MB/s\"\n";
+        let err = Config::from_toml_str(text).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Parse { key: Some(k), .. } if k == "cache.block_size"),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("cannot parse config at cache.block_size: "),
+            "{err}"
+        );
+
+        let text = "[[source]]\nname = \"a\"\nurl = \"s3://a\"\n\n[[source]]\nname = \"b\"\nurl = \"s3://b\"\nttl = 1\n";
+        let err = Config::from_toml_str(text).unwrap_err();
+        assert!(
+            matches!(&err, ConfigError::Parse { key: Some(k), .. } if k == "source[1].ttl"),
+            "{err}"
+        );
+
+        assert_eq!(key_at("top = 1\n", 0).as_deref(), Some("top"));
+        assert_eq!(
+            key_at("[origin]\n\"concurrency\" = -1\n", 12).as_deref(),
+            Some("origin.concurrency")
+        );
+        assert_eq!(key_at("[cache\n", 1), None);
+    }
+
+    #[test]
+    fn sources_need_name_and_url() {
+        let err = Config::from_toml_str("[[source]]\nname = \"a\"\n").unwrap_err();
+        assert!(err.to_string().contains("missing field `url`"), "{err}");
+        let err = Config::from_toml_str("[[source]]\nurl = \"s3://b\"\n").unwrap_err();
+        assert!(err.to_string().contains("missing field `name`"), "{err}");
+    }
+
+    #[test]
+    fn io_engine_text_forms() {
+        assert_eq!("uring".parse::<IoEngineKind>().unwrap(), IoEngineKind::Uring);
+        assert_eq!(" psync ".parse::<IoEngineKind>().unwrap(), IoEngineKind::Psync);
+        let err = "aio".parse::<IoEngineKind>().unwrap_err();
+        assert!(
+            err.contains("aio") && err.contains("uring") && err.contains("psync"),
+            "{err}"
+        );
+        assert_eq!(IoEngineKind::Psync.to_string(), "psync");
+        assert_eq!(IoEngineKind::Uring.to_string(), "uring");
+    }
+}

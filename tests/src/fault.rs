@@ -1,0 +1,260 @@
+//! A fault-injecting, request-logging wrapper around a real `ObjectStore`.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
+};
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// What kind of request the store saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A GET (ranged or whole).
+    Get,
+    /// A HEAD.
+    Head,
+    /// A listing.
+    List,
+    /// Anything that writes or deletes.
+    Write,
+}
+
+/// One logged request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Its kind.
+    pub kind: RequestKind,
+    /// The location.
+    pub path: String,
+    /// The byte range of a ranged GET.
+    pub range: Option<Range<u64>>,
+}
+
+/// Faults to inject, each with its probability per request.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Reads (GET, HEAD, LIST) answered with a 503 Slow Down before any byte.
+    pub unavailable: f64,
+    /// GET bodies cut by a connection reset after `cut_after` bytes.
+    pub cut_body: f64,
+    /// Where a cut body stops.
+    pub cut_after: u64,
+}
+
+/// Forwards every `ObjectStore` method to `inner`, logging it and injecting faults.
+pub struct FaultStore {
+    inner: Arc<dyn ObjectStore>,
+    plan: Mutex<FaultPlan>,
+    rng: Mutex<StdRng>,
+    log: Mutex<Vec<Request>>,
+}
+
+impl fmt::Debug for FaultStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultStore({})", self.inner)
+    }
+}
+
+impl fmt::Display for FaultStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultStore({})", self.inner)
+    }
+}
+
+fn unavailable() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "fault",
+        source: "injected 503 Slow Down".into(),
+    }
+}
+
+impl FaultStore {
+    /// Wraps `inner` with no faults.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            plan: Mutex::new(FaultPlan::default()),
+            rng: Mutex::new(StdRng::seed_from_u64(0x1a2d_e2)),
+            log: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Replaces the fault plan.
+    pub fn set_plan(&self, plan: FaultPlan) {
+        *self.plan.lock() = plan;
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.log.lock().clone()
+    }
+
+    /// The GETs so far.
+    pub fn gets(&self) -> Vec<Request> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.kind == RequestKind::Get)
+            .collect()
+    }
+
+    /// Forgets the log.
+    pub fn clear_log(&self) {
+        self.log.lock().clear();
+    }
+
+    fn record(&self, kind: RequestKind, path: &Path, range: Option<Range<u64>>) {
+        self.log.lock().push(Request {
+            kind,
+            path: path.to_string(),
+            range,
+        });
+    }
+
+    fn roll(&self, probability: f64) -> bool {
+        probability > 0.0 && self.rng.lock().random::<f64>() < probability
+    }
+
+    fn maybe_unavailable(&self) -> Result<()> {
+        let probability = self.plan.lock().unavailable;
+        if self.roll(probability) {
+            Err(unavailable())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl ObjectStore for FaultStore {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, opts: PutOptions) -> Result<PutResult> {
+        self.record(RequestKind::Write, location, None);
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.record(RequestKind::Write, location, None);
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        let range = match &options.range {
+            Some(GetRange::Bounded(r)) => Some(r.clone()),
+            _ => None,
+        };
+        let kind = if options.head {
+            RequestKind::Head
+        } else {
+            RequestKind::Get
+        };
+        self.record(kind, location, range);
+        self.maybe_unavailable()?;
+        let result = self.inner.get_opts(location, options).await?;
+        let plan = self.plan.lock().clone();
+        if kind != RequestKind::Get || !self.roll(plan.cut_body) {
+            return Ok(result);
+        }
+        let GetResult {
+            payload,
+            meta,
+            range,
+            attributes,
+        } = result;
+        let body = GetResult {
+            payload,
+            meta: meta.clone(),
+            range: range.clone(),
+            attributes: attributes.clone(),
+        };
+        let payload = GetResultPayload::Stream(cut_after(body.into_stream(), plan.cut_after));
+        Ok(GetResult {
+            payload,
+            meta,
+            range,
+            attributes,
+        })
+    }
+
+    async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        for range in ranges {
+            self.record(RequestKind::Get, location, Some(range.clone()));
+        }
+        self.maybe_unavailable()?;
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+        self.record(RequestKind::Write, &Path::default(), None);
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.record(RequestKind::List, prefix.unwrap_or(&Path::default()), None);
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.record(RequestKind::List, prefix.unwrap_or(&Path::default()), None);
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.record(RequestKind::List, prefix.unwrap_or(&Path::default()), None);
+        self.maybe_unavailable()?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.record(RequestKind::Write, to, None);
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        self.record(RequestKind::Write, to, None);
+        self.inner.rename_opts(from, to, options).await
+    }
+}
+
+/// Ends `body` with a reset after `limit` bytes.
+fn cut_after(body: BoxStream<'static, Result<Bytes>>, limit: u64) -> BoxStream<'static, Result<Bytes>> {
+    futures::stream::unfold((body, 0u64, false), move |(mut body, sent, done)| async move {
+        if done {
+            return None;
+        }
+        if sent >= limit {
+            let reset = object_store::Error::Generic {
+                store: "fault",
+                source: "injected connection reset".into(),
+            };
+            return Some((Err(reset), (body, sent, true)));
+        }
+        match body.next().await? {
+            Ok(chunk) => {
+                let keep = chunk.slice(..chunk.len().min((limit - sent) as usize));
+                let sent = sent + keep.len() as u64;
+                Some((Ok(keep), (body, sent, false)))
+            }
+            Err(e) => Some((Err(e), (body, sent, true))),
+        }
+    })
+    .boxed()
+}

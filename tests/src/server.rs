@@ -1,0 +1,104 @@
+//! An in-process S3 server (s3s-fs) on a loopback port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{BackoffConfig, ObjectStoreExt, PutPayload, RetryConfig};
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+const ACCESS_KEY: &str = "larder-test-access";
+const SECRET_KEY: &str = "larder-test-secret-key";
+
+/// A real S3 server on `127.0.0.1:<random port>`, serving one bucket from a temporary
+/// directory. Stops when dropped.
+#[derive(Debug)]
+pub struct S3Server {
+    addr: SocketAddr,
+    bucket: String,
+    _root: TempDir,
+    accept: JoinHandle<()>,
+}
+
+impl S3Server {
+    /// Starts the server with an empty bucket `bucket`.
+    pub async fn start(bucket: &str) -> anyhow::Result<Self> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let root = tempfile::tempdir()?;
+        std::fs::create_dir(root.path().join(bucket))?;
+        let fs = s3s_fs::FileSystem::new(root.path()).context("s3s-fs")?;
+        let mut builder = S3ServiceBuilder::new(fs);
+        builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = builder.build();
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let accept = tokio::spawn(async move {
+            let http = ConnBuilder::new(TokioExecutor::new());
+            while let Ok((socket, _)) = listener.accept().await {
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .into_owned();
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            bucket: bucket.to_owned(),
+            _root: root,
+            accept,
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bucket's URL, as a source would name it.
+    pub fn url(&self) -> String {
+        format!("s3://{}", self.bucket)
+    }
+
+    /// An object_store client for the bucket with its own retries off (Larder retries).
+    pub fn client(&self) -> anyhow::Result<Arc<AmazonS3>> {
+        let client = AmazonS3Builder::new()
+            .with_endpoint(self.endpoint())
+            .with_allow_http(true)
+            .with_bucket_name(&self.bucket)
+            .with_region("us-east-1")
+            .with_access_key_id(ACCESS_KEY)
+            .with_secret_access_key(SECRET_KEY)
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig::default(),
+                max_retries: 0,
+                retry_timeout: std::time::Duration::from_secs(30),
+            })
+            .build()?;
+        Ok(Arc::new(client))
+    }
+
+    /// Uploads `len` bytes of deterministic content with `seed` at `key`.
+    pub async fn put(&self, key: &str, seed: u64, len: usize) -> anyhow::Result<()> {
+        let bytes = crate::content(seed, 0, len);
+        self.client()?
+            .put(&Path::from(key), PutPayload::from(bytes))
+            .await?;
+        Ok(())
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
