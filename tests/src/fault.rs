@@ -164,30 +164,16 @@ impl ObjectStore for FaultStore {
         };
         self.record(kind, location, range);
         self.maybe_unavailable()?;
-        let result = self.inner.get_opts(location, options).await?;
+        let mut result = self.inner.get_opts(location, options).await?;
         let plan = self.plan.lock().clone();
-        if kind != RequestKind::Get || !self.roll(plan.cut_body) {
-            return Ok(result);
+        if kind == RequestKind::Get && self.roll(plan.cut_body) {
+            let empty = GetResultPayload::Stream(futures::stream::empty().boxed());
+            result.payload = match std::mem::replace(&mut result.payload, empty) {
+                GetResultPayload::Stream(body) => GetResultPayload::Stream(cut_after(body, plan.cut_after)),
+                file => file,
+            };
         }
-        let GetResult {
-            payload,
-            meta,
-            range,
-            attributes,
-        } = result;
-        let body = GetResult {
-            payload,
-            meta: meta.clone(),
-            range: range.clone(),
-            attributes: attributes.clone(),
-        };
-        let payload = GetResultPayload::Stream(cut_after(body.into_stream(), plan.cut_after));
-        Ok(GetResult {
-            payload,
-            meta,
-            range,
-            attributes,
-        })
+        Ok(result)
     }
 
     async fn get_ranges(&self, location: &Path, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {

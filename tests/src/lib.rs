@@ -5,14 +5,16 @@
 //!   loopback port, with signatures enforced.
 //! - [`content`] is a seeded function of (key, generation, offset): any range of any object
 //!   can be checked without keeping a copy.
+//! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
 mod fault;
+pub mod fixture;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
-pub use server::S3Server;
+pub use server::{S3Server, s3_client};
 
 /// A splitmix64 step: a well-mixed 64-bit function of its input.
 fn mix(mut x: u64) -> u64 {

@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
@@ -34,7 +33,7 @@ impl S3Server {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let root = tempfile::tempdir()?;
         std::fs::create_dir(root.path().join(bucket))?;
-        let fs = s3s_fs::FileSystem::new(root.path()).context("s3s-fs")?;
+        let fs = s3s_fs::FileSystem::new(root.path()).map_err(|e| anyhow::anyhow!("s3s-fs: {e:?}"))?;
         let mut builder = S3ServiceBuilder::new(fs);
         builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = builder.build();
@@ -71,20 +70,7 @@ impl S3Server {
 
     /// An object_store client for the bucket with its own retries off (Larder retries).
     pub fn client(&self) -> anyhow::Result<Arc<AmazonS3>> {
-        let client = AmazonS3Builder::new()
-            .with_endpoint(self.endpoint())
-            .with_allow_http(true)
-            .with_bucket_name(&self.bucket)
-            .with_region("us-east-1")
-            .with_access_key_id(ACCESS_KEY)
-            .with_secret_access_key(SECRET_KEY)
-            .with_retry(RetryConfig {
-                backoff: BackoffConfig::default(),
-                max_retries: 0,
-                retry_timeout: std::time::Duration::from_secs(30),
-            })
-            .build()?;
-        Ok(Arc::new(client))
+        s3_client(&self.endpoint(), &self.bucket)
     }
 
     /// Uploads `len` bytes of deterministic content with `seed` at `key`.
@@ -95,6 +81,25 @@ impl S3Server {
             .await?;
         Ok(())
     }
+}
+
+/// A client for `bucket` of the test server at `endpoint`, from any process.
+pub fn s3_client(endpoint: &str, bucket: &str) -> anyhow::Result<Arc<AmazonS3>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = AmazonS3Builder::new()
+        .with_endpoint(endpoint)
+        .with_allow_http(true)
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_access_key_id(ACCESS_KEY)
+        .with_secret_access_key(SECRET_KEY)
+        .with_retry(RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 0,
+            retry_timeout: std::time::Duration::from_secs(30),
+        })
+        .build()?;
+    Ok(Arc::new(client))
 }
 
 impl Drop for S3Server {

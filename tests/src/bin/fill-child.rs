@@ -1,0 +1,59 @@
+//! A process that fills the block cache and is killed mid-fill by the crash tests.
+//!
+//! `fill-child CACHE_DIR ENDPOINT BUCKET KEY BLOCK_SIZE` reads KEY sequentially through a
+//! block cache in CACHE_DIR, over and over, printing `filling` once the first read is served.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::Context;
+use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
+use larder_cache_daemon::engine;
+use larder_cache_daemon::origin::Origin;
+use larder_cache_daemon::stats::Stats;
+use larder_cache_daemon::store::BlockStore;
+use larder_config::IoEngineKind;
+use larder_tests::fixture::test_config;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, dir, endpoint, bucket, key, block_size] = args.as_slice() else {
+        anyhow::bail!("usage: fill-child CACHE_DIR ENDPOINT BUCKET KEY BLOCK_SIZE");
+    };
+    let block_size: u64 = block_size.parse().context("BLOCK_SIZE")?;
+    let config = test_config(
+        dir.as_ref(),
+        block_size,
+        IoEngineKind::Uring,
+        &format!("s3://{bucket}"),
+    );
+    let stats = Arc::new(Stats::default());
+    let client = larder_tests::s3_client(endpoint, bucket)?;
+    let origin = Arc::new(Origin::new(
+        "models",
+        &config.sources[0].url,
+        client,
+        Default::default(),
+        &config.origin,
+        stats.clone(),
+    ));
+    let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth)?;
+    let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+    let cache = Cache::new(store, &config.origin, stats);
+    let object = OpenObject::new(origin.clone(), origin.head(key).await?);
+    let mut announced = false;
+    loop {
+        let mut reader = Reader::new(cache.clone(), object.clone());
+        let mut offset = 0;
+        while offset < object.version().size {
+            let bytes = reader.read(offset, 1 << 20).await?;
+            offset += bytes.len() as u64;
+            if !announced {
+                println!("filling");
+                std::io::stdout().flush()?;
+                announced = true;
+            }
+        }
+    }
+}

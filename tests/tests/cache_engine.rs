@@ -1,0 +1,674 @@
+//! Integration tests of the block cache engine against a real S3 server (in-process s3s-fs):
+//! integrity, restart and crash safety, corruption, single-flight, capacity, disk full and
+//! origin faults.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use larder_cache_daemon::cache::{OpenObject, ReadError};
+use larder_cache_daemon::origin::{Origin, OriginError};
+use larder_config::{ByteSize, IoEngineKind};
+use larder_tests::fixture::{CacheFixture, allocated_bytes, files_with_extension, test_config};
+use larder_tests::{FaultPlan, S3Server, content, seed};
+use proptest::prelude::*;
+use tempfile::TempDir;
+use test_case::test_case;
+
+const MIB: u64 = 1 << 20;
+
+async fn server_with(objects: &[(&str, u64)]) -> Arc<S3Server> {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for &(key, size) in objects {
+        server.put(key, seed(key, 0), size as usize).await.expect("put");
+    }
+    Arc::new(server)
+}
+
+async fn fixture(
+    server: &Arc<S3Server>,
+    dir: &TempDir,
+    block_size: u64,
+    engine: IoEngineKind,
+) -> CacheFixture {
+    let config = test_config(dir.path(), block_size, engine, &server.url());
+    CacheFixture::open(server.clone(), config).await.expect("cache")
+}
+
+fn expected(key: &str, offset: u64, len: usize) -> Vec<u8> {
+    content(seed(key, 0), offset, len)
+}
+
+fn origin_error(error: &ReadError) -> &OriginError {
+    match error {
+        ReadError::Origin(e) => e,
+        ReadError::Abandoned => panic!("fill abandoned"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Integrity
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    block_size: u64,
+    engine: IoEngineKind,
+    sizes: Vec<u64>,
+    /// (object, offset, length), offsets and lengths possibly past the end.
+    reads: Vec<(usize, u64, usize)>,
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (
+        prop_oneof![Just(MIB), Just(2 * MIB)],
+        prop_oneof![Just(IoEngineKind::Uring), Just(IoEngineKind::Psync)],
+    )
+        .prop_flat_map(|(block_size, engine)| {
+            let size = prop_oneof![
+                0..5 * block_size,
+                (1..5u64).prop_map(move |n| n * block_size),
+                Just(1u64),
+            ];
+            (Just(block_size), Just(engine), prop::collection::vec(size, 1..4))
+        })
+        .prop_flat_map(|(block_size, engine, sizes)| {
+            let objects = sizes.len();
+            let read = (0..objects, 0..6 * block_size, 0..(3 * block_size) as usize);
+            (
+                Just(block_size),
+                Just(engine),
+                Just(sizes),
+                prop::collection::vec(read, 1..24),
+            )
+        })
+        .prop_map(|(block_size, engine, sizes, reads)| Scenario {
+            block_size,
+            engine,
+            sizes,
+            reads,
+        })
+}
+
+/// Random reads of random objects, across a restart halfway, return exactly the origin's bytes.
+fn check_random_reads(scenario: Scenario) -> Result<(), TestCaseError> {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async move {
+        let keys: Vec<String> = (0..scenario.sizes.len())
+            .map(|i| format!("objects/o{i}.bin"))
+            .collect();
+        let objects: Vec<(&str, u64)> = keys
+            .iter()
+            .map(String::as_str)
+            .zip(scenario.sizes.iter().copied())
+            .collect();
+        let server = server_with(&objects).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut fx = fixture(&server, &dir, scenario.block_size, scenario.engine).await;
+        let (first_half, second_half) = scenario.reads.split_at(scenario.reads.len() / 2);
+        for (round, reads) in [first_half, second_half].into_iter().enumerate() {
+            if round == 1 {
+                fx = fx.restart().await.expect("restart");
+            }
+            for &(object, offset, len) in reads {
+                let (key, size) = objects[object];
+                let open = fx.open_object(key).await.expect("open");
+                let got = fx.read(&open, offset, len).await.expect("read");
+                let end = size.min(offset + len as u64);
+                let want = if offset >= end {
+                    Vec::new()
+                } else {
+                    expected(key, offset, (end - offset) as usize)
+                };
+                prop_assert_eq!(got.len(), want.len(), "{} at {} len {}", key, offset, len);
+                prop_assert!(got == want, "{} at {} len {}: wrong bytes", key, offset, len);
+            }
+        }
+        fx.cache.flush().await;
+        prop_assert_eq!(fx.cache.in_flight(), 0);
+        let usage = fx.cache.store().usage();
+        prop_assert_eq!(usage.reserved, 0);
+        prop_assert!(allocated_bytes(&fx.data_files()) <= usage.used);
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn random_reads_return_the_origins_bytes(scenario in scenario()) {
+        check_random_reads(scenario)?;
+    }
+}
+
+/// A cut body is resumed from the first missing byte, never repeated or skipped.
+#[test_case(IoEngineKind::Uring; "uring")]
+#[test_case(IoEngineKind::Psync; "psync")]
+#[tokio::test]
+async fn cut_bodies_resume_where_they_stopped(engine: IoEngineKind) {
+    let server = server_with(&[("m.bin", 9 * MIB + 5)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, engine).await;
+    fx.faults.set_plan(FaultPlan {
+        cut_body: 0.5,
+        cut_after: 300_000,
+        ..FaultPlan::default()
+    });
+    let open = fx.open_object("m.bin").await.expect("open");
+    let got = fx.read_all(&open).await.expect("read");
+    assert!(got == expected("m.bin", 0, got.len()) && got.len() as u64 == 9 * MIB + 5);
+    assert!(fx.stats.snapshot().origin_retries > 0, "no body was cut");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restart and crash
+
+#[test_case(IoEngineKind::Uring; "uring")]
+#[test_case(IoEngineKind::Psync; "psync")]
+#[tokio::test]
+async fn restart_serves_recorded_blocks_without_the_origin(engine: IoEngineKind) {
+    let size = 10 * MIB + 123;
+    let server = server_with(&[("llama/model.safetensors", size)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, engine).await;
+    let open = fx.open_object("llama/model.safetensors").await.expect("open");
+    assert!(
+        fx.read_all(&open).await.expect("cold read") == expected("llama/model.safetensors", 0, size as usize)
+    );
+    assert_eq!(fx.block_fetch_counts(&open), vec![1; 11]);
+
+    let fx = fx.restart().await.expect("restart");
+    let open = OpenObject::new(fx.origin.clone(), open.version().clone());
+    let warm = fx.read_all(&open).await.expect("warm read");
+    assert!(warm == expected("llama/model.safetensors", 0, size as usize));
+    assert!(
+        fx.faults.requests().is_empty(),
+        "origin requests after restart: {:?}",
+        fx.faults.requests()
+    );
+    let stats = fx.stats.snapshot();
+    assert_eq!(stats.served_nvme_bytes, size);
+    assert_eq!((stats.lookup_hit, stats.lookup_miss), (11, 0));
+}
+
+/// SIGKILL a filling process at random points; each restart serves only whole, recorded blocks,
+/// refetches only what was not recorded, and leaves no temporary files.
+#[tokio::test]
+async fn kill_9_mid_fill_leaves_a_consistent_cache() {
+    let key = "weights/shard-00001.safetensors";
+    let size = 48 * MIB + 777;
+    let blocks = size.div_ceil(MIB) as usize;
+    let server = server_with(&[(key, size)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for round in 0..3u64 {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fill-child"))
+            .args([
+                dir.path().to_str().expect("utf-8"),
+                &server.endpoint(),
+                "larder-test",
+                key,
+                &MIB.to_string(),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn fill-child");
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        let started = tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut line),
+        );
+        started
+            .await
+            .expect("child started filling")
+            .expect("child stdout");
+        assert_eq!(line.trim(), "filling");
+        tokio::time::sleep(Duration::from_millis(40 + 90 * round)).await;
+        child.start_kill().expect("SIGKILL");
+        child.wait().await.expect("wait");
+
+        let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+        let stray: Vec<_> = files_with_extension(dir.path(), "tmp");
+        assert!(stray.is_empty(), "temporary files left: {stray:?}");
+        let open = fx.open_object(key).await.expect("open");
+        let recorded: Vec<bool> = (0..blocks as u32)
+            .map(|i| fx.cache.store().contains(open.version().id(), i))
+            .collect();
+        for (index, _) in recorded.iter().enumerate().filter(|(_, r)| **r) {
+            let offset = index as u64 * MIB;
+            let got = fx
+                .cache
+                .store()
+                .read_block(open.version(), open.version().id(), index as u32)
+                .await;
+            let len = MIB.min(size - offset) as usize;
+            assert!(
+                got.is_some_and(|b| b == expected(key, offset, len)),
+                "recorded block {index} is not whole"
+            );
+        }
+        assert_eq!(fx.stats.snapshot().lookup_corrupt, 0);
+        if round < 2 {
+            continue;
+        }
+        // The last round reads everything: only unrecorded blocks are fetched.
+        assert!(fx.read_all(&open).await.expect("read") == expected(key, 0, size as usize));
+        let fetched = fx.block_fetch_counts(&open);
+        for (index, was_recorded) in recorded.iter().enumerate() {
+            assert_eq!(
+                fetched[index],
+                usize::from(!was_recorded),
+                "block {index} (recorded: {was_recorded})"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corruption
+
+#[test_case(IoEngineKind::Uring; "uring")]
+#[test_case(IoEngineKind::Psync; "psync")]
+#[tokio::test]
+async fn corrupted_truncated_and_swapped_files_are_refetched(engine: IoEngineKind) {
+    let keys = ["a.bin", "b.bin", "c.bin", "d.bin"];
+    let objects: Vec<(&str, u64)> = keys.iter().map(|k| (*k, 4 * MIB)).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, engine).await;
+    let mut opened = Vec::new();
+    for key in keys {
+        let open = fx.open_object(key).await.expect("open");
+        fx.read_all(&open).await.expect("fill");
+        opened.push(open);
+    }
+    fx.cache.flush().await;
+    let files: Vec<_> = opened.iter().map(|o| fx.data_file(o)).collect();
+
+    // a: one flipped byte in block 1. b: cut in the middle of block 2. c and d: swapped.
+    let mut a = std::fs::read(&files[0]).expect("read a");
+    a[(MIB + MIB / 2) as usize] ^= 0x40;
+    std::fs::write(&files[0], a).expect("write a");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&files[1])
+        .expect("open b")
+        .set_len(2 * MIB + 100)
+        .expect("truncate b");
+    let tmp = files[2].with_extension("swap");
+    std::fs::rename(&files[2], &tmp).expect("swap");
+    std::fs::rename(&files[3], &files[2]).expect("swap");
+    std::fs::rename(&tmp, &files[3]).expect("swap");
+
+    let fx = fx.restart().await.expect("restart");
+    for (key, open) in keys.iter().zip(&opened) {
+        let open = OpenObject::new(fx.origin.clone(), open.version().clone());
+        assert!(
+            fx.read_all(&open).await.expect("read") == expected(key, 0, (4 * MIB) as usize),
+            "{key}"
+        );
+    }
+    let refetched: Vec<Vec<usize>> = opened.iter().map(|o| fx.block_fetch_counts(o)).collect();
+    assert_eq!(
+        refetched,
+        vec![vec![0, 1, 0, 0], vec![0, 0, 1, 1], vec![1; 4], vec![1; 4]]
+    );
+    assert_eq!(fx.stats.snapshot().lookup_corrupt, 1 + 2 + 4 + 4);
+
+    // Repaired: a third run serves everything from disk.
+    let fx = fx.restart().await.expect("restart");
+    for (key, open) in keys.iter().zip(&opened) {
+        let open = OpenObject::new(fx.origin.clone(), open.version().clone());
+        assert!(fx.read_all(&open).await.expect("read") == expected(key, 0, (4 * MIB) as usize));
+    }
+    assert!(fx.faults.gets().is_empty());
+}
+
+/// An object overwritten while open: reads give the pinned version's bytes or VersionChanged,
+/// never a mix; a new open sees the new version.
+#[tokio::test]
+async fn overwritten_object_gives_old_bytes_or_version_changed() {
+    let key = "data/shard.bin";
+    let size = 8 * MIB;
+    let server = server_with(&[(key, size)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+    let old = fx.open_object(key).await.expect("open");
+    let first = fx.read(&old, 0, MIB as usize).await.expect("first block");
+    assert!(first == expected(key, 0, MIB as usize));
+
+    server
+        .put(key, seed(key, 1), size as usize)
+        .await
+        .expect("overwrite");
+    let mut changed = 0;
+    for block in 0..8 {
+        match fx.read(&old, block * MIB, MIB as usize).await {
+            Ok(bytes) => assert!(
+                bytes == expected(key, block * MIB, MIB as usize),
+                "block {block} is not the old version"
+            ),
+            Err(e) => {
+                assert!(
+                    matches!(origin_error(&e), OriginError::VersionChanged { .. }),
+                    "{e}"
+                );
+                changed += 1;
+            }
+        }
+    }
+    assert!(changed > 0, "every block came from somewhere after the overwrite");
+
+    let new = fx.open_object(key).await.expect("reopen");
+    assert_ne!(new.version().id(), old.version().id());
+    let got = fx.read_all(&new).await.expect("new version");
+    assert!(got == content(seed(key, 1), 0, size as usize));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Single-flight
+
+#[tokio::test]
+async fn concurrent_readers_of_a_cold_object_fetch_each_block_once() {
+    let key = "llama/consolidated.00.pth";
+    let size = 16 * MIB + 4096;
+    let server = server_with(&[(key, size)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Arc::new(fixture(&server, &dir, MIB, IoEngineKind::Uring).await);
+    let open = fx.open_object(key).await.expect("open");
+    let readers = (0..64u64).map(|i| {
+        let fx = fx.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            // Each reader starts at a different block and wraps around.
+            for step in 0..17u64 {
+                let offset = ((i + step) % 17) * MIB;
+                let got = fx.read(&open, offset, MIB as usize).await.expect("read");
+                let len = MIB.min(size - offset) as usize;
+                assert!(got == expected(key, offset, len), "reader {i} at {offset}");
+            }
+        })
+    });
+    for reader in futures::future::join_all(readers).await {
+        reader.expect("reader task");
+    }
+    fx.cache.flush().await;
+    assert_eq!(fx.block_fetch_counts(&open), vec![1; 17]);
+    assert_eq!(fx.cache.in_flight(), 0);
+    let stats = fx.stats.snapshot();
+    assert_eq!(
+        stats.lookup_hit + stats.lookup_miss + stats.lookup_joined,
+        64 * 17
+    );
+}
+
+/// A reader that gives up does not cancel the fill others are waiting on.
+#[tokio::test]
+async fn a_cancelled_reader_does_not_cancel_the_shared_fill() {
+    let key = "x.bin";
+    let server = server_with(&[(key, 4 * MIB)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = Arc::new(fixture(&server, &dir, MIB, IoEngineKind::Uring).await);
+    let open = fx.open_object(key).await.expect("open");
+    let impatient = {
+        let (fx, open) = (fx.clone(), open.clone());
+        tokio::spawn(async move { fx.read(&open, 0, 4 * MIB as usize).await })
+    };
+    tokio::task::yield_now().await;
+    impatient.abort();
+    let got = fx.read(&open, 0, 4 * MIB as usize).await.expect("patient read");
+    assert!(got == expected(key, 0, 4 * MIB as usize));
+    fx.cache.flush().await;
+    assert_eq!(fx.block_fetch_counts(&open), vec![1; 4]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Capacity and disk full
+
+#[tokio::test]
+async fn random_reads_over_four_times_the_capacity_never_exceed_it() {
+    let keys = ["c0.bin", "c1.bin", "c2.bin", "c3.bin"];
+    let objects: Vec<(&str, u64)> = keys.iter().map(|k| (*k, 8 * MIB + 1000)).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+    config.cache.capacity = ByteSize(8 * MIB);
+    let fx = Arc::new(CacheFixture::open(server.clone(), config).await.expect("cache"));
+    let capacity = 8 * MIB;
+
+    // Sample the disk all along, not only between reads.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (fx, done) = (fx.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let usage = fx.cache.store().usage();
+                assert!(usage.used + usage.reserved <= capacity, "{usage:?}");
+                peak = peak.max(allocated_bytes(&fx.data_files()));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            peak
+        })
+    };
+    let mut opened = Vec::new();
+    for key in keys {
+        opened.push(fx.open_object(key).await.expect("open"));
+    }
+    let mut rng = rand::rng();
+    for _ in 0..150 {
+        use rand::Rng;
+        let object = rng.random_range(0..keys.len());
+        let offset = rng.random_range(0..8 * MIB);
+        let len = rng.random_range(1..2 * MIB as usize);
+        let got = fx.read(&opened[object], offset, len).await.expect("read");
+        let end = (8 * MIB + 1000).min(offset + len as u64);
+        assert!(got == expected(keys[object], offset, (end - offset) as usize));
+    }
+    fx.cache.flush().await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.await.expect("sampler");
+    assert!(
+        peak <= capacity,
+        "data files allocated {peak} bytes, capacity {capacity}"
+    );
+    let usage = fx.cache.store().usage();
+    assert!(usage.used <= capacity && usage.used > capacity / 2, "{usage:?}");
+    assert!(fx.stats.snapshot().evicted_blocks > 0);
+}
+
+#[tokio::test]
+async fn pinned_objects_are_not_evicted() {
+    let keys = ["pinned.bin", "p1.bin", "p2.bin", "p3.bin"];
+    let objects: Vec<(&str, u64)> = keys.iter().map(|k| (*k, 4 * MIB)).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+    config.cache.capacity = ByteSize(8 * MIB);
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+    let pinned = fx.open_object(keys[0]).await.expect("open");
+    fx.cache.store().set_pinned(pinned.version(), true);
+    fx.read_all(&pinned).await.expect("fill pinned");
+    for key in &keys[1..] {
+        let open = fx.open_object(key).await.expect("open");
+        assert!(fx.read_all(&open).await.expect("read") == expected(key, 0, (4 * MIB) as usize));
+        fx.cache.flush().await;
+    }
+    for index in 0..4 {
+        assert!(
+            fx.cache.store().contains(pinned.version().id(), index),
+            "pinned block {index} evicted"
+        );
+    }
+    assert!(fx.stats.snapshot().evicted_blocks >= 8);
+
+    // With the whole capacity pinned, new blocks are served but not stored.
+    let second = fx.open_object(keys[1]).await.expect("open");
+    fx.cache.store().set_pinned(second.version(), true);
+    fx.read_all(&second).await.expect("fill second pinned");
+    fx.cache.flush().await;
+    let third = fx.open_object(keys[2]).await.expect("open");
+    assert!(fx.read_all(&third).await.expect("read") == expected(keys[2], 0, (4 * MIB) as usize));
+    fx.cache.flush().await;
+    assert!(fx.stats.snapshot().cache_writes_skipped > 0);
+    assert!(fx.cache.store().usage().used <= 8 * MIB);
+}
+
+/// A small tmpfs mounted for the test, unmounted when dropped.
+struct Tmpfs {
+    dir: TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mounting a tmpfs needs root");
+        Self { dir }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+#[tokio::test]
+async fn reads_succeed_when_the_cache_disk_is_full() {
+    let server = server_with(&[("full.bin", 6 * MIB), ("later.bin", 2 * MIB)]).await;
+    let tmpfs = Tmpfs::mount("8m");
+    let cache_dir = tmpfs.dir.path().join("cache");
+    let config = test_config(&cache_dir, MIB, IoEngineKind::Uring, &server.url());
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+
+    // Something else on the node fills the disk.
+    let filler_path = tmpfs.dir.path().join("filler");
+    let mut filler = std::fs::File::create(&filler_path).expect("filler");
+    let chunk = vec![1u8; 1 << 16];
+    while std::io::Write::write_all(&mut filler, &chunk).is_ok() {}
+    drop(filler);
+
+    let open = fx.open_object("full.bin").await.expect("open");
+    assert!(
+        fx.read_all(&open).await.expect("read on a full disk") == expected("full.bin", 0, (6 * MIB) as usize)
+    );
+    fx.cache.flush().await;
+    let stats = fx.stats.snapshot();
+    assert!(
+        stats.cache_writes_skipped + stats.cache_write_failures > 0,
+        "{stats:?}"
+    );
+
+    // Space comes back: blocks are stored again.
+    std::fs::remove_file(&filler_path).expect("remove filler");
+    let later = fx.open_object("later.bin").await.expect("open");
+    assert!(fx.read_all(&later).await.expect("read") == expected("later.bin", 0, (2 * MIB) as usize));
+    fx.cache.flush().await;
+    assert!(fx.cache.store().contains(later.version().id(), 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Origin faults
+
+#[tokio::test]
+async fn reads_succeed_when_30_percent_of_requests_fail() {
+    let keys: Vec<String> = (0..6).map(|i| format!("flaky/{i}.bin")).collect();
+    let objects: Vec<(&str, u64)> = keys.iter().map(|k| (k.as_str(), 6 * MIB + 17)).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+    fx.faults.set_plan(FaultPlan {
+        unavailable: 0.3,
+        ..FaultPlan::default()
+    });
+    let started = Instant::now();
+    for key in &keys {
+        let open = fx.open_object(key).await.expect("open");
+        assert!(fx.read_all(&open).await.expect("read") == expected(key, 0, (6 * MIB + 17) as usize));
+    }
+    let stats = fx.stats.snapshot();
+    let requests = stats.origin_get_requests + stats.origin_head_requests;
+    let first_attempts = requests - stats.origin_retries;
+    assert!(stats.origin_retries > 0, "{stats:?}");
+    // The budget: 0.5 retries per first attempt, plus 10 a second, plus 10 to start with.
+    let budget = 0.5 * first_attempts as f64 + 10.0 * started.elapsed().as_secs_f64() + 10.0;
+    assert!(
+        (stats.origin_retries as f64) <= budget,
+        "{} retries, budget {budget}",
+        stats.origin_retries
+    );
+}
+
+/// A listener that accepts connections and never answers.
+async fn black_hole() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (endpoint, task)
+}
+
+#[tokio::test]
+async fn origin_down_serves_cached_data_and_fails_cold_reads_within_the_deadline() {
+    let server = server_with(&[("warm.bin", 3 * MIB), ("cold.bin", 3 * MIB)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+    let warm = fx.open_object("warm.bin").await.expect("open");
+    let cold = fx.open_object("cold.bin").await.expect("open");
+    fx.read_all(&warm).await.expect("fill");
+    fx.cache.flush().await;
+    drop(fx);
+
+    // Refused connections: retries run out quickly.
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", listener.local_addr().expect("addr"))
+    };
+    // Accepted but never answered: the per-request deadline, then the overall one.
+    let (stalled, _hole) = black_hole().await;
+    for (endpoint, deadline) in [
+        (refused, Duration::from_secs(5)),
+        (stalled, Duration::from_millis(1500)),
+    ] {
+        let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+        config.origin.request_timeout = Duration::from_millis(300);
+        config.origin.read_deadline = deadline;
+        config.origin.max_attempts = 20;
+        let client = larder_tests::s3_client(&endpoint, "larder-test").expect("client");
+        let fx = CacheFixture::open_with_client(server.clone(), client, config)
+            .await
+            .expect("cache");
+        let down: Arc<Origin> = fx.origin.clone();
+        let warm = OpenObject::new(down.clone(), warm.version().clone());
+        assert!(
+            fx.read_all(&warm).await.expect("cached read") == expected("warm.bin", 0, (3 * MIB) as usize)
+        );
+
+        let cold = OpenObject::new(down, cold.version().clone());
+        let started = Instant::now();
+        let error = fx
+            .read(&cold, 0, 4096)
+            .await
+            .expect_err("cold read with the origin down");
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed < deadline + Duration::from_secs(1),
+            "took {elapsed:?} for a deadline of {deadline:?}"
+        );
+        assert!(
+            matches!(
+                origin_error(&error),
+                OriginError::DeadlineExceeded { .. } | OriginError::RetriesExhausted { .. }
+            ),
+            "{error}"
+        );
+    }
+}
