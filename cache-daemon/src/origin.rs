@@ -547,7 +547,10 @@ impl Origin {
         }
         let error = match failure {
             Failure::Final(error) => return Err(error),
-            Failure::Transient(error) => error,
+            Failure::Transient(error) => {
+                add(&self.stats.origin_errors_transient, 1);
+                error
+            }
         };
         let attempts = attempt + 1;
         if attempts >= self.backoff.max_attempts || !self.budget.withdraw() {
@@ -601,7 +604,6 @@ impl Origin {
                 })
             }
             error @ (object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }) => {
-                add(&stats.origin_errors_transient, 1);
                 Failure::Transient(TransientError::Store(error))
             }
             error => {

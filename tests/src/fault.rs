@@ -85,7 +85,7 @@ impl FaultStore {
         Arc::new(Self {
             inner,
             plan: Mutex::new(FaultPlan::default()),
-            rng: Mutex::new(StdRng::seed_from_u64(0x1a2d_e2)),
+            rng: Mutex::new(StdRng::seed_from_u64(0x001a_2de2)),
             log: Mutex::new(Vec::new()),
         })
     }
