@@ -14,7 +14,7 @@
 //! [`Reader`] adds a sequential detector per handle: while reads are sequential, a readahead
 //! window grows from `readahead_min` to `readahead_max`, keeping many GETs in flight.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -124,29 +124,22 @@ impl Cache {
 
     /// Reads up to `len` bytes at `offset` of the pinned version; short only at its end.
     pub async fn read(&self, object: &Arc<OpenObject>, offset: u64, len: usize) -> Result<Bytes, ReadError> {
-        let end = object.version.size.min(offset.saturating_add(len as u64));
-        if offset >= end {
+        let Some(span) = Span::new(object, self.inner.store.block_size(), offset, len) else {
             return Ok(Bytes::new());
-        }
-        let block_size = self.inner.store.block_size();
-        let first = (offset / block_size) as u32;
-        let last = ((end - 1) / block_size) as u32;
-        let blocks =
-            futures::future::try_join_all((first..=last).map(|index| self.block(object, index))).await?;
-        let slice = |i: usize, block: &Bytes| {
-            let block_start = u64::from(first + i as u32) * block_size;
-            let from = offset.saturating_sub(block_start) as usize;
-            let to = ((end - block_start) as usize).min(block.len());
-            block.slice(from..to)
         };
-        if let [block] = blocks.as_slice() {
-            return Ok(slice(0, block));
-        }
-        let mut out = BytesMut::with_capacity((end - offset) as usize);
-        for (i, block) in blocks.iter().enumerate() {
-            out.extend_from_slice(&slice(i, block));
-        }
-        Ok(out.freeze())
+        let blocks =
+            futures::future::try_join_all(span.blocks().map(|index| self.block(object, index))).await?;
+        Ok(span.assemble(&blocks))
+    }
+
+    /// Block `index`, fetched by a task of its own so that it proceeds whether or not anyone
+    /// is polling yet; the result can be awaited by several callers.
+    fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedFill {
+        let (cache, object) = (self.clone(), object.clone());
+        tokio::spawn(async move { cache.block(&object, index).await })
+            .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
+            .boxed()
+            .shared()
     }
 
     /// Starts fills for the missing blocks of `range` without waiting for them.
@@ -327,8 +320,60 @@ impl Cache {
     }
 }
 
-/// A reader of one open object (one file handle): detects sequential access and keeps a
-/// growing readahead window of fills in flight ahead of it.
+/// The blocks a read covers, and how to cut the read out of them.
+struct Span {
+    block_size: u64,
+    offset: u64,
+    end: u64,
+    first: u32,
+    last: u32,
+}
+
+impl Span {
+    /// `None` when the read is empty or starts at or past the end of the object.
+    fn new(object: &OpenObject, block_size: u64, offset: u64, len: usize) -> Option<Self> {
+        let end = object.version.size.min(offset.saturating_add(len as u64));
+        (offset < end).then(|| Self {
+            block_size,
+            offset,
+            end,
+            first: (offset / block_size) as u32,
+            last: ((end - 1) / block_size) as u32,
+        })
+    }
+
+    fn blocks(&self) -> std::ops::RangeInclusive<u32> {
+        self.first..=self.last
+    }
+
+    /// The requested bytes out of the whole blocks `first..=last`: a slice when one block
+    /// holds them all, one copy otherwise.
+    fn assemble(&self, blocks: &[Bytes]) -> Bytes {
+        let slice = |i: usize, block: &Bytes| {
+            let block_start = u64::from(self.first + i as u32) * self.block_size;
+            let from = self.offset.saturating_sub(block_start) as usize;
+            let to = ((self.end - block_start) as usize).min(block.len());
+            block.slice(from.min(to)..to)
+        };
+        if let [block] = blocks {
+            return slice(0, block);
+        }
+        let mut out = BytesMut::with_capacity((self.end - self.offset) as usize);
+        for (i, block) in blocks.iter().enumerate() {
+            out.extend_from_slice(&slice(i, block));
+        }
+        out.freeze()
+    }
+}
+
+/// Whole blocks a sequential reader keeps fetched ahead of itself, in memory: this is what
+/// keeps several disk reads in flight on a warm read (cold blocks are covered by the fills the
+/// readahead window starts).
+const BLOCKS_AHEAD: u64 = 8;
+
+/// A reader of one open object (one file handle): detects sequential access, keeps a growing
+/// readahead window of fills in flight ahead of it, and holds the blocks around its position so
+/// that small reads inside one block cost one block read.
 #[derive(Debug)]
 pub struct Reader {
     cache: Cache,
@@ -336,6 +381,7 @@ pub struct Reader {
     next_offset: u64,
     window: u64,
     prefetched_to: u64,
+    blocks: BTreeMap<u32, SharedFill>,
 }
 
 impl Reader {
@@ -347,6 +393,7 @@ impl Reader {
             next_offset: 0,
             window: 0,
             prefetched_to: 0,
+            blocks: BTreeMap::new(),
         }
     }
 
@@ -358,7 +405,10 @@ impl Reader {
     /// Reads like [`Cache::read`], growing the readahead window while reads are sequential and
     /// dropping it on a jump.
     pub async fn read(&mut self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
-        let end = offset.saturating_add(len as u64);
+        let block_size = self.cache.inner.store.block_size();
+        let Some(span) = Span::new(&self.object, block_size, offset, len) else {
+            return Ok(Bytes::new());
+        };
         let readahead = &self.cache.inner.readahead;
         if offset == self.next_offset {
             self.window = (self.window * 2).clamp(readahead.start, readahead.end);
@@ -366,15 +416,38 @@ impl Reader {
             self.window = 0;
             self.prefetched_to = 0;
         }
-        self.next_offset = end;
+        self.next_offset = span.end;
         if self.window > 0 {
-            let ahead_end = end.saturating_add(self.window).min(self.object.version.size);
-            if ahead_end > self.prefetched_to.max(end) {
+            let ahead_end = span.end.saturating_add(self.window).min(self.object.version.size);
+            if ahead_end > self.prefetched_to.max(span.end) {
                 self.cache
-                    .prefetch(&self.object, self.prefetched_to.max(end)..ahead_end);
+                    .prefetch(&self.object, self.prefetched_to.max(span.end)..ahead_end);
                 self.prefetched_to = ahead_end;
             }
         }
-        self.cache.read(&self.object, offset, len).await
+        let blocks_ahead = if self.window > 0 {
+            (self.window / block_size).clamp(1, BLOCKS_AHEAD) as u32
+        } else {
+            0
+        };
+        let block_count = self.cache.block_count(&self.object);
+        let keep = span.first..=(span.last + blocks_ahead).min(block_count - 1);
+        self.blocks.retain(|index, _| keep.contains(index));
+        for index in keep {
+            if !self.blocks.contains_key(&index) {
+                self.blocks
+                    .insert(index, self.cache.spawn_block(&self.object, index));
+            }
+        }
+        let wanted: Vec<SharedFill> = span
+            .blocks()
+            .filter_map(|index| self.blocks.get(&index).cloned())
+            .collect();
+        let result = futures::future::try_join_all(wanted).await;
+        if result.is_err() {
+            // Do not keep failures: the next read tries again.
+            self.blocks.retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
+        }
+        Ok(span.assemble(&result?))
     }
 }

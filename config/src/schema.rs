@@ -75,7 +75,9 @@ pub struct CacheConfig {
     /// Unit of caching and verification: a power of two from 1MiB to
     /// 64MiB. Default 4MiB.
     pub block_size: ByteSize,
-    /// Check each block's checksum when it is read from disk. Default true.
+    /// Check each block's BLAKE3 when it is read from disk; a mismatch is a miss. Default
+    /// true. Turning it off also gives up the protection against data a power loss took
+    /// from the page cache after its record entry was written.
     pub verify_on_read: bool,
     /// Which disk I/O engine to use. Default `uring`.
     pub io_engine: IoEngineKind,

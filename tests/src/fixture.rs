@@ -9,7 +9,7 @@ use larder_cache_daemon::cache::{Cache, OpenObject, ReadError, Reader};
 use larder_cache_daemon::engine;
 use larder_cache_daemon::origin::Origin;
 use larder_cache_daemon::stats::Stats;
-use larder_cache_daemon::store::BlockStore;
+use larder_cache_daemon::store::{self, BlockStore};
 use larder_config::{ByteSize, CacheConfig, Config, IoEngineKind, OriginConfig, SourceConfig};
 use object_store::ObjectStore;
 
@@ -125,13 +125,7 @@ impl CacheFixture {
 
     /// The data file of an open object.
     pub fn data_file(&self, object: &OpenObject) -> PathBuf {
-        let hex = object.version().id().to_hex();
-        self.config
-            .cache
-            .dir
-            .join("v1/objects")
-            .join(&hex[..2])
-            .join(format!("{hex}.data"))
+        store::object_paths(&self.config.cache.dir, object.version().id()).0
     }
 
     /// Reads a whole object in 1 MiB requests through a [`Reader`] (readahead on).

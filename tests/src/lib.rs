@@ -14,7 +14,7 @@ pub mod fixture;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
-pub use server::{S3Server, s3_client};
+pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, s3_client};
 
 /// A splitmix64 step: a well-mixed 64-bit function of its input.
 fn mix(mut x: u64) -> u64 {

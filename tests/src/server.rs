@@ -14,8 +14,10 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-const ACCESS_KEY: &str = "larder-test-access";
-const SECRET_KEY: &str = "larder-test-secret-key";
+/// Access key of the test and benchmark S3 servers.
+pub const ACCESS_KEY: &str = "larder-test-access";
+/// Secret key of the test and benchmark S3 servers.
+pub const SECRET_KEY: &str = "larder-test-secret-key";
 
 /// A real S3 server on `127.0.0.1:<random port>`, serving one bucket from a temporary
 /// directory. Stops when dropped.

@@ -203,7 +203,7 @@ impl BlockStore {
         if rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
             return Err(StoreError::Locked(dir.clone()));
         }
-        let objects_dir = dir.join("v1").join("objects");
+        let objects_dir = objects_dir(dir);
         create_private_dir(&objects_dir)?;
         let store = Self {
             objects_dir,
@@ -321,9 +321,7 @@ impl BlockStore {
     }
 
     fn paths(&self, id: ObjectId) -> (PathBuf, PathBuf) {
-        let hex = id.to_hex();
-        let dir = self.objects_dir.join(&hex[..2]);
-        (dir.join(format!("{hex}.data")), dir.join(format!("{hex}.rec")))
+        paths_under(&self.objects_dir, id)
     }
 
     /// Whether block `index` of `id` is present.
@@ -667,6 +665,21 @@ impl BlockStore {
         let stat = rustix::fs::statvfs(&self.objects_dir).ok()?;
         Some((stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize))
     }
+}
+
+fn objects_dir(cache_dir: &Path) -> PathBuf {
+    cache_dir.join("v1").join("objects")
+}
+
+fn paths_under(objects_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
+    let hex = id.to_hex();
+    let dir = objects_dir.join(&hex[..2]);
+    (dir.join(format!("{hex}.data")), dir.join(format!("{hex}.rec")))
+}
+
+/// The data and record files of object `id` in the cache dir `cache_dir`.
+pub fn object_paths(cache_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
+    paths_under(&objects_dir(cache_dir), id)
 }
 
 /// Opens an object's data and record files; with a header, creates them afresh.

@@ -1,0 +1,301 @@
+//! The engine benchmark: cold fill, warm read and restart, in interleaved rounds.
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::StreamExt;
+use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
+use larder_cache_daemon::engine;
+use larder_cache_daemon::object::ObjectVersion;
+use larder_cache_daemon::origin::Origin;
+use larder_cache_daemon::stats::Stats;
+use larder_cache_daemon::store::format::{Entry, RecordHeader};
+use larder_cache_daemon::store::{self, BlockStore};
+use larder_config::{ByteSize, CacheConfig, IoEngineKind, OriginConfig};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+
+use crate::EngineArgs;
+use crate::seaweed::Seaweed;
+
+const BUCKET: &str = "larder-bench";
+const KEY: &str = "bench/model.safetensors";
+const READ_SIZE: usize = 1 << 20;
+
+fn cache_config(dir: &Path, args: &EngineArgs) -> CacheConfig {
+    CacheConfig {
+        dir: dir.to_owned(),
+        capacity: ByteSize(args.size.as_u64() * 2),
+        block_size: args.block_size,
+        io_engine: IoEngineKind::Uring,
+        ..CacheConfig::default()
+    }
+}
+
+/// Drops the page cache so reads come from the disk; false where that is not allowed.
+fn drop_page_cache() -> bool {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+fn gib_per_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / elapsed.as_secs_f64() / (1u64 << 30) as f64
+}
+
+/// Median and (min, max) of a sample.
+fn summary(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    (median, values[0], values[values.len() - 1])
+}
+
+async fn upload(store: &Arc<dyn ObjectStore>, size: u64) -> anyhow::Result<()> {
+    let seed = larder_tests::seed(KEY, 0);
+    let upload = store.put_multipart(&StorePath::from(KEY)).await?;
+    let mut writer = WriteMultipart::new_with_chunk_size(upload, 32 << 20);
+    let mut offset = 0;
+    while offset < size {
+        let len = (size - offset).min(8 << 20) as usize;
+        writer.write(&larder_tests::content(seed, offset, len));
+        offset += len as u64;
+    }
+    writer.finish().await?;
+    Ok(())
+}
+
+/// The limit for a cold read: ranged GETs of `part` bytes, `concurrency` at a time.
+async fn raw_download(
+    store: &Arc<dyn ObjectStore>,
+    size: u64,
+    part: u64,
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let path = StorePath::from(KEY);
+    let ranges = (0..size.div_ceil(part)).map(|i| i * part..size.min((i + 1) * part));
+    let mut parts = futures::stream::iter(ranges)
+        .map(|r| store.get_range(&path, r))
+        .buffer_unordered(concurrency);
+    let mut total = 0;
+    while let Some(bytes) = parts.next().await {
+        total += bytes?.len() as u64;
+    }
+    anyhow::ensure!(total == size, "downloaded {total} of {size} bytes");
+    Ok(started.elapsed())
+}
+
+async fn open_cache(config: &CacheConfig, origin: &OriginConfig) -> anyhow::Result<Cache> {
+    let stats = Arc::new(Stats::default());
+    let engine = engine::build(config.io_engine, config.io_queue_depth)?;
+    let store = Arc::new(BlockStore::open(config, engine, stats.clone()).await?);
+    Ok(Cache::new(store, origin, stats))
+}
+
+/// Reads the whole object through a reader in 1 MiB requests, as the FUSE layer will.
+async fn read_through(cache: &Cache, object: &Arc<OpenObject>) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut reader = Reader::new(cache.clone(), object.clone());
+    let mut offset = 0;
+    while offset < object.version().size {
+        offset += reader.read(offset, READ_SIZE).await?.len() as u64;
+    }
+    Ok(started.elapsed())
+}
+
+fn read_file(path: &Path) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; READ_SIZE];
+    while file.read(&mut buf)? > 0 {}
+    Ok(started.elapsed())
+}
+
+/// Writes a cache of `blocks` recorded blocks in objects of 1,000 blocks each, with sparse
+/// data files whose holes hash like the recorded (all-zero) blocks.
+fn synthesize_cache(dir: &Path, block_size: u64, blocks: u32) -> anyhow::Result<ObjectVersion> {
+    let zero_hash = *blake3::hash(&vec![0u8; block_size as usize]).as_bytes();
+    let per_object = 1000u32;
+    let mut first = None;
+    for object in 0..blocks.div_ceil(per_object) {
+        let count = per_object.min(blocks - object * per_object);
+        let version = ObjectVersion {
+            origin_url: "s3://bench-restart".into(),
+            key: format!("object-{object}"),
+            etag: Some("\"synthetic\"".into()),
+            version: None,
+            size: u64::from(count) * block_size,
+        };
+        let (data, rec) = store::object_paths(dir, version.id());
+        std::fs::create_dir_all(data.parent().context("no parent")?)?;
+        std::fs::File::create(&data)?.set_len(version.size)?;
+        let header = RecordHeader {
+            block_size: block_size as u32,
+            object_size: version.size,
+            object_id: version.id(),
+            identity: version.identity(),
+        };
+        let mut bytes = header.encode();
+        for index in 0..count {
+            bytes.extend_from_slice(
+                &Entry::Present {
+                    index,
+                    hash: zero_hash,
+                }
+                .encode(),
+            );
+        }
+        std::fs::write(rec, bytes)?;
+        first.get_or_insert(version);
+    }
+    first.context("no blocks")
+}
+
+/// Time from opening the synthetic cache to its first verified hit.
+async fn restart_time(config: &CacheConfig, version: &ObjectVersion) -> anyhow::Result<(Duration, usize)> {
+    let started = Instant::now();
+    let engine = engine::build(config.io_engine, config.io_queue_depth)?;
+    let store = BlockStore::open(config, engine, Arc::new(Stats::default())).await?;
+    let hit = store.read_block(version, version.id(), 0).await;
+    let elapsed = started.elapsed();
+    anyhow::ensure!(hit.is_some(), "the synthetic cache did not serve its first block");
+    Ok((elapsed, store.usage().blocks))
+}
+
+struct Round {
+    raw: Duration,
+    cold: Duration,
+    warm: Duration,
+    direct: Duration,
+    restart: Duration,
+}
+
+pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.work_dir)?;
+    let weed = Seaweed::start(&args.weed, BUCKET)?;
+    let client: Arc<dyn ObjectStore> = larder_tests::s3_client(&weed.endpoint, BUCKET)?;
+    let size = args.size.as_u64();
+    upload(&client, size).await?;
+    let origin_config = OriginConfig::default();
+    let origin = Arc::new(Origin::new(
+        "bench",
+        &format!("s3://{BUCKET}"),
+        client.clone(),
+        StorePath::default(),
+        &origin_config,
+        Arc::new(Stats::default()),
+    ));
+    let object = OpenObject::new(origin.clone(), origin.head(KEY).await?);
+    let restart_dir = tempfile::tempdir_in(&args.work_dir)?;
+    let restart_config = cache_config(restart_dir.path(), &args);
+    let restart_version =
+        synthesize_cache(restart_dir.path(), args.block_size.as_u64(), args.restart_blocks)?;
+    let dropped = drop_page_cache();
+
+    let mut rounds = Vec::new();
+    for round in 0..args.rounds {
+        let cache_dir = tempfile::tempdir_in(&args.work_dir)?;
+        let config = cache_config(cache_dir.path(), &args);
+        let raw = raw_download(
+            &client,
+            size,
+            origin_config.part_size.as_u64(),
+            origin_config.concurrency,
+        )
+        .await?;
+
+        let cache = open_cache(&config, &origin_config).await?;
+        let cold = read_through(&cache, &object).await?;
+        cache.flush().await;
+        drop(cache);
+
+        drop_page_cache();
+        let cache = open_cache(&config, &origin_config).await?;
+        let warm = read_through(&cache, &object).await?;
+        drop(cache);
+
+        drop_page_cache();
+        let (data_file, _) = store::object_paths(cache_dir.path(), object.version().id());
+        let direct = read_file(&data_file)?;
+
+        drop_page_cache();
+        let (restart, blocks) = restart_time(&restart_config, &restart_version).await?;
+        anyhow::ensure!(
+            blocks == args.restart_blocks as usize,
+            "restart saw {blocks} blocks"
+        );
+        eprintln!(
+            "round {round}: raw {:.2} GiB/s, cold {:.2} GiB/s, warm {:.2} GiB/s, direct {:.2} GiB/s, restart {:?}",
+            gib_per_s(size, raw),
+            gib_per_s(size, cold),
+            gib_per_s(size, warm),
+            gib_per_s(size, direct),
+            restart
+        );
+        rounds.push(Round {
+            raw,
+            cold,
+            warm,
+            direct,
+            restart,
+        });
+    }
+    let report = report(&args, &rounds, dropped);
+    print!("{report}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
+    let size = args.size.as_u64();
+    let ratio = |f: &dyn Fn(&Round) -> f64| summary(rounds.iter().map(f).collect());
+    let cold = ratio(&|r| r.raw.as_secs_f64() / r.cold.as_secs_f64());
+    let warm = ratio(&|r| r.direct.as_secs_f64() / r.warm.as_secs_f64());
+    let cold_abs = ratio(&|r| gib_per_s(size, r.cold));
+    let raw_abs = ratio(&|r| gib_per_s(size, r.raw));
+    let warm_abs = ratio(&|r| gib_per_s(size, r.warm));
+    let direct_abs = ratio(&|r| gib_per_s(size, r.direct));
+    let restart = ratio(&|r| r.restart.as_secs_f64() * 1000.0);
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let fmt = |(m, lo, hi): (f64, f64, f64)| format!("{m:.2} ({lo:.2}–{hi:.2})");
+    format!(
+        "# Engine benchmark\n\n\
+         commit {commit}; {cores} cores, {cpu}; kernel {kernel}\n\
+         object {size_h}, block {block}, origin SeaweedFS on loopback (data on tmpfs), {rounds} rounds, \
+         medians (min–max); page cache dropped between steps: {dropped}\n\n\
+         | workload | Larder | reference | ratio |\n|---|---|---|---|\n\
+         | cold sequential read (1 MiB reads) vs raw parallel download (16 × 16 MiB GETs) | {cold_abs} GiB/s | {raw_abs} GiB/s | {cold} |\n\
+         | warm read (restarted, O_DIRECT) vs reading the data file directly (buffered) | {warm_abs} GiB/s | {direct_abs} GiB/s | {warm} |\n\
+         | restart: open a cache of {blocks} blocks and serve the first hit | {restart} ms | — | — |\n",
+        cores = std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        size_h = args.size,
+        block = args.block_size,
+        rounds = rounds.len(),
+        cold_abs = fmt(cold_abs),
+        raw_abs = fmt(raw_abs),
+        cold = fmt(cold),
+        warm_abs = fmt(warm_abs),
+        direct_abs = fmt(direct_abs),
+        warm = fmt(warm),
+        restart = fmt(restart),
+        blocks = args.restart_blocks,
+    )
+}

@@ -1,0 +1,97 @@
+//! SeaweedFS (`weed mini`) on loopback: the object store the benchmarks read from.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tempfile::TempDir;
+
+/// A running `weed mini`, killed (by its PID) when dropped.
+#[derive(Debug)]
+pub(crate) struct Seaweed {
+    child: Child,
+    /// `http://127.0.0.1:<s3 port>`.
+    pub(crate) endpoint: String,
+    _dir: TempDir,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Seaweed {
+    /// Starts `weed mini` with its data on tmpfs (`/dev/shm`) where there is one, so the
+    /// server's disk reads do not compete with the cache's; creates `bucket`.
+    pub(crate) fn start(weed: &Path, bucket: &str) -> anyhow::Result<Self> {
+        let shm = PathBuf::from("/dev/shm");
+        let dir = if shm.is_dir() {
+            tempfile::tempdir_in(shm)?
+        } else {
+            tempfile::tempdir()?
+        };
+        let identities = format!(
+            r#"{{"identities":[{{"name":"bench","credentials":[{{"accessKey":"{}","secretKey":"{}"}}],"actions":["Admin","Read","Write","List"]}}]}}"#,
+            larder_tests::ACCESS_KEY,
+            larder_tests::SECRET_KEY
+        );
+        std::fs::write(dir.path().join("s3.json"), identities)?;
+        let port = free_port()?;
+        let child = Command::new(weed)
+            .arg("mini")
+            .arg(format!("-dir={}", dir.path().join("data").display()))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
+            .arg(format!("-s3.port={port}"))
+            .arg(format!("-s3.config={}", dir.path().join("s3.json").display()))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("weed.log"))?)
+            .spawn()
+            .with_context(|| format!("starting {}", weed.display()))?;
+        let server = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("weed mini did not open its S3 port within 30s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The master's shell creates buckets; retry while the cluster settles.
+        loop {
+            let mut shell = Command::new(weed)
+                .args(["shell", "-master=127.0.0.1:9333"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()?;
+            if let Some(mut stdin) = shell.stdin.take() {
+                std::io::Write::write_all(
+                    &mut stdin,
+                    format!("s3.bucket.create -name {bucket}\n").as_bytes(),
+                )?;
+            }
+            let output = shell.wait_with_output()?;
+            if String::from_utf8_lossy(&output.stdout).contains("created bucket") {
+                return Ok(server);
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "could not create bucket {bucket}: {}",
+                    String::from_utf8_lossy(&output.stdout)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Seaweed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
