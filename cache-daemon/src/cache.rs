@@ -44,6 +44,21 @@ pub enum ReadError {
 
 type FillResult = Result<Bytes, ReadError>;
 type SharedFill = Shared<BoxFuture<'static, FillResult>>;
+type SharedBlock = Shared<BoxFuture<'static, Result<Block, ReadError>>>;
+
+/// Where a block came from, for the bytes-served counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Nvme,
+    Origin,
+}
+
+/// A whole block and its source.
+#[derive(Debug, Clone)]
+struct Block {
+    bytes: Bytes,
+    source: Source,
+}
 type BlockKey = (ObjectId, u32);
 
 /// A pinned object version and the origin it comes from: what a file handle holds.
@@ -129,12 +144,12 @@ impl Cache {
         };
         let blocks =
             futures::future::try_join_all(span.blocks().map(|index| self.block(object, index))).await?;
-        Ok(span.assemble(&blocks))
+        Ok(span.assemble(&blocks, &self.inner.stats))
     }
 
     /// Block `index`, fetched by a task of its own so that it proceeds whether or not anyone
     /// is polling yet; the result can be awaited by several callers.
-    fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedFill {
+    fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedBlock {
         let (cache, object) = (self.clone(), object.clone());
         tokio::spawn(async move { cache.block(&object, index).await })
             .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
@@ -162,7 +177,7 @@ impl Cache {
     }
 
     /// One whole block, from disk, from a fill in flight, or from a new fill.
-    async fn block(&self, object: &Arc<OpenObject>, index: u32) -> FillResult {
+    async fn block(&self, object: &Arc<OpenObject>, index: u32) -> Result<Block, ReadError> {
         let stats = &self.inner.stats;
         if let Some(bytes) = self
             .inner
@@ -171,8 +186,10 @@ impl Cache {
             .await
         {
             add(&stats.lookup_hit, 1);
-            add(&stats.served_nvme_bytes, bytes.len() as u64);
-            return Ok(bytes);
+            return Ok(Block {
+                bytes,
+                source: Source::Nvme,
+            });
         }
         let fill = {
             let mut inflight = self.inner.inflight.lock();
@@ -188,12 +205,13 @@ impl Cache {
                 inflight.get(&(object.id, index)).cloned()
             }
         };
-        let bytes = match fill {
-            Some(fill) => fill.await?,
-            None => return Box::pin(self.block(object, index)).await,
-        };
-        add(&stats.served_origin_bytes, bytes.len() as u64);
-        Ok(bytes)
+        match fill {
+            Some(fill) => Ok(Block {
+                bytes: fill.await?,
+                source: Source::Origin,
+            }),
+            None => Box::pin(self.block(object, index)).await,
+        }
     }
 
     /// Registers and spawns a fill from block `first` to the end of its origin part, stopping
@@ -346,14 +364,20 @@ impl Span {
         self.first..=self.last
     }
 
-    /// The requested bytes out of the whole blocks `first..=last`: a slice when one block
-    /// holds them all, one copy otherwise.
-    fn assemble(&self, blocks: &[Bytes]) -> Bytes {
-        let slice = |i: usize, block: &Bytes| {
+    /// The requested bytes out of the whole blocks `first..=last` (a slice when one block
+    /// holds them all, one copy otherwise); counts the bytes served by source.
+    fn assemble(&self, blocks: &[Block], stats: &Stats) -> Bytes {
+        let slice = |i: usize, block: &Block| {
             let block_start = u64::from(self.first + i as u32) * self.block_size;
             let from = self.offset.saturating_sub(block_start) as usize;
-            let to = ((self.end - block_start) as usize).min(block.len());
-            block.slice(from.min(to)..to)
+            let to = ((self.end - block_start) as usize).min(block.bytes.len());
+            let bytes = block.bytes.slice(from.min(to)..to);
+            let counter = match block.source {
+                Source::Nvme => &stats.served_nvme_bytes,
+                Source::Origin => &stats.served_origin_bytes,
+            };
+            add(counter, bytes.len() as u64);
+            bytes
         };
         if let [block] = blocks {
             return slice(0, block);
@@ -381,7 +405,7 @@ pub struct Reader {
     next_offset: u64,
     window: u64,
     prefetched_to: u64,
-    blocks: BTreeMap<u32, SharedFill>,
+    blocks: BTreeMap<u32, SharedBlock>,
 }
 
 impl Reader {
@@ -439,7 +463,7 @@ impl Reader {
                     .insert(index, self.cache.spawn_block(&self.object, index));
             }
         }
-        let wanted: Vec<SharedFill> = span
+        let wanted: Vec<SharedBlock> = span
             .blocks()
             .filter_map(|index| self.blocks.get(&index).cloned())
             .collect();
@@ -448,6 +472,6 @@ impl Reader {
             // Do not keep failures: the next read tries again.
             self.blocks.retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
         }
-        Ok(span.assemble(&result?))
+        Ok(span.assemble(&result?, &self.cache.inner.stats))
     }
 }

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use larder_config::{OriginConfig, SourceConfig};
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
+    BackoffConfig, ClientConfigKey, GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
     RetryConfig,
 };
 use parking_lot::Mutex;
@@ -238,10 +238,19 @@ impl Origin {
         };
         let url = url::Url::parse(&source.url).map_err(|e| config_error(format!("not a URL: {e}")))?;
         let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| config_error(e.to_string()))?;
-        let client = ClientOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            // Larder bounds attempts itself; the client's own timeout only backs it up.
-            .with_timeout(config.read_deadline);
+        // Set key by key: replacing the builder's ClientOptions would drop what the
+        // environment set (AWS_ALLOW_HTTP, proxies). Larder bounds attempts itself; the
+        // client's own timeout only backs it up.
+        let client = [
+            (
+                ClientConfigKey::ConnectTimeout,
+                humantime::format_duration(config.connect_timeout).to_string(),
+            ),
+            (
+                ClientConfigKey::Timeout,
+                humantime::format_duration(config.read_deadline).to_string(),
+            ),
+        ];
         // Larder retries itself, under its budget; the store must not multiply attempts.
         let no_retries = RetryConfig {
             backoff: BackoffConfig::default(),
@@ -259,25 +268,36 @@ impl Origin {
                 )
             }
             ObjectStoreScheme::AmazonS3 => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
+                client
+                    .iter()
+                    .fold(object_store::aws::AmazonS3Builder::from_env(), |b, (k, v)| {
+                        b.with_config(object_store::aws::AmazonS3ConfigKey::Client(*k), v)
+                    })
                     .with_url(url.as_str())
-                    .with_client_options(client)
                     .with_retry(no_retries)
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
             ),
             ObjectStoreScheme::GoogleCloudStorage => Arc::new(
-                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                client
+                    .iter()
+                    .fold(
+                        object_store::gcp::GoogleCloudStorageBuilder::from_env(),
+                        |b, (k, v)| b.with_config(object_store::gcp::GoogleConfigKey::Client(*k), v),
+                    )
                     .with_url(url.as_str())
-                    .with_client_options(client)
                     .with_retry(no_retries)
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
             ),
             ObjectStoreScheme::MicrosoftAzure => Arc::new(
-                object_store::azure::MicrosoftAzureBuilder::from_env()
+                client
+                    .iter()
+                    .fold(
+                        object_store::azure::MicrosoftAzureBuilder::from_env(),
+                        |b, (k, v)| b.with_config(object_store::azure::AzureConfigKey::Client(*k), v),
+                    )
                     .with_url(url.as_str())
-                    .with_client_options(client)
                     .with_retry(no_retries)
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
@@ -286,9 +306,12 @@ impl Origin {
                 let mut base = url.clone();
                 base.set_path("");
                 Arc::new(
-                    object_store::http::HttpBuilder::new()
+                    client
+                        .iter()
+                        .fold(object_store::http::HttpBuilder::new(), |b, (k, v)| {
+                            b.with_config(*k, v)
+                        })
                         .with_url(base.as_str())
-                        .with_client_options(client)
                         .with_retry(no_retries)
                         .build()
                         .map_err(|e| config_error(e.to_string()))?,
@@ -351,7 +374,11 @@ impl Origin {
     /// The store location of a key relative to the source. Keys are parsed, never concatenated:
     /// `..`, empty segments and the like are rejected, so no key escapes the prefix.
     fn location(&self, key: &str) -> Result<Path, OriginError> {
-        let relative = Path::parse(key).map_err(|e| OriginError::Rejected {
+        let parsed = match key {
+            "" => Err(object_store::path::Error::EmptySegment { path: String::new() }),
+            key => Path::parse(key),
+        };
+        let relative = parsed.map_err(|e| OriginError::Rejected {
             source_name: self.name.clone(),
             key: key.to_owned(),
             source: e.into(),

@@ -14,7 +14,7 @@ pub mod fixture;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
-pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, s3_client};
+pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, s3_client, s3_client_with_secret};
 
 /// A splitmix64 step: a well-mixed 64-bit function of its input.
 fn mix(mut x: u64) -> u64 {

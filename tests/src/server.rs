@@ -87,6 +87,11 @@ impl S3Server {
 
 /// A client for `bucket` of the test server at `endpoint`, from any process.
 pub fn s3_client(endpoint: &str, bucket: &str) -> anyhow::Result<Arc<AmazonS3>> {
+    s3_client_with_secret(endpoint, bucket, SECRET_KEY)
+}
+
+/// Like [`s3_client`], signing with `secret` (a wrong one gets 403s).
+pub fn s3_client_with_secret(endpoint: &str, bucket: &str, secret: &str) -> anyhow::Result<Arc<AmazonS3>> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = AmazonS3Builder::new()
         .with_endpoint(endpoint)
@@ -94,7 +99,7 @@ pub fn s3_client(endpoint: &str, bucket: &str) -> anyhow::Result<Arc<AmazonS3>> 
         .with_bucket_name(bucket)
         .with_region("us-east-1")
         .with_access_key_id(ACCESS_KEY)
-        .with_secret_access_key(SECRET_KEY)
+        .with_secret_access_key(secret)
         .with_retry(RetryConfig {
             backoff: BackoffConfig::default(),
             max_retries: 0,

@@ -174,7 +174,9 @@ async fn restart_serves_recorded_blocks_without_the_origin(engine: IoEngineKind)
         fx.read_all(&open).await.expect("cold read") == expected("llama/model.safetensors", 0, size as usize)
     );
     assert_eq!(fx.block_fetch_counts(&open), vec![1; 11]);
+    assert_eq!(fx.stats.snapshot().served_origin_bytes, size);
 
+    assert_private(dir.path());
     let fx = fx.restart().await.expect("restart");
     let open = OpenObject::new(fx.origin.clone(), open.version().clone());
     let warm = fx.read_all(&open).await.expect("warm read");
@@ -187,6 +189,30 @@ async fn restart_serves_recorded_blocks_without_the_origin(engine: IoEngineKind)
     let stats = fx.stats.snapshot();
     assert_eq!(stats.served_nvme_bytes, size);
     assert_eq!((stats.lookup_hit, stats.lookup_miss), (11, 0));
+}
+
+/// Every dir under the cache dir is 0700, every file 0600, and no name contains the key.
+fn assert_private(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(path) = stack.pop() {
+        let mode = std::fs::metadata(&path).expect("metadata").permissions().mode() & 0o777;
+        assert!(
+            !path.to_string_lossy().contains("safetensors"),
+            "a key leaked into {}",
+            path.display()
+        );
+        if path.is_dir() {
+            assert_eq!(mode, 0o700, "{}", path.display());
+            stack.extend(
+                std::fs::read_dir(&path)
+                    .expect("read_dir")
+                    .map(|e| e.expect("entry").path()),
+            );
+        } else {
+            assert_eq!(mode, 0o600, "{}", path.display());
+        }
+    }
 }
 
 /// SIGKILL a filling process at random points; each restart serves only whole, recorded blocks,
@@ -202,11 +228,15 @@ async fn kill_9_mid_fill_leaves_a_consistent_cache() {
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_fill-child"))
             .args([
                 dir.path().to_str().expect("utf-8"),
-                &server.endpoint(),
-                "larder-test",
+                &server.url(),
                 key,
                 &MIB.to_string(),
             ])
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", larder_tests::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", larder_tests::SECRET_KEY)
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()

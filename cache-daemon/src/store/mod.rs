@@ -23,7 +23,7 @@ pub mod format;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -192,6 +192,8 @@ impl BlockStore {
     ) -> Result<Self, StoreError> {
         let dir = &config.dir;
         create_private_dir(dir)?;
+        // An existing dir keeps its owner's mode otherwise; the cache is private to the daemon.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io_error("chmod", dir))?;
         let lock_path = dir.join("lock");
         let lock = OpenOptions::new()
             .create(true)

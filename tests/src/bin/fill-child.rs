@@ -1,7 +1,8 @@
 //! A process that fills the block cache and is killed mid-fill by the crash tests.
 //!
-//! `fill-child CACHE_DIR ENDPOINT BUCKET KEY BLOCK_SIZE` reads KEY sequentially through a
-//! block cache in CACHE_DIR, over and over, printing `filling` once the first read is served.
+//! `fill-child CACHE_DIR SOURCE_URL KEY BLOCK_SIZE` reads KEY sequentially through a block
+//! cache in CACHE_DIR, over and over, printing `filling` once the first read is served. The
+//! source is built from its URL as the daemon builds it: S3 settings come from `AWS_*`.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -18,26 +19,17 @@ use larder_tests::fixture::test_config;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, dir, endpoint, bucket, key, block_size] = args.as_slice() else {
-        anyhow::bail!("usage: fill-child CACHE_DIR ENDPOINT BUCKET KEY BLOCK_SIZE");
+    let [_, dir, url, key, block_size] = args.as_slice() else {
+        anyhow::bail!("usage: fill-child CACHE_DIR SOURCE_URL KEY BLOCK_SIZE");
     };
     let block_size: u64 = block_size.parse().context("BLOCK_SIZE")?;
-    let config = test_config(
-        dir.as_ref(),
-        block_size,
-        IoEngineKind::Uring,
-        &format!("s3://{bucket}"),
-    );
+    let config = test_config(dir.as_ref(), block_size, IoEngineKind::Uring, url);
     let stats = Arc::new(Stats::default());
-    let client = larder_tests::s3_client(endpoint, bucket)?;
-    let origin = Arc::new(Origin::new(
-        "models",
-        &config.sources[0].url,
-        client,
-        Default::default(),
+    let origin = Arc::new(Origin::from_config(
+        &config.sources[0],
         &config.origin,
         stats.clone(),
-    ));
+    )?);
     let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth)?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
     let cache = Cache::new(store, &config.origin, stats);
