@@ -23,9 +23,10 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use larder_config::OriginConfig;
 use parking_lot::Mutex;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::task::TaskTracker;
 
+use crate::engine::AlignedBuf;
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
@@ -41,6 +42,9 @@ pub enum ReadError {
     #[error("the fill was abandoned before it finished")]
     Abandoned,
 }
+
+/// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
+const WRITE_BEHIND_BYTES: u64 = 512 << 20;
 
 type FillResult = Result<Bytes, ReadError>;
 type SharedFill = Shared<BoxFuture<'static, FillResult>>;
@@ -93,6 +97,9 @@ struct Inner {
     store: Arc<BlockStore>,
     inflight: Mutex<HashMap<BlockKey, SharedFill>>,
     origin_permits: Arc<Semaphore>,
+    /// Blocks fetched but not yet written: bounds the memory a fast origin and a slow disk
+    /// can pile up.
+    write_permits: Arc<Semaphore>,
     part_blocks: u32,
     readahead: Range<u64>,
     stats: Arc<Stats>,
@@ -103,11 +110,13 @@ impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`.
     pub fn new(store: Arc<BlockStore>, config: &OriginConfig, stats: Arc<Stats>) -> Self {
         let part_blocks = (config.part_size.as_u64() / store.block_size()).max(1) as u32;
+        let write_behind = (WRITE_BEHIND_BYTES / store.block_size()).max(2 * u64::from(part_blocks));
         Self {
             inner: Arc::new(Inner {
                 store,
                 inflight: Mutex::new(HashMap::new()),
                 origin_permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
+                write_permits: Arc::new(Semaphore::new(write_behind as usize)),
                 part_blocks,
                 readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
                 stats,
@@ -256,30 +265,35 @@ impl Cache {
         let size = object.version.size;
         let start = u64::from(first) * block_size;
         let end = size.min(start + senders.len() as u64 * block_size);
+        let blocks = senders.len() as u32;
         let mut pending = senders.into_iter();
         let mut next = first;
-        let mut buf = BytesMut::new();
-        let result = match self.inner.origin_permits.clone().acquire_owned().await {
+        let mut buf: Option<AlignedBuf> = None;
+        let permits = async {
+            // Write-behind first, so a slow disk holds fills back instead of piling up memory.
+            let writes = self
+                .inner
+                .write_permits
+                .clone()
+                .acquire_many_owned(blocks)
+                .await?;
+            let origin = self.inner.origin_permits.clone().acquire_owned().await?;
+            Ok::<_, tokio::sync::AcquireError>((writes, origin))
+        };
+        let result = match permits.await {
             Err(_) => Err(ReadError::Abandoned),
-            Ok(_permit) => {
+            Ok((mut writes, _origin)) => {
                 let mut sink = |mut chunk: Bytes| {
                     while !chunk.is_empty() {
                         let block_len = store.block_len(size, next) as usize;
-                        let take = (block_len - buf.len()).min(chunk.len());
-                        if buf.is_empty() && take == block_len {
-                            // A whole block inside one chunk: no copy.
-                            self.deliver(&object, next, chunk.split_to(take), pending.next());
-                        } else {
-                            if buf.capacity() == 0 {
-                                buf.reserve(block_len);
-                            }
-                            buf.extend_from_slice(&chunk.split_to(take));
-                            if buf.len() == block_len {
-                                let block = std::mem::take(&mut buf).freeze();
-                                self.deliver(&object, next, block, pending.next());
-                            }
-                        }
-                        if buf.is_empty() {
+                        let block = buf.get_or_insert_with(|| AlignedBuf::zeroed(block_len));
+                        let take = (block_len - block.len()).min(chunk.len());
+                        block.extend_from_slice(&chunk.split_to(take));
+                        if block.len() == block_len
+                            && let Some(full) = buf.take()
+                        {
+                            let write = writes.split(1);
+                            self.deliver(&object, next, Arc::new(full), pending.next(), write);
                             next += 1;
                         }
                     }
@@ -303,21 +317,24 @@ impl Cache {
         }
     }
 
-    /// Hands a completed block to its waiters, then writes it to disk in the background.
+    /// Hands a completed block to its waiters, then writes it to disk in the background,
+    /// holding `write_permit` (one block of the write-behind budget) until the write is done.
     fn deliver(
         &self,
         object: &Arc<OpenObject>,
         index: u32,
-        bytes: Bytes,
+        buf: Arc<AlignedBuf>,
         tx: Option<oneshot::Sender<FillResult>>,
+        write_permit: Option<OwnedSemaphorePermit>,
     ) {
         if let Some(tx) = tx {
-            let _ = tx.send(Ok(bytes.clone()));
+            let _ = tx.send(Ok(AlignedBuf::shared_bytes(&buf)));
         }
         let cache = self.clone();
         let object = object.clone();
         self.inner.tasks.spawn(async move {
-            let block = VerifiedBlock::new(bytes);
+            let _write_permit = write_permit;
+            let block = VerifiedBlock::new(buf);
             if let Err(error) = cache
                 .inner
                 .store

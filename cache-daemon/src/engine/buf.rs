@@ -6,6 +6,7 @@
 use std::alloc::{self, Layout};
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// Alignment of every buffer, offset and length handed to the kernel with O_DIRECT.
 pub const ALIGN: usize = 4096;
@@ -49,8 +50,7 @@ impl AlignedBuf {
     /// A buffer holding a copy of `data`, zero-padded to the next [`ALIGN`] boundary.
     pub fn copy_from(data: &[u8]) -> Self {
         let mut buf = Self::zeroed(data.len());
-        buf.spare_mut()[..data.len()].copy_from_slice(data);
-        buf.len = data.len();
+        buf.extend_from_slice(data);
         buf
     }
 
@@ -95,9 +95,50 @@ impl AlignedBuf {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.capacity) }
     }
 
-    /// Raw pointer to the start, for I/O submissions.
+    /// `len` rounded up to [`ALIGN`]: what an O_DIRECT write of this buffer writes (the
+    /// padding is zeroes).
+    pub fn padded_len(&self) -> usize {
+        self.len.div_ceil(ALIGN) * ALIGN
+    }
+
+    /// The valid bytes and their zero padding up to [`Self::padded_len`].
+    pub fn padded(&self) -> &[u8] {
+        // SAFETY: `padded_len() <= capacity`, all initialised and owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.padded_len()) }
+    }
+
+    /// Raw pointer to the start, for read submissions.
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
+    }
+
+    /// Raw pointer to the start, for write submissions.
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Appends `data` after the valid bytes.
+    ///
+    /// # Panics
+    /// If it does not fit in the capacity.
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        let len = self.len;
+        self.spare_mut()[len..len + data.len()].copy_from_slice(data);
+        self.len += data.len();
+    }
+
+    /// The valid bytes as `Bytes`, sharing the buffer without a copy.
+    pub fn shared_bytes(buf: &Arc<Self>) -> bytes::Bytes {
+        bytes::Bytes::from_owner(SharedBuf(buf.clone()))
+    }
+}
+
+/// An [`AlignedBuf`] shared read-only, as the owner of a `Bytes`.
+struct SharedBuf(Arc<AlignedBuf>);
+
+impl AsRef<[u8]> for SharedBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref().as_ref()
     }
 }
 

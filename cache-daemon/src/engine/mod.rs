@@ -29,8 +29,14 @@ pub trait IoEngine: Send + Sync + std::fmt::Debug + 'static {
     /// read, which is less than the capacity only at end of file.
     fn read(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult>;
 
-    /// Writes the first `buf.len()` bytes of `buf` at `offset`, all of them or an error.
-    fn write(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult>;
+    /// Writes `buf.padded()` (its valid bytes and the zero padding to the next 4 KiB) at
+    /// `offset`, all of it or an error. The buffer is only read, so it may be shared.
+    fn write(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+    ) -> BoxFuture<'static, io::Result<usize>>;
 }
 
 /// Builds the engine the config asks for.
@@ -76,10 +82,10 @@ mod tests {
         let file = open_direct(&dir.path().join("f"));
         let engine = engine(kind);
         let data: Vec<u8> = (0..3 * ALIGN).map(|i| (i % 251) as u8).collect();
-        let (_, res) = engine
-            .write(file.clone(), ALIGN as u64, AlignedBuf::copy_from(&data))
+        let written = engine
+            .write(file.clone(), ALIGN as u64, Arc::new(AlignedBuf::copy_from(&data)))
             .await;
-        assert_eq!(res.expect("write"), data.len());
+        assert_eq!(written.expect("write"), data.len());
 
         let (buf, res) = engine
             .read(file.clone(), ALIGN as u64, AlignedBuf::zeroed(data.len()))
@@ -93,6 +99,14 @@ mod tests {
             .await;
         assert_eq!(res.expect("short read"), ALIGN);
         assert_eq!(buf.as_ref(), &data[2 * ALIGN..]);
+
+        // A write of an unaligned length is padded with zeroes to 4 KiB.
+        let written = engine
+            .write(file.clone(), 0, Arc::new(AlignedBuf::copy_from(&[9; 100])))
+            .await;
+        assert_eq!(written.expect("padded write"), ALIGN);
+        let (buf, _) = engine.read(file, 0, AlignedBuf::zeroed(ALIGN)).await;
+        assert!(buf.as_ref()[..100].iter().all(|&b| b == 9) && buf.as_ref()[100..].iter().all(|&b| b == 0));
     }
 
     #[test_case(IoEngineKind::Uring; "uring")]
@@ -103,11 +117,11 @@ mod tests {
         let file = open_direct(&dir.path().join("f"));
         let engine = engine(kind);
         let writes = (0..64u8).map(|i| {
-            let buf = AlignedBuf::copy_from(&[i; ALIGN]);
+            let buf = Arc::new(AlignedBuf::copy_from(&[i; ALIGN]));
             engine.write(file.clone(), u64::from(i) * ALIGN as u64, buf)
         });
-        for (_, res) in futures::future::join_all(writes).await {
-            assert_eq!(res.expect("write"), ALIGN);
+        for written in futures::future::join_all(writes).await {
+            assert_eq!(written.expect("write"), ALIGN);
         }
         let reads = (0..64u8).map(|i| {
             engine.read(
@@ -125,19 +139,22 @@ mod tests {
     #[test_case(IoEngineKind::Uring; "uring")]
     #[test_case(IoEngineKind::Psync; "psync")]
     #[tokio::test]
-    async fn errors_come_back_with_the_buffer(kind: IoEngineKind) {
+    async fn errors_are_reported_and_buffers_come_back(kind: IoEngineKind) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").expect("write");
         // Opened read-only: a write must fail with EBADF, not hang or panic.
         let file = Arc::new(File::open(&path).expect("open"));
-        let (buf, res) = engine(kind)
-            .write(file, 0, AlignedBuf::copy_from(&[1; ALIGN]))
+        let engine = engine(kind);
+        let written = engine
+            .write(file.clone(), 0, Arc::new(AlignedBuf::copy_from(&[1; ALIGN])))
             .await;
         assert_eq!(
-            res.expect_err("write to a read-only fd").raw_os_error(),
+            written.expect_err("write to a read-only fd").raw_os_error(),
             Some(libc::EBADF)
         );
-        assert_eq!(buf.len(), ALIGN);
+        let (buf, res) = engine.read(file, 0, AlignedBuf::zeroed(3 * ALIGN)).await;
+        assert_eq!(res.expect("read of a one-byte file"), 1);
+        assert_eq!((buf.len(), buf.capacity()), (1, 3 * ALIGN));
     }
 }

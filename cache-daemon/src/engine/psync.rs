@@ -29,38 +29,48 @@ fn read_at(file: &File, offset: u64, mut buf: AlignedBuf) -> IoResult {
     (buf, Ok(done))
 }
 
-fn write_at(file: &File, offset: u64, mut buf: AlignedBuf) -> IoResult {
-    let len = buf.len();
+fn write_at(file: &File, offset: u64, buf: &AlignedBuf) -> io::Result<usize> {
+    let data = buf.padded();
     let mut done = 0;
-    while done < len {
-        match file.write_at(&buf.spare_mut()[done..len], offset + done as u64) {
-            Ok(0) => return (buf, Err(write_zero())),
+    while done < data.len() {
+        match file.write_at(&data[done..], offset + done as u64) {
+            Ok(0) => return Err(write_zero()),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return (buf, Err(e)),
+            Err(e) => return Err(e),
         }
     }
-    (buf, Ok(done))
+    Ok(done)
 }
 
-fn on_blocking_pool(job: impl FnOnce() -> IoResult + Send + 'static) -> BoxFuture<'static, IoResult> {
+/// Runs `job` on the blocking pool; `lost` stands in for its result if the runtime drops it
+/// (only when shutting down: these jobs do not panic).
+fn on_blocking_pool<T: Send + 'static>(
+    job: impl FnOnce() -> T + Send + 'static,
+    lost: impl FnOnce(io::Error) -> T + Send + 'static,
+) -> BoxFuture<'static, T> {
     async move {
-        match tokio::task::spawn_blocking(job).await {
-            Ok(result) => result,
-            // The closure does not panic; a join error means the runtime is shutting down, and
-            // the buffer went down with the task.
-            Err(e) => (AlignedBuf::zeroed(0), Err(io::Error::other(e))),
-        }
+        tokio::task::spawn_blocking(job)
+            .await
+            .unwrap_or_else(|e| lost(io::Error::other(e)))
     }
     .boxed()
 }
 
 impl IoEngine for PsyncEngine {
     fn read(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult> {
-        on_blocking_pool(move || read_at(&file, offset, buf))
+        on_blocking_pool(
+            move || read_at(&file, offset, buf),
+            |e| (AlignedBuf::zeroed(0), Err(e)),
+        )
     }
 
-    fn write(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult> {
-        on_blocking_pool(move || write_at(&file, offset, buf))
+    fn write(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+    ) -> BoxFuture<'static, io::Result<usize>> {
+        on_blocking_pool(move || write_at(&file, offset, &buf), Err)
     }
 }

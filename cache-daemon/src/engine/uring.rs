@@ -22,44 +22,66 @@ use super::{AlignedBuf, IoEngine, IoResult, write_zero};
 /// `user_data` of the eventfd read; operations use their slot index.
 const WAKE: u64 = u64::MAX;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Read,
-    Write,
+/// What an operation transfers and whom it answers: a read owns its buffer and gives it
+/// back; a write shares its buffer read-only with whoever else holds it.
+enum Transfer {
+    Read {
+        buf: AlignedBuf,
+        reply: oneshot::Sender<IoResult>,
+    },
+    Write {
+        buf: Arc<AlignedBuf>,
+        reply: oneshot::Sender<io::Result<usize>>,
+    },
 }
 
 struct Op {
-    kind: Kind,
+    transfer: Transfer,
     file: Arc<File>,
     offset: u64,
-    buf: AlignedBuf,
-    /// Bytes to transfer in all: the capacity for a read, `len` for a write.
+    /// Bytes to transfer in all: the capacity for a read, the padded length for a write.
     target: usize,
     done: usize,
-    reply: oneshot::Sender<IoResult>,
 }
 
 impl Op {
-    fn finish(mut self, result: io::Result<()>) {
-        let result = result.map(|()| {
-            if self.kind == Kind::Read {
-                self.buf.set_len(self.done);
-            }
-            self.done
-        });
+    fn is_read(&self) -> bool {
+        matches!(self.transfer, Transfer::Read { .. })
+    }
+
+    fn finish(self, result: io::Result<()>) {
+        let done = self.done;
         // The caller may have gone away; then nobody wants the result.
-        let _ = self.reply.send((self.buf, result));
+        match self.transfer {
+            Transfer::Read { mut buf, reply } => {
+                let result = result.map(|()| {
+                    buf.set_len(done);
+                    done
+                });
+                let _ = reply.send((buf, result));
+            }
+            Transfer::Write { reply, .. } => {
+                let _ = reply.send(result.map(|()| done));
+            }
+        }
     }
 
     fn entry(&mut self, slot: usize) -> io_uring::squeue::Entry {
         let fd = types::Fd(self.file.as_raw_fd());
         let remaining = u32::try_from(self.target - self.done).unwrap_or(u32::MAX);
-        // SAFETY: `done < target <= capacity`, so the pointer stays inside the buffer.
-        let ptr = unsafe { self.buf.as_mut_ptr().add(self.done) };
         let offset = self.offset + self.done as u64;
-        let entry = match self.kind {
-            Kind::Read => opcode::Read::new(fd, ptr, remaining).offset(offset).build(),
-            Kind::Write => opcode::Write::new(fd, ptr, remaining).offset(offset).build(),
+        let entry = match &mut self.transfer {
+            Transfer::Read { buf, .. } => {
+                // SAFETY: `done < target <= capacity`, so the pointer stays inside the buffer,
+                // which the operation keeps alive until its completion.
+                let ptr = unsafe { buf.as_mut_ptr().add(self.done) };
+                opcode::Read::new(fd, ptr, remaining).offset(offset).build()
+            }
+            Transfer::Write { buf, .. } => {
+                // SAFETY: as above; the kernel only reads a write's buffer.
+                let ptr = unsafe { buf.as_ptr().add(self.done) };
+                opcode::Write::new(fd, ptr, remaining).offset(offset).build()
+            }
         };
         entry.user_data(slot as u64)
     }
@@ -76,7 +98,7 @@ pub struct UringEngine {
 impl std::fmt::Debug for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Op")
-            .field("kind", &self.kind)
+            .field("read", &self.is_read())
             .field("offset", &self.offset)
             .field("target", &self.target)
             .field("done", &self.done)
@@ -104,43 +126,14 @@ impl UringEngine {
         Ok(Self { tx, wake })
     }
 
-    fn submit(
-        &self,
-        kind: Kind,
-        file: Arc<File>,
-        offset: u64,
-        buf: AlignedBuf,
-    ) -> BoxFuture<'static, IoResult> {
-        let target = match kind {
-            Kind::Read => buf.capacity(),
-            Kind::Write => buf.len(),
-        };
-        let (reply, rx) = oneshot::channel();
-        let op = Op {
-            kind,
-            file,
-            offset,
-            buf,
-            target,
-            done: 0,
-            reply,
-        };
-        if target == 0 {
+    fn submit(&self, op: Op) {
+        if op.target == 0 {
             op.finish(Ok(()));
         } else if let Err(mpsc::SendError(op)) = self.tx.send(op) {
             op.finish(Err(io::Error::other("the io_uring thread has stopped")));
         } else {
             ring_eventfd(self.wake.as_raw_fd());
         }
-        async move {
-            rx.await.unwrap_or_else(|_| {
-                (
-                    AlignedBuf::zeroed(0),
-                    Err(io::Error::other("the io_uring thread dropped a request")),
-                )
-            })
-        }
-        .boxed()
     }
 }
 
@@ -158,13 +151,44 @@ fn ring_eventfd(fd: RawFd) {
     let _ = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
 }
 
+fn dropped() -> io::Error {
+    io::Error::other("the io_uring thread dropped a request")
+}
+
 impl IoEngine for UringEngine {
     fn read(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult> {
-        self.submit(Kind::Read, file, offset, buf)
+        let (reply, rx) = oneshot::channel();
+        let target = buf.capacity();
+        self.submit(Op {
+            transfer: Transfer::Read { buf, reply },
+            file,
+            offset,
+            target,
+            done: 0,
+        });
+        async move {
+            rx.await
+                .unwrap_or_else(|_| (AlignedBuf::zeroed(0), Err(dropped())))
+        }
+        .boxed()
     }
 
-    fn write(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult> {
-        self.submit(Kind::Write, file, offset, buf)
+    fn write(
+        &self,
+        file: Arc<File>,
+        offset: u64,
+        buf: Arc<AlignedBuf>,
+    ) -> BoxFuture<'static, io::Result<usize>> {
+        let (reply, rx) = oneshot::channel();
+        let target = buf.padded_len();
+        self.submit(Op {
+            transfer: Transfer::Write { buf, reply },
+            file,
+            offset,
+            target,
+            done: 0,
+        });
+        async move { rx.await.unwrap_or_else(|_| Err(dropped())) }.boxed()
     }
 }
 
@@ -287,9 +311,9 @@ impl Worker {
             return;
         }
         let n = result as usize;
-        match (op.kind, n) {
-            (Kind::Read, 0) => op.finish(Ok(())),
-            (Kind::Write, 0) => op.finish(Err(write_zero())),
+        match (op.is_read(), n) {
+            (true, 0) => op.finish(Ok(())),
+            (false, 0) => op.finish(Err(write_zero())),
             _ => {
                 op.done += n;
                 if op.done >= op.target {

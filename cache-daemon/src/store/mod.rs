@@ -70,23 +70,29 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
 }
 
 /// Bytes from the origin or a peer together with their BLAKE3: the only way bytes enter the
-/// block store, so every stored block has a hash computed from exactly what is stored.
+/// block store, so every stored block has a hash computed from exactly what is stored. The
+/// buffer is aligned for O_DIRECT and shared with the readers it was handed to: no copy.
 #[derive(Debug, Clone)]
 pub struct VerifiedBlock {
-    bytes: Bytes,
+    buf: Arc<AlignedBuf>,
     hash: [u8; 32],
 }
 
 impl VerifiedBlock {
-    /// Hashes bytes received from the network.
-    pub fn new(bytes: Bytes) -> Self {
-        let hash = *blake3::hash(&bytes).as_bytes();
-        Self { bytes, hash }
+    /// Hashes a block received from the network.
+    pub fn new(buf: Arc<AlignedBuf>) -> Self {
+        let hash = *blake3::hash(buf.as_ref().as_ref()).as_bytes();
+        Self { buf, hash }
     }
 
-    /// The block's bytes.
-    pub fn bytes(&self) -> &Bytes {
-        &self.bytes
+    /// Length of the block.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// True for an empty block (an empty object has none).
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
     }
 }
 
@@ -435,7 +441,7 @@ impl BlockStore {
         block: &VerifiedBlock,
     ) -> Result<(), StoreError> {
         let id = version.id();
-        let alloc = align_up(block.bytes.len() as u64);
+        let alloc = align_up(block.len() as u64);
         let free = self.free_space();
         let (files_cell, victims) = {
             let mut guard = self.state.lock();
@@ -483,7 +489,7 @@ impl BlockStore {
             if !object.pinned {
                 state.lru.insert((id, index), ());
             }
-            add(&self.stats.cache_write_bytes, block.bytes.len() as u64);
+            add(&self.stats.cache_write_bytes, block.len() as u64);
         }
         written
     }
@@ -498,11 +504,12 @@ impl BlockStore {
         let files = self.files(version, files, true).await?;
         let (data_path, rec_path) = self.paths(version.id());
         let offset = u64::from(index) * self.block_size;
-        let is_last = offset + block.bytes.len() as u64 >= version.size;
-        let mut buf = AlignedBuf::copy_from(&block.bytes);
-        buf.set_len(buf.capacity());
-        let (_, result) = self.engine.write(files.data.clone(), offset, buf).await;
-        result.map_err(io_error("write", &data_path))?;
+        let is_last = offset + block.len() as u64 >= version.size;
+        let written = self
+            .engine
+            .write(files.data.clone(), offset, block.buf.clone())
+            .await;
+        written.map_err(io_error("write", &data_path))?;
         let entry = Entry::Present {
             index,
             hash: block.hash,
