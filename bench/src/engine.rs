@@ -40,6 +40,23 @@ fn drop_page_cache() -> bool {
     std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
+/// Starts a new peak-RSS measurement of this process.
+fn reset_peak_rss() {
+    // "5" resets the peak resident set size (VmHWM); on failure the peak covers more.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Peak resident set size since the last reset, in MiB.
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
 fn gib_per_s(bytes: u64, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64() / (1u64 << 30) as f64
 }
@@ -203,6 +220,8 @@ struct Round {
     direct: Duration,
     device: Duration,
     restart: Duration,
+    /// Peak RSS (MiB) of the raw download, the cold read, the warm read.
+    rss: [f64; 3],
 }
 
 pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
@@ -231,6 +250,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     for round in 0..args.rounds {
         let cache_dir = tempfile::tempdir_in(&args.work_dir)?;
         let config = cache_config(cache_dir.path(), &args);
+        reset_peak_rss();
         let raw = raw_download(
             &client,
             size,
@@ -238,16 +258,21 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
             origin_config.concurrency,
         )
         .await?;
+        let raw_rss = peak_rss_mib();
 
+        reset_peak_rss();
         let cache = open_cache(&config, &origin_config).await?;
         let cold = read_through(&cache, &object).await?;
         cache.flush().await;
         drop(cache);
+        let cold_rss = peak_rss_mib();
 
         drop_page_cache();
+        reset_peak_rss();
         let cache = open_cache(&config, &origin_config).await?;
         let warm = read_through(&cache, &object).await?;
         drop(cache);
+        let warm_rss = peak_rss_mib();
 
         drop_page_cache();
         let (data_file, _) = store::object_paths(cache_dir.path(), object.version().id());
@@ -262,7 +287,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
             "restart saw {blocks} blocks"
         );
         eprintln!(
-            "round {round}: raw {:.2} GiB/s, cold {:.2} GiB/s, warm {:.2} GiB/s, direct {:.2} GiB/s, device {:.2} GiB/s, restart {:?}",
+            "round {round}: raw {:.2} GiB/s, cold {:.2} GiB/s, warm {:.2} GiB/s, direct {:.2} GiB/s, device {:.2} GiB/s, restart {:?}; peak RSS MiB raw {raw_rss:.0} cold {cold_rss:.0} warm {warm_rss:.0}",
             gib_per_s(size, raw),
             gib_per_s(size, cold),
             gib_per_s(size, warm),
@@ -277,6 +302,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
             direct,
             device,
             restart,
+            rss: [raw_rss, cold_rss, warm_rss],
         });
     }
     let report = report(&args, &rounds, dropped);
@@ -313,6 +339,7 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
         })
         .unwrap_or_default();
     let fmt = |(m, lo, hi): (f64, f64, f64)| format!("{m:.2} ({lo:.2}–{hi:.2})");
+    let rss = |i: usize| fmt(ratio(&|r| r.rss[i]));
     format!(
         "# Engine benchmark\n\n\
          commit {commit}; {cores} cores, {cpu}; kernel {kernel}\n\
@@ -322,7 +349,8 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
          | cold sequential read (1 MiB reads) vs raw parallel download (16 × 16 MiB GETs) | {cold_abs} GiB/s | {raw_abs} GiB/s | {cold} |\n\
          | warm read (restarted) vs reading the data file directly (buffered, 1 MiB reads) | {warm_abs} GiB/s | {direct_abs} GiB/s | {warm} |\n\
          | warm read (restarted) vs the device limit (8 threads of O_DIRECT block reads) | {warm_abs} GiB/s | {device_abs} GiB/s | {warm_device} |\n\
-         | restart: open a cache of {blocks} blocks and serve the first hit | {restart} ms | — | — |\n",
+         | restart: open a cache of {blocks} blocks and serve the first hit | {restart} ms | — | — |\n\n\
+         Peak RSS of the benchmark process (MiB): raw download {raw_rss}, cold read {cold_rss}, warm read {warm_rss}.\n",
         cores = std::thread::available_parallelism().map_or(0, |n| n.get()),
         kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
@@ -340,5 +368,8 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
         warm_device = fmt(warm_device),
         restart = fmt(restart),
         blocks = args.restart_blocks,
+        raw_rss = rss(0),
+        cold_rss = rss(1),
+        warm_rss = rss(2),
     )
 }
