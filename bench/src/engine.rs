@@ -229,7 +229,13 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     let weed = Seaweed::start(&args.weed, BUCKET)?;
     let client: Arc<dyn ObjectStore> = larder_tests::s3_client(&weed.endpoint, BUCKET)?;
     let size = args.size.as_u64();
-    upload(&client, size).await?;
+    // The server is sometimes slow to take a large upload: try it a few times.
+    let mut attempt = 0;
+    while let Err(error) = upload(&client, size).await {
+        attempt += 1;
+        anyhow::ensure!(attempt < 3, "uploading the benchmark object failed 3 times: {error}");
+        eprintln!("upload failed ({error}); retrying");
+    }
     let origin_config = OriginConfig::default();
     let origin = Arc::new(Origin::new(
         "bench",
