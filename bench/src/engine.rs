@@ -233,7 +233,10 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     let mut attempt = 0;
     while let Err(error) = upload(&client, size).await {
         attempt += 1;
-        anyhow::ensure!(attempt < 3, "uploading the benchmark object failed 3 times: {error}");
+        anyhow::ensure!(
+            attempt < 3,
+            "uploading the benchmark object failed 3 times: {error}"
+        );
         eprintln!("upload failed ({error}); retrying");
     }
     let origin_config = OriginConfig::default();
