@@ -19,6 +19,7 @@
 //!   is off) and it was not evicted while being read.
 
 pub mod format;
+mod policy;
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -28,7 +29,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use hashlink::LinkedHashMap;
 use larder_config::CacheConfig;
 use parking_lot::Mutex;
 use rustix::fs::{FallocateFlags, FlockOperation};
@@ -38,6 +38,7 @@ use crate::engine::{AlignedBuf, IoEngine, align_up};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::stats::{Stats, add};
 use format::{Entry, RecordHeader};
+use policy::Slru;
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
 /// serves from the network.
@@ -139,14 +140,40 @@ struct ObjectState {
     writers: u32,
 }
 
-#[derive(Debug, Default)]
+impl ObjectState {
+    /// An object with nothing on disk yet.
+    fn new(size: u64) -> Self {
+        Self {
+            size,
+            files: Arc::default(),
+            on_disk: false,
+            blocks: HashMap::new(),
+            pinned: false,
+            writers: 0,
+        }
+    }
+}
+
+#[derive(Debug)]
 struct State {
     objects: HashMap<ObjectId, ObjectState>,
-    /// Unpinned present blocks, least recently used first.
-    lru: LinkedHashMap<BlockKey, ()>,
+    /// Unpinned present blocks and their sizes, in eviction order.
+    policy: Slru<BlockKey>,
     used: u64,
     reserved: u64,
     next_generation: u64,
+}
+
+impl State {
+    fn new(protected_limit: u64) -> Self {
+        Self {
+            objects: HashMap::new(),
+            policy: Slru::new(protected_limit),
+            used: 0,
+            reserved: 0,
+            next_generation: 0,
+        }
+    }
 }
 
 /// A block chosen for eviction, to be recorded removed and punched outside the lock.
@@ -220,7 +247,8 @@ impl BlockStore {
             capacity: config.capacity.as_u64(),
             min_free_fraction: config.min_free_fraction,
             verify: config.verify_on_read,
-            state: Mutex::new(State::default()),
+            // The protected segment may hold 80% of the capacity.
+            state: Mutex::new(State::new(config.capacity.as_u64() / 5 * 4)),
             stats,
             _lock: lock,
         };
@@ -302,17 +330,16 @@ impl BlockStore {
                 },
             );
             state.used += align_up(self.block_len(size, index));
-            state.lru.insert((id, index), ());
+            state
+                .policy
+                .insert((id, index), align_up(self.block_len(size, index)));
         }
         state.objects.insert(
             id,
             ObjectState {
-                size,
-                files: Arc::default(),
                 on_disk: true,
                 blocks,
-                pinned: false,
-                writers: 0,
+                ..ObjectState::new(size)
             },
         );
     }
@@ -359,20 +386,20 @@ impl BlockStore {
         let id = version.id();
         let mut guard = self.state.lock();
         let state = &mut *guard;
-        let object = state.objects.entry(id).or_insert_with(|| ObjectState {
-            size: version.size,
-            files: Arc::default(),
-            on_disk: false,
-            blocks: HashMap::new(),
-            pinned: false,
-            writers: 0,
-        });
-        object.pinned = pinned;
-        for &index in object.blocks.keys() {
-            if pinned {
-                state.lru.remove(&(id, index));
-            } else {
-                state.lru.insert((id, index), ());
+        let object = state
+            .objects
+            .entry(id)
+            .or_insert_with(|| ObjectState::new(version.size));
+        if object.pinned != pinned {
+            object.pinned = pinned;
+            for &index in object.blocks.keys() {
+                if pinned {
+                    state.policy.remove(&(id, index));
+                } else {
+                    state
+                        .policy
+                        .insert((id, index), align_up(self.block_len(object.size, index)));
+                }
             }
         }
         if !pinned && object.blocks.is_empty() && object.writers == 0 && !object.on_disk {
@@ -388,9 +415,7 @@ impl BlockStore {
             let object = state.objects.get(&id)?;
             let meta = *object.blocks.get(&index)?;
             let files = object.files.clone();
-            if state.lru.contains_key(&(id, index)) {
-                state.lru.to_back(&(id, index));
-            }
+            state.policy.touch(&(id, index));
             (meta, files)
         };
         let files = match self.files(version, &files, false).await {
@@ -454,14 +479,10 @@ impl BlockStore {
                 return Ok(());
             }
             let victims = self.reserve(state, alloc, free, id)?;
-            let object = state.objects.entry(id).or_insert_with(|| ObjectState {
-                size: version.size,
-                files: Arc::default(),
-                on_disk: false,
-                blocks: HashMap::new(),
-                pinned: false,
-                writers: 0,
-            });
+            let object = state
+                .objects
+                .entry(id)
+                .or_insert_with(|| ObjectState::new(version.size));
             object.writers += 1;
             (object.files.clone(), victims)
         };
@@ -487,7 +508,7 @@ impl BlockStore {
             );
             state.used += alloc;
             if !object.pinned {
-                state.lru.insert((id, index), ());
+                state.policy.insert((id, index), alloc);
             }
             add(&self.stats.cache_write_bytes, block.len() as u64);
         }
@@ -546,18 +567,15 @@ impl BlockStore {
             (keep + state.reserved + alloc).saturating_sub(available)
         });
         let mut need = over_capacity.max(over_free_space);
+        if need > state.policy.bytes() {
+            return Err(StoreError::NoSpace(alloc));
+        }
         let mut chosen = Vec::new();
         while need > 0 {
-            let Some(((victim_id, index), ())) = state.lru.pop_front() else {
-                // Put back what was chosen: nothing was written or removed yet.
-                for victim in chosen {
-                    let Victim { id, index, .. } = victim;
-                    state.lru.insert((id, index), ());
-                }
-                return Err(StoreError::NoSpace(alloc));
+            let Some(((victim_id, index), bytes)) = state.policy.pop_victim() else {
+                break;
             };
-            let size = state.objects.get(&victim_id).map_or(0, |o| o.size);
-            need = need.saturating_sub(align_up(self.block_len(size, index)));
+            need = need.saturating_sub(bytes);
             chosen.push(Victim {
                 id: victim_id,
                 index,
@@ -635,7 +653,7 @@ impl BlockStore {
             }
             object.blocks.remove(&index);
             state.used -= align_up(self.block_len(object.size, index));
-            state.lru.remove(&(id, index));
+            state.policy.remove(&(id, index));
             Victim {
                 id,
                 index,
