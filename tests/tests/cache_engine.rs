@@ -704,3 +704,32 @@ async fn origin_down_serves_cached_data_and_fails_cold_reads_within_the_deadline
         );
     }
 }
+
+/// Blocks read again after they were stored survive a one-off scan larger than the cache.
+#[tokio::test]
+async fn a_scan_larger_than_the_cache_keeps_blocks_read_twice() {
+    let keys = ["hot.bin", "scan0.bin", "scan1.bin", "scan2.bin"];
+    let sizes = [2 * MIB, 6 * MIB, 6 * MIB, 6 * MIB];
+    let objects: Vec<(&str, u64)> = keys.iter().copied().zip(sizes).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+    config.cache.capacity = ByteSize(8 * MIB);
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+    let hot = fx.open_object("hot.bin").await.expect("open");
+    fx.read_all(&hot).await.expect("fill");
+    fx.cache.flush().await;
+    fx.read_all(&hot).await.expect("second read, from disk");
+    for key in &keys[1..] {
+        let open = fx.open_object(key).await.expect("open");
+        fx.read_all(&open).await.expect("scan");
+        fx.cache.flush().await;
+    }
+    assert!(fx.stats.snapshot().evicted_blocks >= 10);
+    for index in 0..2 {
+        assert!(
+            fx.cache.store().contains(hot.version().id(), index),
+            "hot block {index} evicted by a scan"
+        );
+    }
+}
