@@ -1,0 +1,330 @@
+//! The `fuser` adapter: each kernel request becomes a task on the given tokio runtime that calls
+//! the [`FileTree`], under a deadline and a bound on requests in flight, and replies.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig, LockOwner, MountOption,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+};
+use tokio::runtime::Handle;
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+use crate::{Attr, FileTree, FsError, NodeKind};
+
+/// How a tree is mounted.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Requests being served at once; more wait in line.
+    pub max_in_flight: usize,
+    /// Deadline of one request; keep it below the kernel's FUSE timeout.
+    pub deadline: Duration,
+    /// How long the kernel may cache attributes and names.
+    pub attr_ttl: Duration,
+    /// Kernel readahead for the mount, in KiB (the kernel starts at 128).
+    pub read_ahead_kb: u32,
+    /// Threads reading requests from /dev/fuse.
+    pub threads: usize,
+    /// Let users other than the daemon's read the mount (pods run as other users).
+    pub allow_other: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 256,
+            deadline: Duration::from_secs(60),
+            attr_ttl: Duration::from_secs(1),
+            read_ahead_kb: 16 * 1024,
+            threads: 2,
+            allow_other: true,
+        }
+    }
+}
+
+/// Largest read the kernel sends: 1 MiB.
+const MAX_REQUEST: u32 = 1 << 20;
+
+struct Adapter<T> {
+    tree: Arc<T>,
+    runtime: Handle,
+    permits: Arc<Semaphore>,
+    options: MountOptions,
+}
+
+fn file_attr(attr: &Attr) -> FileAttr {
+    let (kind, perm, nlink) = match attr.kind {
+        NodeKind::Directory => (FileType::Directory, 0o555, 2),
+        NodeKind::File => (FileType::RegularFile, 0o444, 1),
+    };
+    FileAttr {
+        ino: INodeNo(attr.ino),
+        size: attr.size,
+        blocks: attr.size.div_ceil(512),
+        atime: attr.mtime,
+        mtime: attr.mtime,
+        ctime: attr.mtime,
+        crtime: attr.mtime,
+        kind,
+        perm,
+        nlink,
+        // SAFETY: getuid/getgid cannot fail and touch no memory.
+        uid: unsafe { libc::getuid() },
+        // SAFETY: as above.
+        gid: unsafe { libc::getgid() },
+        rdev: 0,
+        blksize: MAX_REQUEST,
+        flags: 0,
+    }
+}
+
+fn errno(error: FsError) -> Errno {
+    Errno::from_i32(error.errno())
+}
+
+impl<T: FileTree> Adapter<T> {
+    /// Runs `work` as a task under the in-flight bound and the deadline, and hands its result
+    /// to `respond`, which replies. Returns at once: the dispatch loop never waits.
+    fn dispatch<V, W, F>(&self, op: &'static str, ino: u64, work: W, respond: F)
+    where
+        V: Send + 'static,
+        W: Future<Output = Result<V, FsError>> + Send + 'static,
+        F: FnOnce(Result<V, FsError>) + Send + 'static,
+    {
+        let permits = self.permits.clone();
+        let deadline = self.options.deadline;
+        let span = tracing::debug_span!("fuse", op, ino);
+        self.runtime.spawn(
+            async move {
+                let result = match permits.acquire_owned().await {
+                    Ok(_permit) => tokio::time::timeout(deadline, work).await.unwrap_or(Err(FsError::TimedOut)),
+                    Err(_) => Err(FsError::Io),
+                };
+                if let Err(error) = &result {
+                    tracing::debug!(%error, "request failed");
+                }
+                respond(result);
+            }
+            .instrument(span),
+        );
+    }
+}
+
+impl<T: FileTree> Filesystem for Adapter<T> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // The kernel derives max_pages (and so the largest read) from max_write.
+        let _ = config.set_max_write(MAX_REQUEST);
+        let _ = config.set_max_readahead(MAX_REQUEST);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (tree, name, ttl) = (self.tree.clone(), name.to_owned(), self.options.attr_ttl);
+        self.dispatch("lookup", parent.0, async move { tree.lookup(parent.0, &name).await }, move |r| match r {
+            Ok(attr) => reply.entry(&ttl, &file_attr(&attr), fuser::Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (tree, ttl) = (self.tree.clone(), self.options.attr_ttl);
+        self.dispatch("getattr", ino.0, async move { tree.getattr(ino.0).await }, move |r| match r {
+            Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            reply.error(errno(FsError::ReadOnly));
+            return;
+        }
+        let tree = self.tree.clone();
+        self.dispatch("open", ino.0, async move { tree.open(ino.0).await }, move |r| match r {
+            Ok(opened) => {
+                let flags = if opened.keep_cache { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                reply.opened(FileHandle(opened.fh), flags);
+            }
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let tree = self.tree.clone();
+        self.dispatch("read", ino.0, async move { tree.read(fh.0, offset, size).await }, move |r| match r {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let tree = self.tree.clone();
+        self.dispatch(
+            "release",
+            ino.0,
+            async move {
+                tree.release(fh.0).await;
+                Ok(())
+            },
+            move |_: Result<(), FsError>| reply.ok(),
+        );
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let tree = self.tree.clone();
+        // Offsets: 0 and 1 are "." and ".."; entry i of the tree is at i + 2.
+        let work = async move {
+            let mut entries = Vec::new();
+            if offset == 0 {
+                entries.push((ino.0, FileType::Directory, ".".into(), 1));
+            }
+            if offset <= 1 {
+                entries.push((ino.0, FileType::Directory, "..".into(), 2));
+            }
+            let first = offset.saturating_sub(2);
+            for (i, entry) in tree.readdir(ino.0, first).await?.into_iter().enumerate() {
+                let kind = match entry.kind {
+                    NodeKind::Directory => FileType::Directory,
+                    NodeKind::File => FileType::RegularFile,
+                };
+                entries.push((entry.ino, kind, entry.name, first + i as u64 + 3));
+            }
+            Ok(entries)
+        };
+        self.dispatch("readdir", ino.0, work, move |r| match r {
+            Ok(entries) => {
+                for (ino, kind, name, next) in entries {
+                    if reply.add(INodeNo(ino), next, kind, &name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let tree = self.tree.clone();
+        self.dispatch("statfs", 0, async move { tree.statfs().await }, move |r| match r {
+            Ok(stats) => {
+                let block = u64::from(MAX_REQUEST);
+                let (total, free) = (stats.total / block, stats.free / block);
+                reply.statfs(total, free, free, 0, 0, MAX_REQUEST, 255, MAX_REQUEST);
+            }
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+}
+
+/// A mounted tree. Unmounts when dropped; [`Mounted::unmount`] reports errors.
+pub struct Mounted {
+    session: fuser::BackgroundSession,
+    mountpoint: PathBuf,
+}
+
+impl std::fmt::Debug for Mounted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mounted").field("mountpoint", &self.mountpoint).finish_non_exhaustive()
+    }
+}
+
+impl Mounted {
+    /// Where the tree is mounted.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmounts and waits for the request loop to end.
+    pub fn unmount(self) -> io::Result<()> {
+        self.session.umount_and_join()
+    }
+}
+
+/// Mounts `tree` read-only at `mountpoint`. Requests run on `runtime`.
+pub fn mount<T: FileTree>(
+    tree: Arc<T>,
+    mountpoint: &Path,
+    options: &MountOptions,
+    runtime: Handle,
+) -> io::Result<Mounted> {
+    let adapter = Adapter {
+        tree,
+        runtime,
+        permits: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+        options: options.clone(),
+    };
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("larder".into()),
+        MountOption::Subtype("larder".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+    ];
+    if options.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(options.threads.max(1));
+    let session = fuser::spawn_mount(adapter, mountpoint, &config)?;
+    let mounted = Mounted { session, mountpoint: mountpoint.to_owned() };
+    if let Err(error) = raise_read_ahead(mountpoint, options.read_ahead_kb) {
+        tracing::warn!(%error, "could not raise the mount's readahead");
+    }
+    Ok(mounted)
+}
+
+/// Writes the mount's readahead: the kernel caps it at 128 KiB when the mount starts.
+fn raise_read_ahead(mountpoint: &Path, kb: u32) -> io::Result<()> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let target = mountpoint.canonicalize()?;
+    let device = mountinfo
+        .lines()
+        .filter(|line| line.split(' ').nth(4).map(Path::new) == Some(target.as_path()))
+        .filter_map(|line| line.split(' ').nth(2))
+        .next_back()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "mount not in /proc/self/mountinfo"))?;
+    std::fs::write(format!("/sys/class/bdi/{device}/read_ahead_kb"), kb.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    #[test]
+    fn attributes_are_read_only() {
+        let now = SystemTime::now();
+        let file = file_attr(&Attr { ino: 7, kind: NodeKind::File, size: 1000, mtime: now });
+        assert_eq!((file.perm, file.kind, file.blocks, file.ino), (0o444, FileType::RegularFile, 2, INodeNo(7)));
+        assert_eq!(file.mtime, now);
+        let dir = file_attr(&Attr { ino: 1, kind: NodeKind::Directory, size: 0, mtime: now });
+        assert_eq!((dir.perm, dir.kind), (0o555, FileType::Directory));
+    }
+}

@@ -1,0 +1,90 @@
+//! The file tree a mount serves: a narrow async trait with plain values.
+
+use std::ffi::{OsStr, OsString};
+use std::future::Future;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+
+use crate::FsError;
+
+/// The inode number of the mount's root directory.
+pub const ROOT_INO: u64 = 1;
+
+/// A directory or a regular file: the only kinds a read-only object-store tree has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// A directory (a source, or a common prefix of keys).
+    Directory,
+    /// A regular file (an object).
+    File,
+}
+
+/// Attributes of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number, stable for the life of the mount.
+    pub ino: u64,
+    /// Kind.
+    pub kind: NodeKind,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Last modification time.
+    pub mtime: SystemTime,
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Inode number of the entry.
+    pub ino: u64,
+    /// Kind.
+    pub kind: NodeKind,
+    /// Name within the directory.
+    pub name: OsString,
+}
+
+/// What `open` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// The handle later reads and the release carry.
+    pub fh: u64,
+    /// The version opened is the one whose pages the kernel may already hold: keep them.
+    pub keep_cache: bool,
+}
+
+/// What `statfs` reports, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStats {
+    /// Capacity.
+    pub total: u64,
+    /// Capacity not in use.
+    pub free: u64,
+}
+
+/// A read-only file tree served by a mount. Every method is called on the tokio runtime the
+/// mount was given, under the mount's deadline; a method that does not finish in time is
+/// abandoned and the kernel gets `ETIMEDOUT`.
+pub trait FileTree: Send + Sync + 'static {
+    /// The entry `name` of directory `parent`.
+    fn lookup(&self, parent: u64, name: &OsStr) -> impl Future<Output = Result<Attr, FsError>> + Send;
+
+    /// Attributes of a node.
+    fn getattr(&self, ino: u64) -> impl Future<Output = Result<Attr, FsError>> + Send;
+
+    /// Entries of a directory from position `offset` on (without `.` and `..`); an empty page
+    /// ends the listing. A page may be shorter than the rest of the directory.
+    fn readdir(&self, ino: u64, offset: u64) -> impl Future<Output = Result<Vec<DirEntry>, FsError>> + Send;
+
+    /// Opens a file for reading, pinning the version it reads.
+    fn open(&self, ino: u64) -> impl Future<Output = Result<Opened, FsError>> + Send;
+
+    /// Up to `size` bytes at `offset` of an open file; short only at its end.
+    fn read(&self, fh: u64, offset: u64, size: u32) -> impl Future<Output = Result<Bytes, FsError>> + Send;
+
+    /// Forgets a handle.
+    fn release(&self, fh: u64) -> impl Future<Output = ()> + Send;
+
+    /// Space figures for `df`.
+    fn statfs(&self) -> impl Future<Output = Result<FsStats, FsError>> + Send;
+}
