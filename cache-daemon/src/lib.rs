@@ -6,7 +6,9 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cache;
+pub mod daemon;
 pub mod engine;
+pub mod namespace;
 pub mod object;
 pub mod origin;
 pub mod stats;

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig, LockOwner, MountOption,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, KernelConfig, LockOwner,
+    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyXattr, Request,
 };
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -103,7 +104,9 @@ impl<T: FileTree> Adapter<T> {
         self.runtime.spawn(
             async move {
                 let result = match permits.acquire_owned().await {
-                    Ok(_permit) => tokio::time::timeout(deadline, work).await.unwrap_or(Err(FsError::TimedOut)),
+                    Ok(_permit) => tokio::time::timeout(deadline, work)
+                        .await
+                        .unwrap_or(Err(FsError::TimedOut)),
                     Err(_) => Err(FsError::Io),
                 };
                 if let Err(error) = &result {
@@ -126,18 +129,28 @@ impl<T: FileTree> Filesystem for Adapter<T> {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (tree, name, ttl) = (self.tree.clone(), name.to_owned(), self.options.attr_ttl);
-        self.dispatch("lookup", parent.0, async move { tree.lookup(parent.0, &name).await }, move |r| match r {
-            Ok(attr) => reply.entry(&ttl, &file_attr(&attr), fuser::Generation(0)),
-            Err(e) => reply.error(errno(e)),
-        });
+        self.dispatch(
+            "lookup",
+            parent.0,
+            async move { tree.lookup(parent.0, &name).await },
+            move |r| match r {
+                Ok(attr) => reply.entry(&ttl, &file_attr(&attr), fuser::Generation(0)),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (tree, ttl) = (self.tree.clone(), self.options.attr_ttl);
-        self.dispatch("getattr", ino.0, async move { tree.getattr(ino.0).await }, move |r| match r {
-            Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
-            Err(e) => reply.error(errno(e)),
-        });
+        self.dispatch(
+            "getattr",
+            ino.0,
+            async move { tree.getattr(ino.0).await },
+            move |r| match r {
+                Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -146,13 +159,22 @@ impl<T: FileTree> Filesystem for Adapter<T> {
             return;
         }
         let tree = self.tree.clone();
-        self.dispatch("open", ino.0, async move { tree.open(ino.0).await }, move |r| match r {
-            Ok(opened) => {
-                let flags = if opened.keep_cache { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-                reply.opened(FileHandle(opened.fh), flags);
-            }
-            Err(e) => reply.error(errno(e)),
-        });
+        self.dispatch(
+            "open",
+            ino.0,
+            async move { tree.open(ino.0).await },
+            move |r| match r {
+                Ok(opened) => {
+                    let flags = if opened.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(opened.fh), flags);
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn read(
@@ -167,10 +189,15 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         reply: ReplyData,
     ) {
         let tree = self.tree.clone();
-        self.dispatch("read", ino.0, async move { tree.read(fh.0, offset, size).await }, move |r| match r {
-            Ok(bytes) => reply.data(&bytes),
-            Err(e) => reply.error(errno(e)),
-        });
+        self.dispatch(
+            "read",
+            ino.0,
+            async move { tree.read(fh.0, offset, size).await },
+            move |r| match r {
+                Ok(bytes) => reply.data(&bytes),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn release(
@@ -229,16 +256,42 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         });
     }
 
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Nothing is ever written: nothing to flush.
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        // No extended attributes: an empty list.
+        if size == 0 { reply.size(0) } else { reply.data(&[]) }
+    }
+
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let tree = self.tree.clone();
-        self.dispatch("statfs", 0, async move { tree.statfs().await }, move |r| match r {
-            Ok(stats) => {
-                let block = u64::from(MAX_REQUEST);
-                let (total, free) = (stats.total / block, stats.free / block);
-                reply.statfs(total, free, free, 0, 0, MAX_REQUEST, 255, MAX_REQUEST);
-            }
-            Err(e) => reply.error(errno(e)),
-        });
+        self.dispatch(
+            "statfs",
+            0,
+            async move { tree.statfs().await },
+            move |r| match r {
+                Ok(stats) => {
+                    let block = u64::from(MAX_REQUEST);
+                    let (total, free) = (stats.total / block, stats.free / block);
+                    reply.statfs(total, free, free, 0, 0, MAX_REQUEST, 255, MAX_REQUEST);
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 }
 
@@ -250,7 +303,9 @@ pub struct Mounted {
 
 impl std::fmt::Debug for Mounted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mounted").field("mountpoint", &self.mountpoint).finish_non_exhaustive()
+        f.debug_struct("Mounted")
+            .field("mountpoint", &self.mountpoint)
+            .finish_non_exhaustive()
     }
 }
 
@@ -293,7 +348,10 @@ pub fn mount<T: FileTree>(
     }
     config.n_threads = Some(options.threads.max(1));
     let session = fuser::spawn_mount(adapter, mountpoint, &config)?;
-    let mounted = Mounted { session, mountpoint: mountpoint.to_owned() };
+    let mounted = Mounted {
+        session,
+        mountpoint: mountpoint.to_owned(),
+    };
     if let Err(error) = raise_read_ahead(mountpoint, options.read_ahead_kb) {
         tracing::warn!(%error, "could not raise the mount's readahead");
     }
@@ -321,10 +379,23 @@ mod tests {
     #[test]
     fn attributes_are_read_only() {
         let now = SystemTime::now();
-        let file = file_attr(&Attr { ino: 7, kind: NodeKind::File, size: 1000, mtime: now });
-        assert_eq!((file.perm, file.kind, file.blocks, file.ino), (0o444, FileType::RegularFile, 2, INodeNo(7)));
+        let file = file_attr(&Attr {
+            ino: 7,
+            kind: NodeKind::File,
+            size: 1000,
+            mtime: now,
+        });
+        assert_eq!(
+            (file.perm, file.kind, file.blocks, file.ino),
+            (0o444, FileType::RegularFile, 2, INodeNo(7))
+        );
         assert_eq!(file.mtime, now);
-        let dir = file_attr(&Attr { ino: 1, kind: NodeKind::Directory, size: 0, mtime: now });
+        let dir = file_attr(&Attr {
+            ino: 1,
+            kind: NodeKind::Directory,
+            size: 0,
+            mtime: now,
+        });
         assert_eq!((dir.perm, dir.kind), (0o555, FileType::Directory));
     }
 }

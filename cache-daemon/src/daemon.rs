@@ -1,0 +1,205 @@
+//! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
+//! unmount, flush.
+//!
+//! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
+//! with EIO until it comes back, and cached data is served meanwhile); a stale mount left at the
+//! mount point by a killed daemon is detached first; a live mount there is an error.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use larder_config::{Config, ConfigArgs, ConfigError};
+use larder_fuse_mount::MountOptions;
+
+use crate::cache::Cache;
+use crate::engine;
+use crate::namespace::{Namespace, Source};
+use crate::origin::{Origin, OriginError};
+use crate::stats::Stats;
+use crate::store::{BlockStore, StoreError};
+
+/// Arguments of `larder daemon`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DaemonArgs {
+    /// Where to mount the tree of sources.
+    #[arg(long, env = "LARDER_MOUNT", default_value = "/models", help_heading = "Mount")]
+    pub mount: PathBuf,
+    /// Configuration: file, cache, origin and sources.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+/// Why the daemon could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A source cannot be built.
+    #[error(transparent)]
+    Origin(#[from] OriginError),
+    /// The block store cannot be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The mount point is missing or not a directory.
+    #[error("mount point {path}: {reason}")]
+    MountPoint {
+        /// The mount point.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Mounting failed.
+    #[error("cannot mount at {path}: {source}{hint}")]
+    Mount {
+        /// The mount point.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+        /// What to do about it.
+        hint: &'static str,
+    },
+    /// Something else the OS refused.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    let config = args.config.load()?;
+    let mountpoint = prepare_mountpoint(&args.mount)?;
+    let stats = Arc::new(Stats::default());
+    let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth).map_err(|source| {
+        DaemonError::Io {
+            what: "starting the I/O engine",
+            source,
+        }
+    })?;
+    let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+    let cache = Cache::new(store, &config.origin, stats.clone());
+    let namespace = Arc::new(Namespace::new(sources(&config, &stats)?, cache.clone()));
+    let options = MountOptions {
+        deadline: config.origin.read_deadline + Duration::from_secs(5),
+        ..MountOptions::default()
+    };
+    let mounted = larder_fuse_mount::mount(
+        namespace,
+        &mountpoint,
+        &options,
+        tokio::runtime::Handle::current(),
+    )
+    .map_err(|source| mount_error(&mountpoint, source))?;
+    tracing::info!(
+        mount = %mountpoint.display(),
+        cache = %config.cache.dir.display(),
+        capacity = %config.cache.capacity,
+        sources = config.sources.len(),
+        "larder is serving"
+    );
+
+    wait_for_signal().await.map_err(|source| DaemonError::Io {
+        what: "waiting for signals",
+        source,
+    })?;
+    tracing::info!("stopping: unmounting");
+    let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
+    cache.flush().await;
+    match unmounted {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(DaemonError::Io {
+            what: "unmounting",
+            source,
+        }),
+        Err(join) => Err(DaemonError::Io {
+            what: "unmounting",
+            source: io::Error::other(join),
+        }),
+    }
+}
+
+fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {
+    config
+        .sources
+        .iter()
+        .map(|source| {
+            let origin = Arc::new(Origin::from_config(source, &config.origin, stats.clone())?);
+            let ttl = (!source.immutable).then_some(source.metadata_ttl);
+            Ok((source.name.clone(), Source { origin, ttl }))
+        })
+        .collect()
+}
+
+/// Checks the mount point, detaching a stale FUSE mount a killed daemon left there.
+fn prepare_mountpoint(path: &Path) -> Result<PathBuf, DaemonError> {
+    let problem = |reason: String| DaemonError::MountPoint {
+        path: path.to_owned(),
+        reason,
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Err(problem("not a directory".into())),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            tracing::warn!(mount = %path.display(), "detaching a stale mount left by a stopped daemon");
+            detach(path)
+                .map_err(|e| problem(format!("a stale mount is there and cannot be detached: {e}")))?;
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(problem("does not exist".into())),
+        Err(e) => return Err(problem(e.to_string())),
+    }
+    let canonical = path.canonicalize().map_err(|e| problem(e.to_string()))?;
+    if is_mount_point(&canonical) {
+        return Err(problem("something is already mounted there".into()));
+    }
+    Ok(canonical)
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.split(' ').nth(4).map(Path::new) == Some(path))
+}
+
+fn detach(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
+    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn mount_error(path: &Path, source: io::Error) -> DaemonError {
+    let hint = match source.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => {
+            " (mounting needs root or CAP_SYS_ADMIN, and access to /dev/fuse)"
+        }
+        Some(libc::ENOENT | libc::ENODEV) => " (is the fuse kernel module loaded and /dev/fuse present?)",
+        _ => "",
+    };
+    DaemonError::Mount {
+        path: path.to_owned(),
+        source,
+        hint,
+    }
+}
+
+async fn wait_for_signal() -> io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
