@@ -39,7 +39,7 @@ pub enum DaemonError {
     Config(#[from] ConfigError),
     /// A source cannot be built.
     #[error(transparent)]
-    Origin(#[from] OriginError),
+    Origin(#[from] Box<OriginError>),
     /// The block store cannot be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -129,7 +129,8 @@ fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>,
         .sources
         .iter()
         .map(|source| {
-            let origin = Arc::new(Origin::from_config(source, &config.origin, stats.clone())?);
+            let origin = Origin::from_config(source, &config.origin, stats.clone()).map_err(Box::new)?;
+            let origin = Arc::new(origin);
             let ttl = (!source.immutable).then_some(source.metadata_ttl);
             Ok((source.name.clone(), Source { origin, ttl }))
         })
@@ -155,7 +156,16 @@ fn prepare_mountpoint(path: &Path) -> Result<PathBuf, DaemonError> {
     }
     let canonical = path.canonicalize().map_err(|e| problem(e.to_string()))?;
     if is_mount_point(&canonical) {
-        return Err(problem("something is already mounted there".into()));
+        // Attributes of a dead FUSE mount may still come from the kernel's cache; statfs
+        // always reaches the file system.
+        match rustix::fs::statvfs(&canonical) {
+            Err(e) if e.raw_os_error() == libc::ENOTCONN => {
+                tracing::warn!(mount = %canonical.display(), "detaching a stale mount left by a stopped daemon");
+                detach(&canonical)
+                    .map_err(|e| problem(format!("a stale mount is there and cannot be detached: {e}")))?;
+            }
+            _ => return Err(problem("something is already mounted there".into())),
+        }
     }
     Ok(canonical)
 }

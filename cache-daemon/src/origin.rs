@@ -213,6 +213,20 @@ impl fmt::Debug for Origin {
     }
 }
 
+/// Whether a generic store error is an HTTP 401 or 403. Listings report those as generic
+/// errors, and the status is in a type object_store does not export, so its message is read.
+fn refused_credentials(error: &object_store::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if text.contains("403 Forbidden") || text.contains("401 Unauthorized") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
+}
+
 /// Installs the process-wide TLS crypto provider once (the `ring` backend).
 fn install_crypto_provider() {
     static ONCE: Once = Once::new();
@@ -623,6 +637,14 @@ impl Origin {
             }
             error @ (object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. }) => {
+                add(&stats.origin_errors_permission, 1);
+                Failure::Final(OriginError::PermissionDenied {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+            error @ object_store::Error::Generic { .. } if refused_credentials(&error) => {
                 add(&stats.origin_errors_permission, 1);
                 Failure::Final(OriginError::PermissionDenied {
                     source_name,

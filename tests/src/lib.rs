@@ -5,16 +5,18 @@
 //!   loopback port, with signatures enforced.
 //! - [`content`] is a seeded function of (key, generation, offset): any range of any object
 //!   can be checked without keeping a copy.
+//! - [`daemon::DaemonProcess`] runs `larder daemon` as a child process with a real mount.
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
+pub mod daemon;
 mod fault;
 pub mod fixture;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
-pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, s3_client, s3_client_with_secret};
+pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_secret};
 
 /// A splitmix64 step: a well-mixed 64-bit function of its input.
 fn mix(mut x: u64) -> u64 {

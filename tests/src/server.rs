@@ -8,6 +8,7 @@ use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{BackoffConfig, ObjectStoreExt, PutPayload, RetryConfig};
+use parking_lot::Mutex;
 use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
 use tempfile::TempDir;
@@ -19,11 +20,23 @@ pub const ACCESS_KEY: &str = "larder-test-access";
 /// Secret key of the test and benchmark S3 servers.
 pub const SECRET_KEY: &str = "larder-test-secret-key";
 
+/// One request as the server saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// `/bucket/key`.
+    pub path: String,
+    /// The `Range` header, if any.
+    pub range: Option<String>,
+}
+
 /// A real S3 server on `127.0.0.1:<random port>`, serving one bucket from a temporary
 /// directory. Stops when dropped.
 #[derive(Debug)]
 pub struct S3Server {
     addr: SocketAddr,
+    log: Arc<Mutex<Vec<ServedRequest>>>,
     bucket: String,
     _root: TempDir,
     accept: JoinHandle<()>,
@@ -38,7 +51,21 @@ impl S3Server {
         let fs = s3s_fs::FileSystem::new(root.path()).map_err(|e| anyhow::anyhow!("s3s-fs: {e:?}"))?;
         let mut builder = S3ServiceBuilder::new(fs);
         builder.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
-        let service = builder.build();
+        let s3 = builder.build();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let served = log.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            served.lock().push(ServedRequest {
+                method: request.method().to_string(),
+                path: request.uri().path().to_owned(),
+                range: request
+                    .headers()
+                    .get("range")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+            });
+            hyper::service::Service::call(&s3, request)
+        });
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let accept = tokio::spawn(async move {
@@ -54,10 +81,24 @@ impl S3Server {
         });
         Ok(Self {
             addr,
+            log,
             bucket: bucket.to_owned(),
             _root: root,
             accept,
         })
+    }
+
+    /// Every request the server has answered, in order (from every client, any process).
+    pub fn requests(&self) -> Vec<ServedRequest> {
+        self.log.lock().clone()
+    }
+
+    /// The ranged GETs of objects, in order.
+    pub fn ranged_gets(&self) -> Vec<ServedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == "GET" && r.range.is_some())
+            .collect()
     }
 
     /// `http://127.0.0.1:<port>`.

@@ -1,0 +1,305 @@
+//! End to end: `larder daemon` as a process, a real S3 server, reads through the kernel.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use larder_tests::daemon::{DaemonProcess, is_mounted};
+use larder_tests::{S3Server, ServedRequest, content, seed};
+use rand::Rng;
+
+const MIB: u64 = 1 << 20;
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+
+const OBJECTS: &[(&str, u64)] = &[
+    ("llama/model.safetensors", 40 * MIB + 3),
+    ("llama/config.json", 1024),
+    ("datasets/shard-0000.bin", 5 * MIB),
+    ("datasets/shard-0001.bin", 5 * MIB + 1),
+    ("top.txt", 10),
+];
+
+async fn server() -> S3Server {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for &(key, size) in OBJECTS {
+        server.put(key, seed(key, 0), size as usize).await.expect("put");
+    }
+    server
+}
+
+fn expected(key: &str) -> Vec<u8> {
+    let size = OBJECTS.iter().find(|(k, _)| *k == key).map_or(0, |(_, s)| *s);
+    content(seed(key, 0), 0, size as usize)
+}
+
+/// Every file under `root` with its size, by path relative to `root`.
+fn walk(root: &Path) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        for entry in std::fs::read_dir(root.join(&rel)).expect("read_dir") {
+            let entry = entry.expect("entry");
+            let rel = rel.join(entry.file_name());
+            let meta = entry.metadata().expect("stat");
+            if meta.is_dir() {
+                stack.push(rel);
+            } else {
+                out.insert(rel.to_string_lossy().into_owned(), meta.len());
+            }
+        }
+    }
+    out
+}
+
+/// Ranged GETs of one key, as (first block, last block) of `block` bytes.
+fn block_gets(requests: &[ServedRequest], key: &str, block: u64) -> Vec<(u64, u64)> {
+    requests
+        .iter()
+        .filter(|r| r.path.ends_with(key))
+        .filter_map(|r| {
+            let (start, end) = r.range.as_deref()?.strip_prefix("bytes=")?.split_once('-')?;
+            Some((
+                start.parse::<u64>().ok()? / block,
+                end.parse::<u64>().ok()? / block,
+            ))
+        })
+        .collect()
+}
+
+fn sha256sum(path: &Path) -> String {
+    let out = std::process::Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
+    String::from_utf8_lossy(&out.stdout)
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mount_serves_the_origins_tree_and_bytes() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let mount = daemon.mount.clone();
+    tokio::task::spawn_blocking(move || {
+        let tree = walk(&mount);
+        let want: BTreeMap<String, u64> = OBJECTS.iter().map(|(k, s)| (k.to_string(), *s)).collect();
+        assert_eq!(tree, want);
+
+        for &(key, _) in OBJECTS {
+            assert!(
+                std::fs::read(mount.join(key)).expect("read") == expected(key),
+                "{key}"
+            );
+        }
+        let copy = dir.path().join("copy");
+        std::fs::write(&copy, expected("llama/model.safetensors")).expect("copy");
+        assert_eq!(
+            sha256sum(&mount.join("llama/model.safetensors")),
+            sha256sum(&copy)
+        );
+
+        let file = std::fs::File::open(mount.join("datasets/shard-0001.bin")).expect("open");
+        let whole = expected("datasets/shard-0001.bin");
+        let mut rng = rand::rng();
+        for _ in 0..64 {
+            let offset = rng.random_range(0..whole.len());
+            let len = rng.random_range(1..200_000).min(whole.len() - offset);
+            let mut buf = vec![0; len];
+            file.read_exact_at(&mut buf, offset as u64).expect("pread");
+            assert!(buf == whole[offset..offset + len], "pread at {offset} len {len}");
+        }
+
+        let file = std::fs::File::open(mount.join("llama/model.safetensors")).expect("open");
+        let len = expected("llama/model.safetensors").len();
+        // SAFETY: a read-only private mapping of a file we keep open; unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        // SAFETY: the mapping is `len` readable bytes.
+        let mapped = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) };
+        assert!(mapped == expected("llama/model.safetensors"));
+        // SAFETY: unmaps exactly what was mapped.
+        unsafe { libc::munmap(map, len) };
+        drop(daemon);
+    })
+    .await
+    .expect("checks");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn errno_for_missing_files_writes_and_denied_access() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let mount = daemon.mount.clone();
+    let checks = tokio::task::spawn_blocking(move || {
+        let errno = |r: std::io::Result<std::fs::File>| r.expect_err("must fail").raw_os_error();
+        assert_eq!(
+            errno(std::fs::File::open(mount.join("llama/absent.bin"))),
+            Some(libc::ENOENT)
+        );
+        assert_eq!(
+            errno(std::fs::File::create(mount.join("new.bin"))),
+            Some(libc::EROFS)
+        );
+        assert_eq!(
+            errno(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(mount.join("top.txt"))
+            ),
+            Some(libc::EROFS)
+        );
+        let long = "x".repeat(300);
+        assert_eq!(
+            errno(std::fs::File::open(mount.join(long))),
+            Some(libc::ENAMETOOLONG)
+        );
+        daemon.stop().expect("stop")
+    });
+    assert!(checks.await.expect("checks").success());
+
+    let denied_dir = tempfile::tempdir().expect("tempdir");
+    let denied =
+        DaemonProcess::start_with_secret(Path::new(BIN), &server, denied_dir.path(), &[], "wrong-secret")
+            .expect("daemon starts even when the origin refuses it");
+    let mount = denied.mount.clone();
+    let error =
+        tokio::task::spawn_blocking(move || std::fs::read_dir(&mount).and_then(|mut d| d.next().transpose()))
+            .await
+            .expect("list")
+            .expect_err("listing with bad credentials");
+    assert_eq!(error.raw_os_error(), Some(libc::EACCES));
+    let log = std::fs::read_to_string(denied_dir.path().join("daemon.log")).unwrap_or_default();
+    assert!(!log.contains("wrong-secret"), "the secret leaked into the log");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn restart_serves_from_the_cache_and_sigterm_unmounts() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = "llama/model.safetensors";
+    for round in 0..2 {
+        let before = server.ranged_gets().len();
+        let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+        let file = daemon.mount.join(key);
+        let bytes = tokio::task::spawn_blocking(move || std::fs::read(file))
+            .await
+            .expect("join")
+            .expect("read");
+        assert!(bytes == expected(key));
+        let gets = server.ranged_gets().len() - before;
+        if round == 0 {
+            assert!(gets > 0);
+        } else {
+            assert_eq!(gets, 0, "the second daemon fetched from the origin");
+        }
+        let mount = daemon.mount.clone();
+        let status = tokio::task::spawn_blocking(move || daemon.stop())
+            .await
+            .expect("join")
+            .expect("stop");
+        assert!(status.success(), "exit status {status}");
+        assert!(!is_mounted(&mount), "SIGTERM left the mount behind");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_daemons_mount_is_recovered_by_the_next() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let mount = daemon.mount.clone();
+    assert!(std::fs::read(mount.join("top.txt")).expect("read") == expected("top.txt"));
+    daemon.kill9().expect("kill -9");
+    // Attributes may still come from the kernel's cache; an open always asks the daemon.
+    let stale =
+        std::fs::File::open(mount.join("datasets/shard-0001.bin")).expect_err("a dead daemon's mount");
+    assert_eq!(stale.raw_os_error(), Some(libc::ENOTCONN));
+
+    let daemon =
+        DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("restart on the stale mount");
+    let file = daemon.mount.join("datasets/shard-0000.bin");
+    let bytes = tokio::task::spawn_blocking(move || std::fs::read(file))
+        .await
+        .expect("join")
+        .expect("read");
+    assert!(bytes == expected("datasets/shard-0000.bin"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_readers_of_a_cold_file_fetch_each_block_once() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let key = "llama/model.safetensors";
+    let readers: Vec<_> = (0..16)
+        .map(|_| {
+            let file = daemon.mount.join(key);
+            std::thread::spawn(move || std::fs::read(file).expect("read"))
+        })
+        .collect();
+    let results: Vec<Vec<u8>> =
+        tokio::task::spawn_blocking(move || readers.into_iter().map(|r| r.join().expect("reader")).collect())
+            .await
+            .expect("join");
+    let want = expected(key);
+    assert!(results.iter().all(|r| *r == want));
+    let mut fetched = vec![0; want.len().div_ceil(4 << 20)];
+    for (first, last) in block_gets(&server.requests(), key, 4 * MIB) {
+        for count in &mut fetched[first as usize..=last as usize] {
+            *count += 1;
+        }
+    }
+    assert_eq!(fetched, vec![1; fetched.len()]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let key = "llama/model.safetensors";
+    let file = std::fs::File::open(daemon.mount.join(key)).expect("open");
+    let old = expected(key);
+    let head = tokio::task::spawn_blocking({
+        let file = file.try_clone().expect("dup");
+        move || {
+            let mut buf = vec![0; MIB as usize];
+            file.read_exact_at(&mut buf, 0).map(|()| buf)
+        }
+    });
+    assert!(head.await.expect("join").expect("first MiB") == old[..MIB as usize]);
+    server.put(key, seed(key, 1), old.len()).await.expect("overwrite");
+    let outcome = tokio::task::spawn_blocking(move || {
+        let mut stale = 0;
+        for block in (8..40).step_by(4) {
+            let mut buf = vec![0; MIB as usize];
+            match file.read_exact_at(&mut buf, block * MIB) {
+                Ok(()) => assert!(
+                    buf == old[(block * MIB) as usize..((block + 1) * MIB) as usize],
+                    "mixed bytes at {block} MiB"
+                ),
+                Err(e) => {
+                    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+                    stale += 1;
+                }
+            }
+        }
+        stale
+    });
+    let stale = outcome.await.expect("join");
+    assert!(stale > 0, "every later read was served from before the overwrite");
+}

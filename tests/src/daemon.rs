@@ -1,0 +1,136 @@
+//! `larder daemon` as a child process, for end-to-end tests through real kernel mounts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::S3Server;
+
+/// A running `larder daemon` serving the bucket of an [`S3Server`] as source `models`.
+/// Dropped, it is killed and its mount detached.
+#[derive(Debug)]
+pub struct DaemonProcess {
+    child: Option<Child>,
+    /// The mount point.
+    pub mount: PathBuf,
+    /// The cache dir.
+    pub cache: PathBuf,
+    leave_mount: bool,
+}
+
+/// True when `path` is a mount point (of anything).
+pub fn is_mounted(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| line.split(' ').nth(4).map(Path::new) == Some(path))
+}
+
+impl DaemonProcess {
+    /// Starts `bin daemon` with mount `dir/mnt` and cache `dir/cache`, plus `extra` arguments,
+    /// and waits until the mount is up.
+    pub fn start(bin: &Path, server: &S3Server, dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with_secret(bin, server, dir, extra, crate::SECRET_KEY)
+    }
+
+    /// Like [`DaemonProcess::start`], signing requests with `secret`.
+    pub fn start_with_secret(
+        bin: &Path,
+        server: &S3Server,
+        dir: &Path,
+        extra: &[&str],
+        secret: &str,
+    ) -> anyhow::Result<Self> {
+        let mount = dir.join("mnt");
+        let cache = dir.join("cache");
+        std::fs::create_dir_all(&mount).or_else(|e| match e.raw_os_error() {
+            // A stale mount from a killed daemon is there: the daemon's job to clean.
+            Some(libc::ENOTCONN) | Some(libc::EEXIST) => Ok(()),
+            _ => Err(e),
+        })?;
+        let log = std::fs::File::create(dir.join("daemon.log"))?;
+        let child = Command::new(bin)
+            .arg("daemon")
+            .arg("--mount")
+            .arg(&mount)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["--source", &format!("models={}", server.url())])
+            .args(extra)
+            .env("AWS_ENDPOINT_URL", server.endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", crate::ACCESS_KEY)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .env("LARDER_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mount = mount.canonicalize().unwrap_or(mount);
+        let mut daemon = Self {
+            child: Some(child),
+            mount,
+            cache,
+            leave_mount: false,
+        };
+        let started = Instant::now();
+        // Ready when it says so: a dead daemon's mount can look mounted, even with the same id.
+        let log_path = dir.join("daemon.log");
+        while !std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains("larder is serving")
+        {
+            if let Some(status) = daemon.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let log = std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default();
+                bail!("the daemon exited with {status} before mounting:\n{log}");
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("the daemon did not mount within 30s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(daemon)
+    }
+
+    /// Stops the daemon with SIGTERM and returns its exit status.
+    pub fn stop(mut self) -> anyhow::Result<ExitStatus> {
+        let mut child = self.child.take().context("already stopped")?;
+        // SAFETY: signals our own child by its pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let started = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                bail!("the daemon did not stop within 30s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the daemon with SIGKILL, leaving its dead mount behind for the next daemon.
+    pub fn kill9(mut self) -> anyhow::Result<()> {
+        let mut child = self.child.take().context("already stopped")?;
+        child.kill()?;
+        child.wait()?;
+        self.leave_mount = true;
+        Ok(())
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if !self.leave_mount && is_mounted(&self.mount) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+    }
+}
