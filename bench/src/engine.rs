@@ -113,7 +113,7 @@ async fn open_cache(config: &CacheConfig, origin: &OriginConfig) -> anyhow::Resu
 /// Reads the whole object through a reader in 1 MiB requests, as the FUSE layer will.
 async fn read_through(cache: &Cache, object: &Arc<OpenObject>) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let mut reader = Reader::new(cache.clone(), object.clone());
+    let reader = Reader::new(cache.clone(), object.clone());
     let mut offset = 0;
     while offset < object.version().size {
         offset += reader.read(offset, READ_SIZE).await?.len() as u64;

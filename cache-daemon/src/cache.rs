@@ -415,10 +415,19 @@ const BLOCKS_AHEAD: u64 = 8;
 /// A reader of one open object (one file handle): detects sequential access, keeps a growing
 /// readahead window of fills in flight ahead of it, and holds the blocks around its position so
 /// that small reads inside one block cost one block read.
+///
+/// Reads may come concurrently and slightly out of order (the kernel's readahead sends several
+/// at once): a read within one window of the last position still counts as sequential, and the
+/// reader's state is locked only to plan a read, never while waiting for blocks.
 #[derive(Debug)]
 pub struct Reader {
     cache: Cache,
     object: Arc<OpenObject>,
+    state: Mutex<ReaderState>,
+}
+
+#[derive(Debug, Default)]
+struct ReaderState {
     next_offset: u64,
     window: u64,
     prefetched_to: u64,
@@ -431,10 +440,7 @@ impl Reader {
         Self {
             cache,
             object,
-            next_offset: 0,
-            window: 0,
-            prefetched_to: 0,
-            blocks: BTreeMap::new(),
+            state: Mutex::new(ReaderState::default()),
         }
     }
 
@@ -445,50 +451,70 @@ impl Reader {
 
     /// Reads like [`Cache::read`], growing the readahead window while reads are sequential and
     /// dropping it on a jump.
-    pub async fn read(&mut self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
         let block_size = self.cache.inner.store.block_size();
         let Some(span) = Span::new(&self.object, block_size, offset, len) else {
             return Ok(Bytes::new());
         };
-        let readahead = &self.cache.inner.readahead;
-        if offset == self.next_offset {
-            self.window = (self.window * 2).clamp(readahead.start, readahead.end);
-        } else {
-            self.window = 0;
-            self.prefetched_to = 0;
+        let wanted = self.plan(&span);
+        let result = futures::future::try_join_all(wanted).await;
+        if result.is_err() {
+            // Do not keep failures: the next read tries again.
+            self.state
+                .lock()
+                .blocks
+                .retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
         }
-        self.next_offset = span.end;
-        if self.window > 0 {
-            let ahead_end = span.end.saturating_add(self.window).min(self.object.version.size);
-            if ahead_end > self.prefetched_to.max(span.end) {
+        Ok(span.assemble(&result?, &self.cache.inner.stats))
+    }
+
+    /// Updates the sequential detector, starts readahead, and returns the blocks to wait for.
+    fn plan(&self, span: &Span) -> Vec<SharedBlock> {
+        let block_size = self.cache.inner.store.block_size();
+        let readahead = &self.cache.inner.readahead;
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        // The kernel's own readahead sends several requests at once, a few MiB apart and not
+        // always in order: within this distance of the last position a read is sequential.
+        let slack = state.window.max(4 * readahead.start);
+        if span.offset.abs_diff(state.next_offset) <= slack {
+            state.window = (state.window * 2).clamp(readahead.start, readahead.end);
+            state.next_offset = state.next_offset.max(span.end);
+        } else {
+            state.window = 0;
+            state.prefetched_to = 0;
+            state.next_offset = span.end;
+        }
+        if state.window > 0 {
+            let ahead_end = span
+                .end
+                .saturating_add(state.window)
+                .min(self.object.version.size);
+            if ahead_end > state.prefetched_to.max(span.end) {
                 self.cache
-                    .prefetch(&self.object, self.prefetched_to.max(span.end)..ahead_end);
-                self.prefetched_to = ahead_end;
+                    .prefetch(&self.object, state.prefetched_to.max(span.end)..ahead_end);
+                state.prefetched_to = ahead_end;
             }
         }
-        let blocks_ahead = if self.window > 0 {
-            (self.window / block_size).clamp(1, BLOCKS_AHEAD) as u32
+        let blocks_ahead = if state.window > 0 {
+            (state.window / block_size).clamp(1, BLOCKS_AHEAD) as u32
         } else {
             0
         };
         let block_count = self.cache.block_count(&self.object);
-        let keep = span.first..=(span.last + blocks_ahead).min(block_count - 1);
-        self.blocks.retain(|index, _| keep.contains(index));
-        for index in keep {
-            if !self.blocks.contains_key(&index) {
-                self.blocks
-                    .insert(index, self.cache.spawn_block(&self.object, index));
-            }
+        let wanted = span.first..=(span.last + blocks_ahead).min(block_count - 1);
+        // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
+        let low = span.first.saturating_sub(BLOCKS_AHEAD as u32);
+        let high = span.last.saturating_add(2 * BLOCKS_AHEAD as u32);
+        state.blocks.retain(|index, _| (low..=high).contains(index));
+        for index in wanted {
+            state
+                .blocks
+                .entry(index)
+                .or_insert_with(|| self.cache.spawn_block(&self.object, index));
         }
-        let wanted: Vec<SharedBlock> = span
-            .blocks()
-            .filter_map(|index| self.blocks.get(&index).cloned())
-            .collect();
-        let result = futures::future::try_join_all(wanted).await;
-        if result.is_err() {
-            // Do not keep failures: the next read tries again.
-            self.blocks.retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
-        }
-        Ok(span.assemble(&result?, &self.cache.inner.stats))
+        span.blocks()
+            .filter_map(|index| state.blocks.get(&index).cloned())
+            .collect()
     }
 }

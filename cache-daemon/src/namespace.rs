@@ -99,7 +99,7 @@ pub struct Namespace {
     cache: Cache,
     nodes: Mutex<Nodes>,
     listings: Mutex<HashMap<(usize, String), Listing>>,
-    handles: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Reader>>>>,
+    handles: Mutex<HashMap<u64, Arc<Reader>>>,
     next_fh: AtomicU64,
     mounted_at: SystemTime,
 }
@@ -335,15 +335,12 @@ impl FileTree for Namespace {
         };
         let reader = Reader::new(self.cache.clone(), OpenObject::new(origin, version));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .insert(fh, Arc::new(tokio::sync::Mutex::new(reader)));
+        self.handles.lock().insert(fh, Arc::new(reader));
         Ok(Opened { fh, keep_cache })
     }
 
     async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let reader = self.handles.lock().get(&fh).cloned().ok_or(FsError::BadHandle)?;
-        let mut reader = reader.lock().await;
         reader
             .read(offset, size as usize)
             .await

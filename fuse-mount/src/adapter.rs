@@ -124,6 +124,9 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         // The kernel derives max_pages (and so the largest read) from max_write.
         let _ = config.set_max_write(MAX_REQUEST);
         let _ = config.set_max_readahead(MAX_REQUEST);
+        // Let the kernel keep more readahead requests in flight than its default of 12.
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
         Ok(())
     }
 

@@ -130,7 +130,7 @@ impl CacheFixture {
 
     /// Reads a whole object in 1 MiB requests through a [`Reader`] (readahead on).
     pub async fn read_all(&self, object: &Arc<OpenObject>) -> Result<Vec<u8>, ReadError> {
-        let mut reader = Reader::new(self.cache.clone(), object.clone());
+        let reader = Reader::new(self.cache.clone(), object.clone());
         let mut out = Vec::with_capacity(object.version().size as usize);
         while (out.len() as u64) < object.version().size {
             out.extend_from_slice(&reader.read(out.len() as u64, 1 << 20).await?);

@@ -36,7 +36,7 @@ async fn main() -> anyhow::Result<()> {
     let object = OpenObject::new(origin.clone(), origin.head(key).await?);
     let mut announced = false;
     loop {
-        let mut reader = Reader::new(cache.clone(), object.clone());
+        let reader = Reader::new(cache.clone(), object.clone());
         let mut offset = 0;
         while offset < object.version().size {
             let bytes = reader.read(offset, 1 << 20).await?;
