@@ -16,10 +16,10 @@ use larder_cache_daemon::store::format::{Entry, RecordHeader};
 use larder_cache_daemon::store::{self, BlockStore};
 use larder_config::{ByteSize, CacheConfig, IoEngineKind, OriginConfig};
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::EngineArgs;
-use crate::seaweed::Seaweed;
+use larder_tests::seaweed::Seaweed;
 
 const BUCKET: &str = "larder-bench";
 const KEY: &str = "bench/model.safetensors";
@@ -66,20 +66,6 @@ fn summary(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
     let median = values[values.len() / 2];
     (median, values[0], values[values.len() - 1])
-}
-
-async fn upload(store: &Arc<dyn ObjectStore>, size: u64) -> anyhow::Result<()> {
-    let seed = larder_tests::seed(KEY, 0);
-    let upload = store.put_multipart(&StorePath::from(KEY)).await?;
-    let mut writer = WriteMultipart::new_with_chunk_size(upload, 32 << 20);
-    let mut offset = 0;
-    while offset < size {
-        let len = (size - offset).min(8 << 20) as usize;
-        writer.write(&larder_tests::content(seed, offset, len));
-        offset += len as u64;
-    }
-    writer.finish().await?;
-    Ok(())
 }
 
 /// The limit for a cold read: ranged GETs of `part` bytes, `concurrency` at a time.
@@ -231,7 +217,8 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     let size = args.size.as_u64();
     // The server is sometimes slow to take a large upload: try it a few times.
     let mut attempt = 0;
-    while let Err(error) = upload(&client, size).await {
+    while let Err(error) = larder_tests::upload(client.as_ref(), KEY, larder_tests::seed(KEY, 0), size).await
+    {
         attempt += 1;
         anyhow::ensure!(
             attempt < 3,

@@ -9,7 +9,6 @@
 //! - restart: time from opening a cache of N recorded blocks to its first hit.
 
 mod engine;
-mod seaweed;
 
 use std::path::PathBuf;
 

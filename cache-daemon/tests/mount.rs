@@ -303,3 +303,67 @@ async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
     let stale = outcome.await.expect("join");
     assert!(stale > 0, "every later read was served from before the overwrite");
 }
+
+/// Against SeaweedFS (a production object store): a 512 MiB model file listed, read with
+/// `sha256sum`, and mapped whole with `mmap`, all equal to the origin's bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_512_mib_model_from_seaweedfs_reads_and_maps() {
+    let weed = larder_tests::seaweed::Seaweed::installed_binary();
+    assert!(
+        weed.exists(),
+        "{} is missing: run bench/setup (scripts/test does)",
+        weed.display()
+    );
+    let store = larder_tests::seaweed::Seaweed::start(&weed, "larder-e2e").expect("weed mini");
+    let key = "llama-70b/model-00001-of-00030.safetensors";
+    let size = 512 * MIB;
+    let client = store.client().expect("client");
+    larder_tests::upload(client.as_ref(), key, seed(key, 0), size)
+        .await
+        .expect("upload");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &store, dir.path(), &[]).expect("daemon");
+    let path = daemon.mount.join(key);
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), size);
+        let copy = dir.path().join("copy");
+        std::fs::write(&copy, content(seed(key, 0), 0, size as usize)).expect("copy");
+        assert_eq!(sha256sum(&path), sha256sum(&copy));
+
+        let file = std::fs::File::open(&path).expect("open");
+        let len = size as usize;
+        // SAFETY: a read-only private mapping of a file we keep open; unmapped below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        // SAFETY: the mapping is `len` readable bytes.
+        let mapped = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) };
+        let want = std::fs::read(&copy).expect("read copy");
+        // Like a safetensors loader: the header first, then tensors from the middle and the end.
+        for range in [
+            0..8,
+            8..4096,
+            len / 2..len / 2 + (3 << 20),
+            len - (5 << 20)..len,
+            0..len,
+        ] {
+            assert!(
+                mapped[range.clone()] == want[range.clone()],
+                "mapped bytes differ in {range:?}"
+            );
+        }
+        // SAFETY: unmaps exactly what was mapped.
+        unsafe { libc::munmap(map, len) };
+        drop(daemon);
+    })
+    .await
+    .expect("checks");
+}

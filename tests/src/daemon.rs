@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::S3Server;
+use crate::Bucket;
 
-/// A running `larder daemon` serving the bucket of an [`S3Server`] as source `models`.
+/// A running `larder daemon` serving a [`Bucket`] as source `models`.
 /// Dropped, it is killed and its mount detached.
 #[derive(Debug)]
 pub struct DaemonProcess {
@@ -31,14 +31,14 @@ pub fn is_mounted(path: &Path) -> bool {
 impl DaemonProcess {
     /// Starts `bin daemon` with mount `dir/mnt` and cache `dir/cache`, plus `extra` arguments,
     /// and waits until the mount is up.
-    pub fn start(bin: &Path, server: &S3Server, dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+    pub fn start(bin: &Path, server: &dyn Bucket, dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
         Self::start_with_secret(bin, server, dir, extra, crate::SECRET_KEY)
     }
 
     /// Like [`DaemonProcess::start`], signing requests with `secret`.
     pub fn start_with_secret(
         bin: &Path,
-        server: &S3Server,
+        server: &dyn Bucket,
         dir: &Path,
         extra: &[&str],
         secret: &str,

@@ -7,16 +7,67 @@
 //!   can be checked without keeping a copy.
 //! - [`daemon::DaemonProcess`] runs `larder daemon` as a child process with a real mount.
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
+//! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
 pub mod daemon;
 mod fault;
 pub mod fixture;
+pub mod seaweed;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
 pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_secret};
+
+/// Uploads `size` bytes of deterministic content with `seed` at `key`, in parts, without
+/// holding the whole object in memory.
+pub async fn upload(
+    store: &dyn object_store::ObjectStore,
+    key: &str,
+    seed: u64,
+    size: u64,
+) -> anyhow::Result<()> {
+    use object_store::ObjectStoreExt;
+    let upload = store.put_multipart(&object_store::path::Path::from(key)).await?;
+    let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, 32 << 20);
+    let mut offset = 0;
+    while offset < size {
+        let len = (size - offset).min(8 << 20) as usize;
+        writer.write(&content(seed, offset, len));
+        offset += len as u64;
+    }
+    writer.finish().await?;
+    Ok(())
+}
+
+/// An S3 bucket a daemon can be pointed at.
+pub trait Bucket {
+    /// `http://127.0.0.1:<port>`.
+    fn endpoint(&self) -> String;
+    /// `s3://<bucket>`.
+    fn url(&self) -> String;
+}
+
+impl Bucket for S3Server {
+    fn endpoint(&self) -> String {
+        S3Server::endpoint(self)
+    }
+
+    fn url(&self) -> String {
+        S3Server::url(self)
+    }
+}
+
+impl Bucket for seaweed::Seaweed {
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    fn url(&self) -> String {
+        seaweed::Seaweed::url(self)
+    }
+}
 
 /// A splitmix64 step: a well-mixed 64-bit function of its input.
 fn mix(mut x: u64) -> u64 {

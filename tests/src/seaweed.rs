@@ -1,4 +1,5 @@
-//! SeaweedFS (`weed mini`) on loopback: the object store the benchmarks read from.
+//! SeaweedFS (`weed mini`) on loopback: a production object store for end-to-end tests and
+//! benchmarks. `bench/setup` installs it.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -10,10 +11,11 @@ use tempfile::TempDir;
 
 /// A running `weed mini`, killed (by its PID) when dropped.
 #[derive(Debug)]
-pub(crate) struct Seaweed {
+pub struct Seaweed {
     child: Child,
     /// `http://127.0.0.1:<s3 port>`.
-    pub(crate) endpoint: String,
+    pub endpoint: String,
+    bucket: String,
     _dir: TempDir,
 }
 
@@ -24,7 +26,7 @@ fn free_port() -> anyhow::Result<u16> {
 impl Seaweed {
     /// Starts `weed mini` with its data on tmpfs (`/dev/shm`) where there is one, so the
     /// server's disk reads do not compete with the cache's; creates `bucket`.
-    pub(crate) fn start(weed: &Path, bucket: &str) -> anyhow::Result<Self> {
+    pub fn start(weed: &Path, bucket: &str) -> anyhow::Result<Self> {
         let shm = PathBuf::from("/dev/shm");
         let dir = if shm.is_dir() {
             tempfile::tempdir_in(shm)?
@@ -33,8 +35,8 @@ impl Seaweed {
         };
         let identities = format!(
             r#"{{"identities":[{{"name":"bench","credentials":[{{"accessKey":"{}","secretKey":"{}"}}],"actions":["Admin","Read","Write","List"]}}]}}"#,
-            larder_tests::ACCESS_KEY,
-            larder_tests::SECRET_KEY
+            crate::ACCESS_KEY,
+            crate::SECRET_KEY
         );
         std::fs::write(dir.path().join("s3.json"), identities)?;
         let port = free_port()?;
@@ -51,6 +53,7 @@ impl Seaweed {
         let server = Self {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
+            bucket: bucket.to_owned(),
             _dir: dir,
         };
         let started = Instant::now();
@@ -86,6 +89,23 @@ impl Seaweed {
             }
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+}
+
+impl Seaweed {
+    /// The binary `bench/setup` installs, from a crate of this workspace.
+    pub fn installed_binary() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/.venv/bin/weed")
+    }
+
+    /// The bucket's URL, as a source would name it.
+    pub fn url(&self) -> String {
+        format!("s3://{}", self.bucket)
+    }
+
+    /// A client of the bucket (Larder's retries, not the client's).
+    pub fn client(&self) -> anyhow::Result<std::sync::Arc<object_store::aws::AmazonS3>> {
+        crate::s3_client(&self.endpoint, &self.bucket)
     }
 }
 
