@@ -245,18 +245,36 @@ async fn concurrent_readers_of_a_cold_file_fetch_each_block_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
     let key = "llama/model.safetensors";
-    let readers: Vec<_> = (0..16)
-        .map(|_| {
-            let file = daemon.mount.join(key);
-            std::thread::spawn(move || std::fs::read(file).expect("read"))
-        })
-        .collect();
-    let results: Vec<Vec<u8>> =
-        tokio::task::spawn_blocking(move || readers.into_iter().map(|r| r.join().expect("reader")).collect())
-            .await
-            .expect("join");
+    // Sixteen processes, each with its own open file.
+    let path = daemon.mount.join(key);
+    let sums = tokio::task::spawn_blocking(move || {
+        let children: Vec<_> = (0..16)
+            .map(|_| {
+                std::process::Command::new("sha256sum")
+                    .arg(&path)
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("sha256sum")
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|c| {
+                String::from_utf8_lossy(&c.wait_with_output().expect("wait").stdout)
+                    .split(' ')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
     let want = expected(key);
-    assert!(results.iter().all(|r| *r == want));
+    let copy = dir.path().join("copy");
+    std::fs::write(&copy, &want).expect("copy");
+    let want_sum = sha256sum(&copy);
+    assert!(sums.iter().all(|s| *s == want_sum), "{sums:?} != {want_sum}");
     let mut fetched = vec![0; want.len().div_ceil(4 << 20)];
     for (first, last) in block_gets(&server.requests(), key, 4 * MIB) {
         for count in &mut fetched[first as usize..=last as usize] {
