@@ -66,6 +66,43 @@ fn block_gets(requests: &[ServedRequest], key: &str, block: u64) -> Vec<(u64, u6
         .collect()
 }
 
+/// A read-only mapping of the first `len` bytes of a file, unmapped when dropped.
+struct Mapping {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(file: &std::fs::File, len: usize) -> Self {
+        let fd = std::os::fd::AsRawFd::as_raw_fd(file);
+        // SAFETY: a private read-only mapping of an open file; the kernel checks the rest.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                fd,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
+        Self { ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
 fn sha256sum(path: &Path) -> String {
     let out = std::process::Command::new("sha256sum")
         .arg(path)
@@ -114,24 +151,8 @@ async fn the_mount_serves_the_origins_tree_and_bytes() {
         }
 
         let file = std::fs::File::open(mount.join("llama/model.safetensors")).expect("open");
-        let len = expected("llama/model.safetensors").len();
-        // SAFETY: a read-only private mapping of a file we keep open; unmapped below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        // SAFETY: the mapping is `len` readable bytes.
-        let mapped = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) };
-        assert!(mapped == expected("llama/model.safetensors"));
-        // SAFETY: unmaps exactly what was mapped.
-        unsafe { libc::munmap(map, len) };
+        let map = Mapping::new(&file, expected("llama/model.safetensors").len());
+        assert!(map.bytes() == expected("llama/model.safetensors"));
         drop(daemon);
     })
     .await
@@ -350,20 +371,8 @@ async fn a_512_mib_model_from_seaweedfs_reads_and_maps() {
 
         let file = std::fs::File::open(&path).expect("open");
         let len = size as usize;
-        // SAFETY: a read-only private mapping of a file we keep open; unmapped below.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        // SAFETY: the mapping is `len` readable bytes.
-        let mapped = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) };
+        let map = Mapping::new(&file, len);
+        let mapped = map.bytes();
         let want = std::fs::read(&copy).expect("read copy");
         // Like a safetensors loader: the header first, then tensors from the middle and the end.
         for range in [
@@ -378,8 +387,6 @@ async fn a_512_mib_model_from_seaweedfs_reads_and_maps() {
                 "mapped bytes differ in {range:?}"
             );
         }
-        // SAFETY: unmaps exactly what was mapped.
-        unsafe { libc::munmap(map, len) };
         drop(daemon);
     })
     .await
