@@ -162,6 +162,7 @@ fn synthesize_cache(dir: &Path, block_size: u64, blocks: u32) -> anyhow::Result<
             etag: Some("\"synthetic\"".into()),
             version: None,
             size: u64::from(count) * block_size,
+            modified: std::time::SystemTime::UNIX_EPOCH,
         };
         let (data, rec) = store::object_paths(dir, version.id());
         std::fs::create_dir_all(data.parent().context("no parent")?)?;

@@ -47,6 +47,7 @@ struct Node {
     path: String,
     kind: NodeKind,
     size: u64,
+    mtime: SystemTime,
     version: Option<ObjectVersion>,
     /// When `version` was last confirmed by a HEAD.
     checked: Option<Instant>,
@@ -69,6 +70,7 @@ impl Nodes {
             if let Some(existing) = self.by_ino.get_mut(&ino) {
                 existing.kind = node.kind;
                 existing.size = node.size;
+                existing.mtime = node.mtime;
                 if node.version.as_ref().map(ObjectVersion::id)
                     != existing.version.as_ref().map(ObjectVersion::id)
                 {
@@ -102,6 +104,20 @@ pub struct Namespace {
     handles: Mutex<HashMap<u64, Arc<Reader>>>,
     next_fh: AtomicU64,
     mounted_at: SystemTime,
+}
+
+/// A directory node; directories show the time the daemon mounted.
+fn dir_node(source: Option<usize>, path: String, mtime: SystemTime) -> Node {
+    Node {
+        source,
+        path,
+        kind: NodeKind::Directory,
+        size: 0,
+        mtime,
+        version: None,
+        checked: None,
+        last_opened: None,
+    }
 }
 
 /// What a daemon error means to a reader of the mount.
@@ -139,15 +155,8 @@ impl Namespace {
             ..Nodes::default()
         };
         let root_source = (sources.len() == 1).then_some(0);
-        let root = Node {
-            source: root_source,
-            path: String::new(),
-            kind: NodeKind::Directory,
-            size: 0,
-            version: None,
-            checked: None,
-            last_opened: None,
-        };
+        let mounted_at = SystemTime::now();
+        let root = dir_node(root_source, String::new(), mounted_at);
         nodes.by_path.insert((root_source, String::new()), ROOT_INO);
         nodes.by_ino.insert(ROOT_INO, root);
         Self {
@@ -157,7 +166,7 @@ impl Namespace {
             listings: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            mounted_at: SystemTime::now(),
+            mounted_at,
         }
     }
 
@@ -233,15 +242,7 @@ impl Namespace {
     }
 
     fn dir_node(&self, source: usize, path: String) -> Node {
-        Node {
-            source: Some(source),
-            path,
-            kind: NodeKind::Directory,
-            size: 0,
-            version: None,
-            checked: None,
-            last_opened: None,
-        }
+        dir_node(Some(source), path, self.mounted_at)
     }
 
     fn file_node(&self, source: usize, version: ObjectVersion) -> Node {
@@ -250,6 +251,7 @@ impl Namespace {
             path: version.key.clone(),
             kind: NodeKind::File,
             size: version.size,
+            mtime: version.modified,
             version: Some(version),
             checked: None,
             last_opened: None,
@@ -261,7 +263,7 @@ impl Namespace {
             ino,
             kind: node.kind,
             size: node.size,
-            mtime: self.mounted_at,
+            mtime: node.mtime,
         }
     }
 }
@@ -329,6 +331,7 @@ impl FileTree for Namespace {
             let keep = node.last_opened == Some(version.id());
             node.last_opened = Some(version.id());
             node.size = version.size;
+            node.mtime = version.modified;
             node.version = Some(version.clone());
             node.checked = Some(Instant::now());
             keep

@@ -6,6 +6,7 @@
 //! the same version and a new version never shares blocks with an old one.
 
 use std::fmt;
+use std::time::SystemTime;
 
 /// Domain separation for [`ObjectId`] preimages; bump when the encoding changes.
 const IDENTITY_DOMAIN: &[u8] = b"larder.object.v1";
@@ -46,6 +47,8 @@ pub struct ObjectVersion {
     pub version: Option<String>,
     /// Size in bytes.
     pub size: u64,
+    /// When the origin last wrote it. Shown as the file's mtime; not part of the identity.
+    pub modified: SystemTime,
 }
 
 impl ObjectVersion {
@@ -90,6 +93,7 @@ mod tests {
             etag: Some("\"abc\"".into()),
             version: None,
             size: 1 << 30,
+            modified: SystemTime::UNIX_EPOCH,
         }
     }
 

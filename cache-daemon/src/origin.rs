@@ -413,6 +413,7 @@ impl Origin {
             etag: meta.e_tag.clone(),
             version: meta.version.clone(),
             size: meta.size,
+            modified: meta.last_modified.into(),
         }
     }
 

@@ -125,6 +125,12 @@ async fn the_mount_serves_the_origins_tree_and_bytes() {
         let tree = walk(&mount);
         let want: BTreeMap<String, u64> = OBJECTS.iter().map(|(k, s)| (k.to_string(), *s)).collect();
         assert_eq!(tree, want);
+        // Files carry the object's last-modified time (before the mount); dirs the mount time.
+        let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
+        assert!(
+            mtime(&mount.join("top.txt")) < mtime(&mount),
+            "file mtime is not the object's"
+        );
 
         for &(key, _) in OBJECTS {
             assert!(
