@@ -499,10 +499,15 @@ async fn random_reads_over_four_times_the_capacity_never_exceed_it() {
     fx.cache.flush().await;
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = sampler.await.expect("sampler");
+    // The sampler reads the files one after the other while blocks move between them, and the
+    // file system may add an extent block to a file full of holes: one 4 KiB block per data
+    // file of slack. Quiescent, the allocation is exactly within the accounting.
+    let slack = 4096 * fx.data_files().len().max(4) as u64;
     assert!(
-        peak <= capacity,
+        peak <= capacity + slack,
         "data files allocated {peak} bytes, capacity {capacity}"
     );
+    assert!(allocated_bytes(&fx.data_files()) <= fx.cache.store().usage().used);
     let usage = fx.cache.store().usage();
     assert!(usage.used <= capacity && usage.used > capacity / 2, "{usage:?}");
     assert!(fx.stats.snapshot().evicted_blocks > 0);
