@@ -30,6 +30,9 @@ use crate::origin::{ListEntry, Origin, OriginError};
 /// Longest name a directory entry may have.
 const NAME_MAX: usize = 255;
 
+/// Most entries one `readdir` call returns.
+const READDIR_PAGE: usize = 512;
+
 /// One configured source.
 #[derive(Debug)]
 pub struct Source {
@@ -304,6 +307,8 @@ impl FileTree for Namespace {
         Ok(children
             .into_iter()
             .skip(offset as usize)
+            // The kernel takes a few hundred entries per call: number only those.
+            .take(READDIR_PAGE)
             .map(|(name, node)| {
                 let kind = node.kind;
                 DirEntry {

@@ -398,3 +398,28 @@ async fn a_512_mib_model_from_seaweedfs_reads_and_maps() {
     .await
     .expect("checks");
 }
+
+/// A directory larger than one readdir page lists every entry once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_of_many_pages_lists_completely() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let names: Vec<String> = (0..1300).map(|i| format!("shard-{i:05}.bin")).collect();
+    let keys: Vec<String> = names.iter().map(|name| format!("many/{name}")).collect();
+    let puts = futures::stream::iter(keys.iter().map(|key| server.put(key, 1, 16)));
+    let done: Vec<_> = futures::StreamExt::collect(futures::StreamExt::buffer_unordered(puts, 32)).await;
+    assert!(done.iter().all(Result::is_ok), "uploads failed");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let many = daemon.mount.join("many");
+    let listed = tokio::task::spawn_blocking(move || {
+        let mut listed: Vec<String> = std::fs::read_dir(many)
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        listed.sort();
+        listed
+    })
+    .await
+    .expect("join");
+    assert_eq!(listed, names);
+}
