@@ -444,11 +444,6 @@ impl Reader {
         }
     }
 
-    /// The pinned object.
-    pub fn object(&self) -> &Arc<OpenObject> {
-        &self.object
-    }
-
     /// Reads like [`Cache::read`], growing the readahead window while reads are sequential and
     /// dropping it on a jump.
     pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes, ReadError> {

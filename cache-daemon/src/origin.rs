@@ -375,16 +375,6 @@ impl Origin {
         }
     }
 
-    /// The source's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The source's configured URL.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
     /// The store location of a key relative to the source. Keys are parsed, never concatenated:
     /// `..`, empty segments and the like are rejected, so no key escapes the prefix.
     fn location(&self, key: &str) -> Result<Path, OriginError> {

@@ -328,11 +328,6 @@ impl std::fmt::Debug for Mounted {
 }
 
 impl Mounted {
-    /// Where the tree is mounted.
-    pub fn mountpoint(&self) -> &Path {
-        &self.mountpoint
-    }
-
     /// Unmounts and waits for the request loop to end.
     pub fn unmount(self) -> io::Result<()> {
         self.session.umount_and_join()

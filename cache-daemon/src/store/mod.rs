@@ -87,13 +87,8 @@ impl VerifiedBlock {
     }
 
     /// Length of the block.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.buf.len()
-    }
-
-    /// True for an empty block (an empty object has none).
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
     }
 }
 
