@@ -1,19 +1,26 @@
 //! The file tree the mount serves: sources as directories, common prefixes of keys as
 //! directories, objects as files, every read through the block cache.
 //!
-//! Names and keys. A directory's entries come from a delimited listing of its prefix. An entry
-//! is shown under the last segment of its key; listings and attributes are cached for the
-//! source's metadata TTL (forever for an immutable source). Keys that cannot be file names are
+//! Names and keys. A name is looked up on its own: a HEAD of the key and a probe for keys
+//! under `key/`, in parallel (a directory wins over an object of the same name). Directories
+//! are listed page by page, as the kernel reads them, so a directory of 100,000 entries is
+//! never held whole. What a name is (file with its version, directory, missing) and listing
+//! pages are cached for the source's metadata TTL (forever for an immutable source; at most
+//! [`MISSING_TTL`] for a missing name), in bounded caches. Keys that cannot be file names are
 //! not shown and cannot be looked up: object_store refuses keys with empty, `.` or `..`
-//! segments, names longer than 255 bytes are skipped, and every key is parsed (never joined as
-//! text), so nothing outside a source's prefix is reachable. Names that are not UTF-8 are not
-//! found (object keys are UTF-8).
+//! segments or control characters (a listing steps over them), names longer than 255 bytes
+//! are skipped, and every key is parsed (never joined as text), so nothing outside a
+//! source's prefix is reachable. Names that are not UTF-8 are not found (keys are UTF-8).
+//!
+//! Inodes. An inode number is a hash of the source and the path, so a listing can number its
+//! entries without remembering them. The table keeps only the nodes the kernel holds, with
+//! their lookup counts, and drops a node when the kernel forgets it.
 //!
 //! Versions. `open` pins the object's version: a HEAD if the one known is older than the TTL.
 //! Every read on that handle returns that version's bytes or `ESTALE`. The kernel keeps a
 //! file's page cache across opens while the version stays the same.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,17 +28,28 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use larder_fuse_mount::{Attr, DirEntry, FileTree, FsError, FsStats, NodeKind, Opened, ROOT_INO};
+use object_store::path::PathPart;
 use parking_lot::Mutex;
 
 use crate::cache::{Cache, OpenObject, ReadError, Reader};
 use crate::object::{ObjectId, ObjectVersion};
-use crate::origin::{ListEntry, Origin, OriginError};
+use crate::origin::{ListEntry, Origin, OriginError, PageToken};
 
 /// Longest name a directory entry may have.
 const NAME_MAX: usize = 255;
 
 /// Most entries one `readdir` call returns.
 const READDIR_PAGE: usize = 512;
+
+/// Names whose entry (file and version, directory, missing) is kept.
+const CACHED_NAMES: u64 = 256 * 1024;
+
+/// Listing entries kept in cached pages.
+const CACHED_PAGE_ENTRIES: u64 = 256 * 1024;
+
+/// Longest a missing name is trusted, even in an immutable source: objects do get added to
+/// those, they only never change.
+pub const MISSING_TTL: Duration = Duration::from_secs(30);
 
 /// One configured source.
 #[derive(Debug)]
@@ -40,6 +58,36 @@ pub struct Source {
     pub origin: Arc<Origin>,
     /// How long listings and versions are trusted; `None` for an immutable source.
     pub ttl: Option<Duration>,
+}
+
+/// What a name in a source is.
+#[derive(Debug, Clone)]
+enum Entry {
+    Dir,
+    File(ObjectVersion),
+}
+
+impl Entry {
+    fn kind(&self) -> NodeKind {
+        match self {
+            Entry::Dir => NodeKind::Directory,
+            Entry::File(_) => NodeKind::File,
+        }
+    }
+}
+
+/// A cached value and when it was fetched.
+#[derive(Debug, Clone)]
+struct Fetched<T> {
+    at: Instant,
+    value: T,
+}
+
+/// One page of a directory as the mount shows it: names and entries, in listing order.
+#[derive(Debug)]
+struct Page {
+    children: Vec<(String, Entry)>,
+    next: Option<PageToken>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,43 +106,83 @@ struct Node {
     last_opened: Option<ObjectId>,
 }
 
-#[derive(Debug, Default)]
-struct Nodes {
-    by_ino: HashMap<u64, Node>,
-    by_path: HashMap<(Option<usize>, String), u64>,
-    next: u64,
-}
-
-impl Nodes {
-    /// The inode of `(source, path)`, created or refreshed from `node`.
-    fn upsert(&mut self, node: Node) -> u64 {
-        let key = (node.source, node.path.clone());
-        if let Some(&ino) = self.by_path.get(&key) {
-            if let Some(existing) = self.by_ino.get_mut(&ino) {
-                existing.kind = node.kind;
-                existing.size = node.size;
-                existing.mtime = node.mtime;
-                if node.version.as_ref().map(ObjectVersion::id)
-                    != existing.version.as_ref().map(ObjectVersion::id)
-                {
-                    existing.version = node.version;
-                    existing.checked = node.checked;
-                }
-            }
-            return ino;
+impl Node {
+    fn attr(&self, ino: u64) -> Attr {
+        Attr {
+            ino,
+            kind: self.kind,
+            size: self.size,
+            mtime: self.mtime,
         }
-        self.next += 1;
-        let ino = self.next;
-        self.by_ino.insert(ino, node);
-        self.by_path.insert(key, ino);
-        ino
     }
 }
 
+/// The inode number of a path: a hash, with the top bit set so it never meets the root's.
+fn ino_of(source: Option<usize>, path: &str) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&source.map_or(u64::MAX, |s| s as u64).to_le_bytes());
+    hasher.update(path.as_bytes());
+    let mut head = [0; 8];
+    head.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(head) | 1 << 63
+}
+
+/// The nodes the kernel holds references to, by inode number.
+#[derive(Debug, Default)]
+struct Inodes {
+    by_ino: HashMap<u64, (Node, u64)>,
+}
+
+impl Inodes {
+    /// Counts one more kernel reference to `node` and returns its inode number. A node already
+    /// known keeps its pinned version unless `node` carries another.
+    fn remember(&mut self, node: Node) -> u64 {
+        let mut ino = ino_of(node.source, &node.path);
+        loop {
+            match self.by_ino.get_mut(&ino) {
+                None => {
+                    self.by_ino.insert(ino, (node, 1));
+                    return ino;
+                }
+                Some((known, lookups)) if known.source == node.source && known.path == node.path => {
+                    *lookups += 1;
+                    known.kind = node.kind;
+                    known.size = node.size;
+                    known.mtime = node.mtime;
+                    if node.version.as_ref().map(ObjectVersion::id)
+                        != known.version.as_ref().map(ObjectVersion::id)
+                    {
+                        known.version = node.version;
+                        known.checked = node.checked;
+                    }
+                    return ino;
+                }
+                // Two paths with the same hash: the later one takes the next free number.
+                Some(_) => ino = ino.wrapping_add(1) | 1 << 63,
+            }
+        }
+    }
+
+    /// Drops `count` references; the node goes with the last. The root stays.
+    fn forget(&mut self, ino: u64, count: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        if let Some((_, lookups)) = self.by_ino.get_mut(&ino) {
+            *lookups = lookups.saturating_sub(count);
+            if *lookups == 0 {
+                self.by_ino.remove(&ino);
+            }
+        }
+    }
+}
+
+/// An open directory: the page the kernel is reading and the position of its first entry.
 #[derive(Debug)]
-struct Listing {
-    fetched: Instant,
-    entries: Arc<Vec<ListEntry>>,
+struct DirStream {
+    dir: Node,
+    base: u64,
+    page: Option<Arc<Page>>,
 }
 
 /// The daemon's [`FileTree`].
@@ -102,25 +190,15 @@ struct Listing {
 pub struct Namespace {
     sources: Vec<(String, Source)>,
     cache: Cache,
-    nodes: Mutex<Nodes>,
-    listings: Mutex<HashMap<(usize, String), Listing>>,
+    inodes: Mutex<Inodes>,
+    /// `(source, path)` → what it is, `None` if missing.
+    names: moka::sync::Cache<(usize, String), Fetched<Option<Entry>>>,
+    /// `(source, directory, start)` → a page of its listing.
+    pages: moka::sync::Cache<(usize, String, Option<PageToken>), Fetched<Arc<Page>>>,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
     handles: Mutex<HashMap<u64, Arc<Reader>>>,
     next_fh: AtomicU64,
     mounted_at: SystemTime,
-}
-
-/// A directory node; directories show the time the daemon mounted.
-fn dir_node(source: Option<usize>, path: String, mtime: SystemTime) -> Node {
-    Node {
-        source,
-        path,
-        kind: NodeKind::Directory,
-        size: 0,
-        mtime,
-        version: None,
-        checked: None,
-        last_opened: None,
-    }
 }
 
 /// What a daemon error means to a reader of the mount.
@@ -149,36 +227,78 @@ fn leaf(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
+/// `name` inside directory `dir`.
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
 impl Namespace {
     /// A tree over `sources` (name, source), reading through `cache`. With one source, its
     /// contents are the root; with several, each is a directory of the root.
     pub fn new(sources: Vec<(String, Source)>, cache: Cache) -> Self {
-        let mut nodes = Nodes {
-            next: ROOT_INO,
-            ..Nodes::default()
-        };
         let root_source = (sources.len() == 1).then_some(0);
         let mounted_at = SystemTime::now();
-        let root = dir_node(root_source, String::new(), mounted_at);
-        nodes.by_path.insert((root_source, String::new()), ROOT_INO);
-        nodes.by_ino.insert(ROOT_INO, root);
+        let mut inodes = Inodes::default();
+        let root = Self::dir_node(root_source, String::new(), mounted_at);
+        inodes.by_ino.insert(ROOT_INO, (root, 1));
         Self {
             sources,
             cache,
-            nodes: Mutex::new(nodes),
-            listings: Mutex::new(HashMap::new()),
+            inodes: Mutex::new(inodes),
+            names: moka::sync::Cache::new(CACHED_NAMES),
+            pages: moka::sync::Cache::builder()
+                .max_capacity(CACHED_PAGE_ENTRIES)
+                .weigher(|_, page: &Fetched<Arc<Page>>| {
+                    u32::try_from(page.value.children.len() + 1).unwrap_or(u32::MAX)
+                })
+                .build(),
+            dirs: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             mounted_at,
         }
     }
 
+    /// A directory node; directories show the time the daemon mounted.
+    fn dir_node(source: Option<usize>, path: String, mtime: SystemTime) -> Node {
+        Node {
+            source,
+            path,
+            kind: NodeKind::Directory,
+            size: 0,
+            mtime,
+            version: None,
+            checked: None,
+            last_opened: None,
+        }
+    }
+
+    fn entry_node(&self, source: usize, path: String, entry: Entry) -> Node {
+        match entry {
+            Entry::Dir => Self::dir_node(Some(source), path, self.mounted_at),
+            Entry::File(version) => Node {
+                source: Some(source),
+                path,
+                kind: NodeKind::File,
+                size: version.size,
+                mtime: version.modified,
+                version: Some(version),
+                checked: None,
+                last_opened: None,
+            },
+        }
+    }
+
     fn node(&self, ino: u64) -> Result<Node, FsError> {
-        self.nodes
+        self.inodes
             .lock()
             .by_ino
             .get(&ino)
-            .cloned()
+            .map(|(node, _)| node.clone())
             .ok_or(FsError::NotFound)
     }
 
@@ -186,88 +306,96 @@ impl Namespace {
         self.sources[source].1.ttl.is_none_or(|ttl| since.elapsed() < ttl)
     }
 
-    /// The listing of a directory, from the cache while it is fresh.
-    async fn list(&self, source: usize, path: &str) -> Result<Arc<Vec<ListEntry>>, FsError> {
-        let key = (source, path.to_owned());
-        if let Some(listing) = self.listings.lock().get(&key)
-            && self.fresh(source, listing.fetched)
-        {
-            return Ok(listing.entries.clone());
-        }
-        let entries = Arc::new(
-            self.sources[source]
-                .1
-                .origin
-                .list(path)
-                .await
-                .map_err(log_origin_error)?,
-        );
-        self.listings.lock().insert(
-            key,
-            Listing {
-                fetched: Instant::now(),
-                entries: entries.clone(),
-            },
-        );
-        Ok(entries)
+    fn remember_name(&self, source: usize, path: String, entry: Option<Entry>) {
+        let value = Fetched {
+            at: Instant::now(),
+            value: entry,
+        };
+        self.names.insert((source, path), value);
     }
 
-    /// The children of a directory node, as nodes (not yet numbered), in listing order.
-    async fn children(&self, dir: &Node) -> Result<Vec<(String, Node)>, FsError> {
-        let Some(source) = dir.source else {
-            return Ok(self
-                .sources
-                .iter()
-                .enumerate()
-                .map(|(i, (name, _))| (name.clone(), self.dir_node(i, String::new())))
-                .collect());
-        };
-        let listing = self.list(source, &dir.path).await?;
-        let mut out: Vec<(String, Node)> = Vec::with_capacity(listing.len());
-        let mut dirs = std::collections::HashSet::new();
-        for entry in listing.iter() {
-            let (path, node) = match entry {
-                ListEntry::Prefix(path) => {
-                    dirs.insert(path.clone());
-                    (path.clone(), self.dir_node(source, path.clone()))
-                }
-                ListEntry::Object(version) => (version.key.clone(), self.file_node(source, version.clone())),
+    /// What `path` is in `source`: from the cache while it is fresh, else a HEAD of the key and
+    /// a probe for keys under it, in parallel.
+    async fn resolve(&self, source: usize, path: String) -> Result<Option<Entry>, FsError> {
+        let key = (source, path);
+        if let Some(known) = self.names.get(&key) {
+            let trusted = match known.value {
+                Some(_) => self.fresh(source, known.at),
+                None => known.at.elapsed() < MISSING_TTL && self.fresh(source, known.at),
             };
-            let name = leaf(&path);
+            if trusted {
+                return Ok(known.value);
+            }
+        }
+        let path = key.1;
+        let origin = &self.sources[source].1.origin;
+        let entry = match tokio::join!(origin.is_dir(&path), origin.head(&path)) {
+            (Ok(true), _) => Some(Entry::Dir),
+            (Ok(false), Ok(version)) => Some(Entry::File(version)),
+            (Ok(false), Err(OriginError::NotFound { .. })) => None,
+            (Err(error), _) | (_, Err(error)) => return Err(log_origin_error(error)),
+        };
+        self.remember_name(source, path, entry.clone());
+        Ok(entry)
+    }
+
+    /// A page of the listing of `dir` from `from`, from the cache while it is fresh. Every
+    /// entry on it is remembered for lookups.
+    async fn page(&self, source: usize, dir: &str, from: Option<PageToken>) -> Result<Arc<Page>, FsError> {
+        let key = (source, dir.to_owned(), from);
+        if let Some(page) = self.pages.get(&key)
+            && self.fresh(source, page.at)
+        {
+            return Ok(page.value);
+        }
+        let listing = self.sources[source]
+            .1
+            .origin
+            .list_page(dir, key.2.as_ref())
+            .await
+            .map_err(log_origin_error)?;
+        let prefixes: HashSet<&str> = listing
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                ListEntry::Prefix(path) => Some(path.as_str()),
+                ListEntry::Object(_) => None,
+            })
+            .collect();
+        let mut children = Vec::with_capacity(listing.entries.len());
+        for listed in &listing.entries {
+            let (path, entry) = match listed {
+                ListEntry::Prefix(path) => (path, Entry::Dir),
+                ListEntry::Object(version) => (&version.key, Entry::File(version.clone())),
+            };
+            let name = leaf(path);
             // A "directory marker" object named like its own directory or a sibling prefix.
-            let marker = path == dir.path || (node.kind == NodeKind::File && dirs.contains(&path));
+            let marker = path == dir || (entry.kind() == NodeKind::File && prefixes.contains(path.as_str()));
             if name.is_empty() || name.len() > NAME_MAX || marker {
                 continue;
             }
-            out.push((name.to_owned(), node));
+            self.remember_name(source, path.clone(), Some(entry.clone()));
+            children.push((name.to_owned(), entry));
         }
-        Ok(out)
+        let page = Arc::new(Page {
+            children,
+            next: listing.next,
+        });
+        let value = Fetched {
+            at: Instant::now(),
+            value: page.clone(),
+        };
+        self.pages.insert(key, value);
+        Ok(page)
     }
 
-    fn dir_node(&self, source: usize, path: String) -> Node {
-        dir_node(Some(source), path, self.mounted_at)
-    }
-
-    fn file_node(&self, source: usize, version: ObjectVersion) -> Node {
-        Node {
-            source: Some(source),
-            path: version.key.clone(),
-            kind: NodeKind::File,
-            size: version.size,
-            mtime: version.modified,
-            version: Some(version),
-            checked: None,
-            last_opened: None,
-        }
-    }
-
-    fn attr(&self, ino: u64, node: &Node) -> Attr {
-        Attr {
-            ino,
-            kind: node.kind,
-            size: node.size,
-            mtime: node.mtime,
-        }
+    /// The sources, as the root of a multi-source mount lists them.
+    fn source_entries(&self) -> impl Iterator<Item = DirEntry> + '_ {
+        self.sources.iter().enumerate().map(|(i, (name, _))| DirEntry {
+            ino: ino_of(Some(i), ""),
+            kind: NodeKind::Directory,
+            name: name.into(),
+        })
     }
 }
 
@@ -277,47 +405,101 @@ impl FileTree for Namespace {
         if name.len() > NAME_MAX {
             return Err(FsError::InvalidName);
         }
+        // A name no key can have (a control character) is simply not there.
+        PathPart::parse(name).map_err(|_| FsError::NotFound)?;
         let dir = self.node(parent)?;
         if dir.kind != NodeKind::Directory {
             return Err(FsError::NotADirectory);
         }
-        let children = self.children(&dir).await?;
-        let (_, node) = children
-            .into_iter()
-            .find(|(n, _)| n == name)
-            .ok_or(FsError::NotFound)?;
-        let mut nodes = self.nodes.lock();
-        let ino = nodes.upsert(node);
-        let node = nodes.by_ino.get(&ino).ok_or(FsError::NotFound)?;
-        Ok(self.attr(ino, node))
+        let node = match dir.source {
+            None => {
+                let source = self.sources.iter().position(|(n, _)| n == name);
+                Self::dir_node(
+                    Some(source.ok_or(FsError::NotFound)?),
+                    String::new(),
+                    self.mounted_at,
+                )
+            }
+            Some(source) => {
+                let path = join(&dir.path, name);
+                let entry = self
+                    .resolve(source, path.clone())
+                    .await?
+                    .ok_or(FsError::NotFound)?;
+                self.entry_node(source, path, entry)
+            }
+        };
+        let ino = self.inodes.lock().remember(node.clone());
+        Ok(node.attr(ino))
+    }
+
+    fn forget(&self, ino: u64, count: u64) {
+        self.inodes.lock().forget(ino, count);
     }
 
     async fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
-        let node = self.node(ino)?;
-        Ok(self.attr(ino, &node))
+        Ok(self.node(ino)?.attr(ino))
     }
 
-    async fn readdir(&self, ino: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+    async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         let dir = self.node(ino)?;
         if dir.kind != NodeKind::Directory {
             return Err(FsError::NotADirectory);
         }
-        let children = self.children(&dir).await?;
-        let mut nodes = self.nodes.lock();
-        Ok(children
-            .into_iter()
-            .skip(offset as usize)
-            // The kernel takes a few hundred entries per call: number only those.
-            .take(READDIR_PAGE)
-            .map(|(name, node)| {
-                let kind = node.kind;
-                DirEntry {
-                    ino: nodes.upsert(node),
-                    kind,
-                    name: name.into(),
-                }
-            })
-            .collect())
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let stream = DirStream {
+            dir,
+            base: 0,
+            page: None,
+        };
+        self.dirs
+            .lock()
+            .insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
+        Ok(fh)
+    }
+
+    async fn readdir(&self, fh: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
+        let stream = self.dirs.lock().get(&fh).cloned().ok_or(FsError::BadHandle)?;
+        let mut stream = stream.lock().await;
+        let Some(source) = stream.dir.source else {
+            return Ok(self.source_entries().skip(offset as usize).collect());
+        };
+        // Reading from the start again (rewinddir), or the first read.
+        let mut page = match &stream.page {
+            Some(page) if offset >= stream.base => page.clone(),
+            _ => {
+                let page = self.page(source, &stream.dir.path, None).await?;
+                stream.base = 0;
+                stream.page = Some(page.clone());
+                page
+            }
+        };
+        loop {
+            let end = stream.base + page.children.len() as u64;
+            if offset < end {
+                let first = (offset - stream.base) as usize;
+                return Ok(page.children[first..]
+                    .iter()
+                    // The kernel takes a few hundred entries per call.
+                    .take(READDIR_PAGE)
+                    .map(|(name, entry)| DirEntry {
+                        ino: ino_of(Some(source), &join(&stream.dir.path, name)),
+                        kind: entry.kind(),
+                        name: name.into(),
+                    })
+                    .collect());
+            }
+            let Some(next) = page.next.clone() else {
+                return Ok(Vec::new());
+            };
+            page = self.page(source, &stream.dir.path, Some(next)).await?;
+            stream.base = end;
+            stream.page = Some(page.clone());
+        }
+    }
+
+    async fn releasedir(&self, fh: u64) {
+        self.dirs.lock().remove(&fh);
     }
 
     async fn open(&self, ino: u64) -> Result<Opened, FsError> {
@@ -331,8 +513,8 @@ impl FileTree for Namespace {
             _ => origin.head(&node.path).await.map_err(log_origin_error)?,
         };
         let keep_cache = {
-            let mut nodes = self.nodes.lock();
-            let node = nodes.by_ino.get_mut(&ino).ok_or(FsError::NotFound)?;
+            let mut inodes = self.inodes.lock();
+            let (node, _) = inodes.by_ino.get_mut(&ino).ok_or(FsError::NotFound)?;
             let keep = node.last_opened == Some(version.id());
             node.last_opened = Some(version.id());
             node.size = version.size;
@@ -341,6 +523,7 @@ impl FileTree for Namespace {
             node.checked = Some(Instant::now());
             keep
         };
+        self.remember_name(source, node.path.clone(), Some(Entry::File(version.clone())));
         let reader = Reader::new(self.cache.clone(), OpenObject::new(origin, version));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, Arc::new(reader));
@@ -368,5 +551,51 @@ impl FileTree for Namespace {
             total: usage.capacity,
             free: usage.capacity.saturating_sub(usage.used + usage.reserved),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> Node {
+        let mut node = Namespace::dir_node(Some(0), path.to_owned(), SystemTime::UNIX_EPOCH);
+        node.kind = NodeKind::File;
+        node
+    }
+
+    #[test]
+    fn inode_numbers_are_stable_and_never_the_root() {
+        assert_eq!(ino_of(Some(0), "a/b"), ino_of(Some(0), "a/b"));
+        assert_ne!(ino_of(Some(0), "a/b"), ino_of(Some(1), "a/b"));
+        assert_ne!(ino_of(None, ""), ino_of(Some(0), ""));
+        assert!(ino_of(Some(0), "") > ROOT_INO);
+    }
+
+    #[test]
+    fn a_node_lives_until_the_kernel_forgets_every_lookup() {
+        let mut inodes = Inodes::default();
+        let ino = inodes.remember(file("a/b"));
+        assert_eq!(inodes.remember(file("a/b")), ino);
+        assert_eq!(ino, ino_of(Some(0), "a/b"));
+        inodes.forget(ino, 1);
+        assert!(inodes.by_ino.contains_key(&ino));
+        inodes.forget(ino, 1);
+        assert!(!inodes.by_ino.contains_key(&ino));
+        // Forgetting what is gone, or the root, changes nothing.
+        inodes.forget(ino, 5);
+        inodes.by_ino.insert(ROOT_INO, (file(""), 1));
+        inodes.forget(ROOT_INO, 1);
+        assert!(inodes.by_ino.contains_key(&ROOT_INO));
+    }
+
+    #[test]
+    fn a_hash_collision_takes_the_next_number() {
+        let mut inodes = Inodes::default();
+        let taken = ino_of(Some(0), "b");
+        inodes.by_ino.insert(taken, (file("a"), 1));
+        let ino = inodes.remember(file("b"));
+        assert_eq!(ino, taken + 1);
+        assert_eq!(inodes.by_ino[&ino].0.path, "b");
     }
 }

@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use larder_config::{OriginConfig, SourceConfig};
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientConfigKey, GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme,
-    RetryConfig,
+    BackoffConfig, ClientConfigKey, GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt,
+    ObjectStoreScheme, RetryConfig,
 };
 use parking_lot::Mutex;
 use rand::Rng;
@@ -191,11 +192,49 @@ pub enum ListEntry {
     Object(ObjectVersion),
 }
 
+/// Most entries asked for in one listing request (S3's own limit).
+const PAGE_KEYS: usize = 1000;
+
+/// One page of a delimited listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The entries, in the store's order.
+    pub entries: Vec<ListEntry>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<PageToken>,
+}
+
+/// Where a listing resumes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PageToken {
+    /// The store's continuation token.
+    Continue(String),
+    /// After this store key: used to step over a key that cannot be a path.
+    After(String),
+}
+
+/// The key in a listing that object_store could not turn into a path, if that is why it failed.
+fn unparsable_key(error: &OriginError) -> Option<&str> {
+    use object_store::path::Error as PathError;
+    match error {
+        OriginError::Rejected {
+            source:
+                object_store::Error::InvalidPath {
+                    source: PathError::EmptySegment { path } | PathError::BadSegment { path, .. },
+                },
+            ..
+        } => Some(path),
+        _ => None,
+    }
+}
+
 /// A source's object store plus Larder's request discipline.
 pub struct Origin {
     name: String,
     url: String,
     store: Arc<dyn ObjectStore>,
+    /// Paged listings, where the store has them (S3, GCS, Azure); others list a directory whole.
+    pager: Option<Arc<dyn PaginatedListStore>>,
     prefix: Path,
     backoff: Backoff,
     budget: RetryBudget,
@@ -271,17 +310,25 @@ impl Origin {
             max_retries: 0,
             retry_timeout: config.read_deadline,
         };
-        let store: Arc<dyn ObjectStore> = match scheme {
+        // The cloud stores also page their listings.
+        fn paged<S: ObjectStore + PaginatedListStore>(
+            store: S,
+        ) -> (Arc<dyn ObjectStore>, Option<Arc<dyn PaginatedListStore>>) {
+            let store = Arc::new(store);
+            (store.clone(), Some(store))
+        }
+        let (store, pager) = match scheme {
             ObjectStoreScheme::Local => {
                 let root = url
                     .to_file_path()
                     .map_err(|()| config_error("not a local path".into()))?;
-                Arc::new(
+                let store: Arc<dyn ObjectStore> = Arc::new(
                     object_store::local::LocalFileSystem::new_with_prefix(&root)
                         .map_err(|e| config_error(e.to_string()))?,
-                )
+                );
+                (store, None)
             }
-            ObjectStoreScheme::AmazonS3 => Arc::new(
+            ObjectStoreScheme::AmazonS3 => paged(
                 client
                     .iter()
                     .fold(object_store::aws::AmazonS3Builder::from_env(), |b, (k, v)| {
@@ -292,7 +339,7 @@ impl Origin {
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
             ),
-            ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+            ObjectStoreScheme::GoogleCloudStorage => paged(
                 client
                     .iter()
                     .fold(
@@ -304,7 +351,7 @@ impl Origin {
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
             ),
-            ObjectStoreScheme::MicrosoftAzure => Arc::new(
+            ObjectStoreScheme::MicrosoftAzure => paged(
                 client
                     .iter()
                     .fold(
@@ -319,7 +366,7 @@ impl Origin {
             ObjectStoreScheme::Http => {
                 let mut base = url.clone();
                 base.set_path("");
-                Arc::new(
+                let store: Arc<dyn ObjectStore> = Arc::new(
                     client
                         .iter()
                         .fold(object_store::http::HttpBuilder::new(), |b, (k, v)| {
@@ -329,7 +376,8 @@ impl Origin {
                         .with_retry(no_retries)
                         .build()
                         .map_err(|e| config_error(e.to_string()))?,
-                )
+                );
+                (store, None)
             }
             other => return Err(config_error(format!("{other:?} stores are not supported"))),
         };
@@ -338,14 +386,17 @@ impl Origin {
         } else {
             prefix
         };
-        Ok(Self::new(
-            &source.name,
-            &source.url,
-            store,
-            local_prefix,
-            config,
-            stats,
-        ))
+        let origin = Self::new(&source.name, &source.url, store, local_prefix, config, stats);
+        Ok(match pager {
+            Some(pager) => origin.with_pager(pager),
+            None => origin,
+        })
+    }
+
+    /// Lists directories page by page through `pager` (the same store as the origin's).
+    pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> Self {
+        self.pager = Some(pager);
+        self
     }
 
     /// An origin over an already built store; keys are resolved under `prefix`. Tests use this
@@ -362,6 +413,7 @@ impl Origin {
             name: name.to_owned(),
             url: url.to_owned(),
             store,
+            pager: None,
             prefix,
             backoff: Backoff {
                 max_attempts: config.max_attempts.max(1),
@@ -419,19 +471,15 @@ impl Origin {
         Ok(self.version_of(key.to_owned(), &meta))
     }
 
-    /// One level of the tree under `dir` (relative to the source; `""` is the source's root).
-    pub async fn list(&self, dir: &str) -> Result<Vec<ListEntry>, OriginError> {
-        let location = if dir.is_empty() {
-            self.prefix.clone()
+    fn dir_location(&self, dir: &str) -> Result<Path, OriginError> {
+        if dir.is_empty() {
+            Ok(self.prefix.clone())
         } else {
-            self.location(dir)?
-        };
-        let listing = self
-            .with_retries(dir, || {
-                add(&self.stats.origin_list_requests, 1);
-                self.store.list_with_delimiter(Some(&location))
-            })
-            .await?;
+            self.location(dir)
+        }
+    }
+
+    fn entries(&self, listing: ListResult) -> Vec<ListEntry> {
         let prefixes = listing
             .common_prefixes
             .iter()
@@ -442,7 +490,117 @@ impl Origin {
                 self.version_of(self.relative_key(&meta.location)?, meta),
             ))
         });
-        Ok(prefixes.chain(objects).collect())
+        prefixes.chain(objects).collect()
+    }
+
+    /// One page of the level of the tree under `dir` (relative to the source; `""` is its
+    /// root), from `from` (`None`: the first page).
+    ///
+    /// A key object_store cannot turn into a path (an empty segment, `.`, a control character)
+    /// would fail its whole page: the page is narrowed until the key comes first, and the key
+    /// is stepped over and logged. Stores without paged listings return the whole level at once.
+    pub async fn list_page(&self, dir: &str, from: Option<&PageToken>) -> Result<ListPage, OriginError> {
+        let location = self.dir_location(dir)?;
+        let Some(pager) = &self.pager else {
+            let listing = self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    self.store.list_with_delimiter(Some(&location))
+                })
+                .await?;
+            return Ok(ListPage {
+                entries: self.entries(listing),
+                next: None,
+            });
+        };
+        let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
+        let mut from = from.cloned();
+        let mut max_keys = PAGE_KEYS;
+        let mut skipped: Option<String> = None;
+        loop {
+            let options = || PaginatedListOptions {
+                delimiter: Some("/".into()),
+                max_keys: Some(max_keys),
+                page_token: match &from {
+                    Some(PageToken::Continue(token)) => Some(token.clone()),
+                    _ => None,
+                },
+                offset: match &from {
+                    Some(PageToken::After(key)) => Some(key.clone()),
+                    _ => None,
+                },
+                ..PaginatedListOptions::default()
+            };
+            let error = match self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    pager.list_paginated(prefix.as_deref(), options())
+                })
+                .await
+            {
+                Ok(page) => {
+                    return Ok(ListPage {
+                        entries: self.entries(page.result),
+                        next: page.page_token.map(PageToken::Continue),
+                    });
+                }
+                Err(error) => error,
+            };
+            let Some(bad) = unparsable_key(&error) else {
+                return Err(error);
+            };
+            if max_keys > 1 {
+                max_keys /= 2;
+                continue;
+            }
+            // The bad key comes first. A store that ignores start-after would return it again.
+            if skipped.as_deref() == Some(bad) {
+                return Err(error);
+            }
+            tracing::warn!(source = %self.name, key = bad.escape_debug().to_string(), "skipping a listed key that cannot be a path");
+            // A common prefix ends with the delimiter: step over every key under it as well.
+            let after = if bad.ends_with('/') {
+                format!("{bad}{}", char::MAX)
+            } else {
+                bad.to_owned()
+            };
+            skipped = Some(bad.to_owned());
+            from = Some(PageToken::After(after));
+            max_keys = PAGE_KEYS;
+        }
+    }
+
+    /// Whether any key lies under `dir/`, which makes `dir` a directory.
+    pub async fn is_dir(&self, dir: &str) -> Result<bool, OriginError> {
+        let location = self.location(dir)?;
+        let found = match &self.pager {
+            Some(pager) => {
+                let prefix = format!("{location}/");
+                self.with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    let options = PaginatedListOptions {
+                        max_keys: Some(1),
+                        ..PaginatedListOptions::default()
+                    };
+                    pager.list_paginated(Some(&prefix), options)
+                })
+                .await
+                .map(|page| !page.result.objects.is_empty() || !page.result.common_prefixes.is_empty())
+            }
+            None => {
+                self.with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    let mut keys = self.store.list(Some(&location));
+                    async move { keys.next().await.transpose().map(|first| first.is_some()) }
+                })
+                .await
+            }
+        };
+        match found {
+            // Something is there, even if it cannot be a path.
+            Err(error) if unparsable_key(&error).is_some() => Ok(true),
+            found => found,
+        }
     }
 
     /// Streams `range` of the pinned `version` into `sink`, in order, each byte exactly once.

@@ -5,6 +5,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use larder_tests::daemon::{DaemonProcess, is_mounted};
+use larder_tests::seaweed::Seaweed;
 use larder_tests::{S3Server, ServedRequest, content, seed};
 use rand::Rng;
 
@@ -25,6 +26,17 @@ async fn server() -> S3Server {
         server.put(key, seed(key, 0), size as usize).await.expect("put");
     }
     server
+}
+
+/// SeaweedFS serving an empty `bucket`.
+fn seaweed(bucket: &str) -> Seaweed {
+    let weed = Seaweed::installed_binary();
+    assert!(
+        weed.exists(),
+        "{} is missing: run bench/setup (scripts/test does)",
+        weed.display()
+    );
+    Seaweed::start(&weed, bucket).expect("weed mini")
 }
 
 fn expected(key: &str) -> Vec<u8> {
@@ -353,13 +365,7 @@ async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
 /// `sha256sum`, and mapped whole with `mmap`, all equal to the origin's bytes.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_512_mib_model_from_seaweedfs_reads_and_maps() {
-    let weed = larder_tests::seaweed::Seaweed::installed_binary();
-    assert!(
-        weed.exists(),
-        "{} is missing: run bench/setup (scripts/test does)",
-        weed.display()
-    );
-    let store = larder_tests::seaweed::Seaweed::start(&weed, "larder-e2e").expect("weed mini");
+    let store = seaweed("larder-e2e");
     let key = "llama-70b/model-00001-of-00030.safetensors";
     let size = 512 * MIB;
     let client = store.client().expect("client");
@@ -399,27 +405,108 @@ async fn a_512_mib_model_from_seaweedfs_reads_and_maps() {
     .expect("checks");
 }
 
-/// A directory larger than one readdir page lists every entry once.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_directory_of_many_pages_lists_completely() {
-    let server = S3Server::start("larder-test").await.expect("s3 server");
-    let names: Vec<String> = (0..1300).map(|i| format!("shard-{i:05}.bin")).collect();
-    let keys: Vec<String> = names.iter().map(|name| format!("many/{name}")).collect();
-    let puts = futures::stream::iter(keys.iter().map(|key| server.put(key, 1, 16)));
-    let done: Vec<_> = futures::StreamExt::collect(futures::StreamExt::buffer_unordered(puts, 32)).await;
-    assert!(done.iter().all(Result::is_ok), "uploads failed");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
-    let many = daemon.mount.join("many");
-    let listed = tokio::task::spawn_blocking(move || {
-        let mut listed: Vec<String> = std::fs::read_dir(many)
+/// The sorted names in a directory of the mount.
+async fn names_in(dir: PathBuf) -> Vec<String> {
+    tokio::task::spawn_blocking(move || {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
             .expect("read_dir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
             .collect();
-        listed.sort();
-        listed
+        names.sort();
+        names
     })
     .await
-    .expect("join");
-    assert_eq!(listed, names);
+    .expect("join")
+}
+
+/// 100,000 keys in one directory of a SeaweedFS bucket: a name is found without listing the
+/// directory, and `ls` reads the listing page by page.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_of_100k_keys_lists_in_pages_and_looks_up_without_listing() {
+    let store = seaweed("larder-big");
+    let client = store.client().expect("client");
+    let names: Vec<String> = (0..100_000).map(|i| format!("f-{i:06}")).collect();
+    let puts = futures::stream::iter(names.iter().map(|name| {
+        let client = client.clone();
+        let key = object_store::path::Path::from(format!("big/{name}"));
+        async move { object_store::ObjectStoreExt::put(client.as_ref(), &key, name.clone().into()).await }
+    }));
+    let done: Vec<_> = futures::StreamExt::collect(futures::StreamExt::buffer_unordered(puts, 64)).await;
+    assert!(done.iter().all(Result::is_ok), "uploads failed");
+    let proxy = larder_tests::RecordingProxy::start(&store).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &[]).expect("daemon");
+
+    let last = daemon.mount.join("big/f-099999");
+    let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(last).expect("read"));
+    assert_eq!(read.await.expect("join"), "f-099999");
+    let listings = |proxy: &larder_tests::RecordingProxy| {
+        proxy
+            .requests()
+            .into_iter()
+            .filter(ServedRequest::is_delimited_listing)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listings(&proxy), [], "a lookup listed a directory");
+
+    assert_eq!(names_in(daemon.mount.join("big")).await, names);
+    let pages = listings(&proxy);
+    assert!(pages.len() >= 100, "{} listing requests", pages.len());
+    assert!(
+        pages
+            .iter()
+            .all(|r| r.query.as_deref().is_some_and(|q| q.contains("max-keys=1000"))),
+        "{pages:?}"
+    );
+}
+
+/// Keys object_store cannot parse (control characters, in a file name or a directory name)
+/// are left out of listings and cannot be looked up; spaces, `%2F`, long and non-ASCII names
+/// are served as they are.
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_that_cannot_be_names_are_left_out_and_the_rest_served() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let edge = server.bucket_dir().join("edge");
+    let long: &'static str = format!("{}.bin", "n".repeat(251)).leak();
+    let good = [
+        ("with space.bin", "a"),
+        ("percent%2Fslash.bin", "b"),
+        ("ünïcødé.bin", "c"),
+        ("sub/inner.bin", "d"),
+        (long, "e"),
+    ];
+    std::fs::create_dir_all(edge.join("sub")).expect("mkdir");
+    std::fs::create_dir_all(edge.join("ctl\u{1}dir")).expect("mkdir");
+    for (key, body) in good {
+        std::fs::write(edge.join(key), body).expect("write");
+    }
+    std::fs::write(edge.join("tab\there.bin"), "bad").expect("write");
+    std::fs::write(edge.join("ctl\u{1}dir/inner.bin"), "bad").expect("write");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let mut expected: Vec<String> = vec![
+        "percent%2Fslash.bin".into(),
+        "sub".into(),
+        "with space.bin".into(),
+        "ünïcødé.bin".into(),
+        long.into(),
+    ];
+    expected.sort();
+    assert_eq!(names_in(daemon.mount.join("edge")).await, expected);
+    let mount = daemon.mount.clone();
+    tokio::task::spawn_blocking(move || {
+        for (key, body) in good {
+            assert_eq!(
+                std::fs::read_to_string(mount.join("edge").join(key)).expect(key),
+                body
+            );
+        }
+        for bad in ["tab\there.bin", "ctl\u{1}dir", "ctl\u{1}dir/inner.bin"] {
+            let error = std::fs::metadata(mount.join("edge").join(bad)).expect_err(bad);
+            assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{bad:?}: {error}");
+        }
+    })
+    .await
+    .expect("checks");
 }

@@ -225,7 +225,38 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         );
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    // fuser's default batch_forget calls this once per inode.
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.tree.forget(ino.0, nlookup);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let tree = self.tree.clone();
+        self.dispatch(
+            "opendir",
+            ino.0,
+            async move { tree.opendir(ino.0).await },
+            move |r| match r {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
+    }
+
+    fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        let tree = self.tree.clone();
+        self.dispatch(
+            "releasedir",
+            ino.0,
+            async move {
+                tree.releasedir(fh.0).await;
+                Ok(())
+            },
+            move |_: Result<(), FsError>| reply.ok(),
+        );
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let tree = self.tree.clone();
         // Offsets: 0 and 1 are "." and ".."; entry i of the tree is at i + 2.
         let work = async move {
@@ -237,7 +268,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                 entries.push((ino.0, FileType::Directory, "..".into(), 2));
             }
             let first = offset.saturating_sub(2);
-            for (i, entry) in tree.readdir(ino.0, first).await?.into_iter().enumerate() {
+            for (i, entry) in tree.readdir(fh.0, first).await?.into_iter().enumerate() {
                 let kind = match entry.kind {
                     NodeKind::Directory => FileType::Directory,
                     NodeKind::File => FileType::RegularFile,

@@ -66,15 +66,25 @@ pub struct FsStats {
 /// mount was given, under the mount's deadline; a method that does not finish in time is
 /// abandoned and the kernel gets `ETIMEDOUT`.
 pub trait FileTree: Send + Sync + 'static {
-    /// The entry `name` of directory `parent`.
+    /// The entry `name` of directory `parent`. Each success is one more reference the kernel
+    /// holds on the entry's inode, until [`forget`](Self::forget) gives them back.
     fn lookup(&self, parent: u64, name: &OsStr) -> impl Future<Output = Result<Attr, FsError>> + Send;
+
+    /// The kernel dropped `count` references to `ino`; at zero the inode may be forgotten.
+    fn forget(&self, ino: u64, count: u64);
 
     /// Attributes of a node.
     fn getattr(&self, ino: u64) -> impl Future<Output = Result<Attr, FsError>> + Send;
 
-    /// Entries of a directory from position `offset` on (without `.` and `..`); an empty page
-    /// ends the listing. A page may be shorter than the rest of the directory.
-    fn readdir(&self, ino: u64, offset: u64) -> impl Future<Output = Result<Vec<DirEntry>, FsError>> + Send;
+    /// Opens a directory for listing; the handle is passed to `readdir`.
+    fn opendir(&self, ino: u64) -> impl Future<Output = Result<u64, FsError>> + Send;
+
+    /// Entries of an open directory from position `offset` on (without `.` and `..`); an
+    /// empty page ends the listing. A page may be shorter than the rest of the directory.
+    fn readdir(&self, fh: u64, offset: u64) -> impl Future<Output = Result<Vec<DirEntry>, FsError>> + Send;
+
+    /// Forgets a directory handle.
+    fn releasedir(&self, fh: u64) -> impl Future<Output = ()> + Send;
 
     /// Opens a file for reading, pinning the version it reads.
     fn open(&self, ino: u64) -> impl Future<Output = Result<Opened, FsError>> + Send;

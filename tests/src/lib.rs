@@ -8,16 +8,19 @@
 //! - [`daemon::DaemonProcess`] runs `larder daemon` as a child process with a real mount.
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
 //! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
+//! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS).
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
 pub mod daemon;
 mod fault;
 pub mod fixture;
+mod proxy;
 pub mod seaweed;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
+pub use proxy::RecordingProxy;
 pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_secret};
 
 /// Uploads `size` bytes of deterministic content with `seed` at `key`, in parts, without

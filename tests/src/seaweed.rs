@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tempfile::TempDir;
 
-/// A running `weed mini`, killed (by its PID) when dropped.
+/// A running `weed mini`, killed (by its PID) when dropped. Instances on one machine take
+/// turns.
 #[derive(Debug)]
 pub struct Seaweed {
     child: Child,
@@ -17,6 +18,19 @@ pub struct Seaweed {
     pub endpoint: String,
     bucket: String,
     _dir: TempDir,
+    /// `weed mini` always takes the master's port 9333: one instance at a time per machine.
+    _turn: std::fs::File,
+}
+
+/// Waits for the machine-wide turn to run `weed mini`; the turn ends when the file closes.
+fn wait_for_turn() -> anyhow::Result<std::fs::File> {
+    let path = std::env::temp_dir().join("larder-weed-mini.lock");
+    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is touched.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("locking the weed mini turn");
+    }
+    Ok(file)
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -27,6 +41,7 @@ impl Seaweed {
     /// Starts `weed mini` with its data on tmpfs (`/dev/shm`) where there is one, so the
     /// server's disk reads do not compete with the cache's; creates `bucket`.
     pub fn start(weed: &Path, bucket: &str) -> anyhow::Result<Self> {
+        let turn = wait_for_turn()?;
         let shm = PathBuf::from("/dev/shm");
         let dir = if shm.is_dir() {
             tempfile::tempdir_in(shm)?
@@ -55,6 +70,7 @@ impl Seaweed {
             endpoint: format!("http://127.0.0.1:{port}"),
             bucket: bucket.to_owned(),
             _dir: dir,
+            _turn: turn,
         };
         let started = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {

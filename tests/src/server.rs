@@ -27,8 +27,31 @@ pub struct ServedRequest {
     pub method: String,
     /// `/bucket/key`.
     pub path: String,
+    /// The query string, if any.
+    pub query: Option<String>,
     /// The `Range` header, if any.
     pub range: Option<String>,
+}
+
+impl ServedRequest {
+    /// What a server saw of `request`.
+    pub fn of<B>(request: &hyper::Request<B>) -> Self {
+        Self {
+            method: request.method().to_string(),
+            path: request.uri().path().to_owned(),
+            query: request.uri().query().map(str::to_owned),
+            range: request
+                .headers()
+                .get("range")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+        }
+    }
+
+    /// A page of a delimited listing (what `ls` makes), not a probe or a GET.
+    pub fn is_delimited_listing(&self) -> bool {
+        self.method == "GET" && self.query.as_deref().is_some_and(|q| q.contains("delimiter="))
+    }
 }
 
 /// A real S3 server on `127.0.0.1:<random port>`, serving one bucket from a temporary
@@ -38,7 +61,7 @@ pub struct S3Server {
     addr: SocketAddr,
     log: Arc<Mutex<Vec<ServedRequest>>>,
     bucket: String,
-    _root: TempDir,
+    root: TempDir,
     accept: JoinHandle<()>,
 }
 
@@ -55,15 +78,7 @@ impl S3Server {
         let log = Arc::new(Mutex::new(Vec::new()));
         let served = log.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            served.lock().push(ServedRequest {
-                method: request.method().to_string(),
-                path: request.uri().path().to_owned(),
-                range: request
-                    .headers()
-                    .get("range")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-            });
+            served.lock().push(ServedRequest::of(&request));
             hyper::service::Service::call(&s3, request)
         });
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -83,7 +98,7 @@ impl S3Server {
             addr,
             log,
             bucket: bucket.to_owned(),
-            _root: root,
+            root,
             accept,
         })
     }
@@ -91,6 +106,12 @@ impl S3Server {
     /// Every request the server has answered, in order (from every client, any process).
     pub fn requests(&self) -> Vec<ServedRequest> {
         self.log.lock().clone()
+    }
+
+    /// The directory holding the bucket's objects as files, one per key. Tests write keys
+    /// here that object_store would refuse to upload.
+    pub fn bucket_dir(&self) -> std::path::PathBuf {
+        self.root.path().join(&self.bucket)
     }
 
     /// The ranged GETs of objects, in order.

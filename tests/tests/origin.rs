@@ -36,7 +36,7 @@ async fn lists_one_level_relative_to_the_source_prefix() {
         server.put(key, seed(key, 0), 1000).await.expect("put");
     }
     let origin = origin_over(server.client().expect("client"), "models");
-    let mut root = origin.list("").await.expect("list root");
+    let mut root = origin.list_page("", None).await.expect("list root").entries;
     root.sort_by_key(|e| format!("{e:?}"));
     let names: Vec<String> = root
         .iter()
@@ -46,13 +46,65 @@ async fn lists_one_level_relative_to_the_source_prefix() {
         })
         .collect();
     assert_eq!(names, ["top.bin:1000", "llama/"]);
-    let llama = origin.list("llama").await.expect("list llama");
+    let llama = origin.list_page("llama", None).await.expect("list llama").entries;
     assert_eq!(llama.len(), 2, "{llama:?}");
     assert!(llama.contains(&ListEntry::Prefix("llama/weights".into())));
 
     let head = origin.head("llama/config.json").await.expect("head");
     assert_eq!((head.key.as_str(), head.size), ("llama/config.json", 1000));
     assert!(head.etag.is_some());
+}
+
+#[tokio::test]
+async fn listings_page_through_thousands_of_keys_and_step_over_unparsable_ones() {
+    let server = S3Server::start("larder-test").await.expect("server");
+    let big = server.bucket_dir().join("big");
+    std::fs::create_dir_all(big.join("sub")).expect("mkdir");
+    let names: Vec<String> = (0..2500).map(|i| format!("f-{i:05}")).collect();
+    for name in &names {
+        std::fs::write(big.join(name), name).expect("write");
+    }
+    // Keys object_store cannot parse: first in order, in the middle of a page, and a common
+    // prefix (a "directory" with a control character in its name).
+    std::fs::write(big.join("\u{1}first"), "x").expect("write");
+    std::fs::write(big.join("f-01500\tbad"), "x").expect("write");
+    std::fs::create_dir(big.join("g\u{2}dir")).expect("mkdir");
+    std::fs::write(big.join("g\u{2}dir/inner"), "x").expect("write");
+    std::fs::write(big.join("sub/inner"), "x").expect("write");
+
+    let client = server.client().expect("client");
+    let origin = origin_over(client.clone(), "").with_pager(client);
+    let mut listed = Vec::new();
+    let mut pages = 0;
+    let mut from = None;
+    loop {
+        let page = origin.list_page("big", from.as_ref()).await.expect("page");
+        pages += 1;
+        listed.extend(page.entries.into_iter().map(|e| match e {
+            ListEntry::Prefix(p) => format!("{p}/"),
+            ListEntry::Object(o) => o.key,
+        }));
+        match page.next {
+            Some(next) => from = Some(next),
+            None => break,
+        }
+    }
+    let mut expected: Vec<String> = names.iter().map(|n| format!("big/{n}")).collect();
+    expected.push("big/sub/".into());
+    listed.sort();
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert!(pages >= 3, "{pages} pages");
+
+    assert!(origin.is_dir("big").await.expect("probe"));
+    assert!(
+        origin
+            .is_dir("big/g\u{2}dir")
+            .await
+            .is_err_and(|e| matches!(e, OriginError::Rejected { .. }))
+    );
+    assert!(!origin.is_dir("big/f-00001").await.expect("probe"));
+    assert!(!origin.is_dir("nothing").await.expect("probe"));
 }
 
 #[tokio::test]
@@ -99,7 +151,7 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
     let origin =
         Arc::new(Origin::from_config(&config.sources[0], &config.origin, stats.clone()).expect("origin"));
     assert_eq!(
-        origin.list("").await.expect("list"),
+        origin.list_page("", None).await.expect("list").entries,
         vec![ListEntry::Prefix("datasets".into())]
     );
     let version = origin.head("datasets/shard-0.bin").await.expect("head");

@@ -1,0 +1,93 @@
+//! A logging HTTP proxy on a loopback port, for servers that keep no request log of their own.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::http::uri::{Authority, Scheme, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::{Bucket, ServedRequest};
+
+/// Forwards every request to a bucket's server unchanged (the `Host` header too, so request
+/// signatures still verify) and logs it. Stops when dropped.
+#[derive(Debug)]
+pub struct RecordingProxy {
+    addr: SocketAddr,
+    url: String,
+    log: Arc<Mutex<Vec<ServedRequest>>>,
+    accept: JoinHandle<()>,
+}
+
+impl RecordingProxy {
+    /// Starts a proxy in front of `upstream`'s server.
+    pub async fn start(upstream: &dyn Bucket) -> anyhow::Result<Self> {
+        let authority: Authority = upstream
+            .endpoint()
+            .parse::<Uri>()?
+            .authority()
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("{} has no host", upstream.endpoint()))?;
+        let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new()).build_http();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let served = log.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            served.lock().push(ServedRequest::of(&request));
+            let (mut parts, body) = request.into_parts();
+            let mut uri = std::mem::take(&mut parts.uri).into_parts();
+            uri.scheme = Some(Scheme::HTTP);
+            uri.authority = Some(authority.clone());
+            let forward = Uri::from_parts(uri).map(|uri| {
+                parts.uri = uri;
+                client.request(hyper::Request::from_parts(parts, body))
+            });
+            async move { forward?.await.map_err(anyhow::Error::from) }
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let accept = tokio::spawn(async move {
+            let http = ConnBuilder::new(TokioExecutor::new());
+            while let Ok((socket, _)) = listener.accept().await {
+                let conn = http
+                    .serve_connection(TokioIo::new(socket), service.clone())
+                    .into_owned();
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            url: upstream.url(),
+            log,
+            accept,
+        })
+    }
+
+    /// Every request forwarded, in order.
+    pub fn requests(&self) -> Vec<ServedRequest> {
+        self.log.lock().clone()
+    }
+}
+
+impl Bucket for RecordingProxy {
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+}
+
+impl Drop for RecordingProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
