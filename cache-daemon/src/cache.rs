@@ -41,6 +41,10 @@ pub enum ReadError {
     /// The fill was dropped before it finished (the daemon is shutting down).
     #[error("the fill was abandoned before it finished")]
     Abandoned,
+    /// The block was fetched but could not be written to the cache (no space that is not
+    /// pinned, or a disk error). Only [`Cache::fill`] reports it; reads are served anyway.
+    #[error("the block was fetched but could not be stored in the cache")]
+    NotStored,
 }
 
 /// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
@@ -104,6 +108,8 @@ struct Inner {
     readahead: Range<u64>,
     stats: Arc<Stats>,
     tasks: TaskTracker,
+    /// Woken after each cache write ends, written or not.
+    written: tokio::sync::Notify,
 }
 
 impl Cache {
@@ -121,6 +127,7 @@ impl Cache {
                 readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
                 stats,
                 tasks: TaskTracker::new(),
+                written: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -128,6 +135,11 @@ impl Cache {
     /// The block store underneath.
     pub fn store(&self) -> &Arc<BlockStore> {
         &self.inner.store
+    }
+
+    /// Blocks in one origin part.
+    pub fn part_blocks(&self) -> u32 {
+        self.inner.part_blocks
     }
 
     /// Blocks with a fill or a cache write in flight.
@@ -182,6 +194,39 @@ impl Cache {
             } else {
                 index = self.start_fill(object, index, &mut inflight).end;
             }
+        }
+    }
+
+    /// Makes sure block `index` is in the block store: fetches it if it is missing (or joins
+    /// the fill in flight) and waits until its write has landed. Nothing is read back and no
+    /// bytes count as served: this is the prefetch path. Returns whether it was fetched.
+    pub async fn fill(&self, object: &Arc<OpenObject>, index: u32) -> Result<bool, ReadError> {
+        let inner = &self.inner;
+        let key = (object.id, index);
+        let fill = {
+            let mut inflight = inner.inflight.lock();
+            match inflight.get(&key) {
+                Some(fill) => fill.clone(),
+                None if inner.store.contains(object.id, index) => return Ok(false),
+                None => {
+                    self.start_fill(object, index, &mut inflight);
+                    inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?
+                }
+            }
+        };
+        fill.await?;
+        loop {
+            let written = inner.written.notified();
+            tokio::pin!(written);
+            // Registered before the checks, so a write ending between them still wakes us.
+            written.as_mut().enable();
+            if inner.store.contains(object.id, index) {
+                return Ok(true);
+            }
+            if !inner.inflight.lock().contains_key(&key) {
+                return Err(ReadError::NotStored);
+            }
+            written.await;
         }
     }
 
@@ -351,6 +396,7 @@ impl Cache {
                 }
             }
             cache.inner.inflight.lock().remove(&(object.id, index));
+            cache.inner.written.notify_waiters();
         });
     }
 }

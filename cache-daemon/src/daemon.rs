@@ -14,9 +14,11 @@ use larder_config::{Config, ConfigArgs, ConfigError};
 use larder_fuse_mount::MountOptions;
 
 use crate::cache::Cache;
+use crate::control::{self, Control, Settings};
 use crate::engine;
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
+use crate::prefetch::Jobs;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
 
@@ -26,6 +28,9 @@ pub struct DaemonArgs {
     /// Where to mount the tree of sources.
     #[arg(long, env = "LARDER_MOUNT", default_value = "/models", help_heading = "Mount")]
     pub mount: PathBuf,
+    /// Unix socket for `larder prefetch` and `larder status` (created 0600).
+    #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = crate::cli::DEFAULT_SOCKET)]
+    pub control_socket: PathBuf,
     /// Configuration: file, cache, origin and sources.
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -61,6 +66,14 @@ pub enum DaemonError {
         /// What to do about it.
         hint: &'static str,
     },
+    /// The control socket cannot be bound.
+    #[error("control socket {path}: {source}")]
+    ControlSocket {
+        /// The socket's path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -84,7 +97,37 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     })?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
     let cache = Cache::new(store, &config.origin, stats.clone());
-    let namespace = Arc::new(Namespace::new(sources(&config, &stats)?, cache.clone()));
+    let sources = sources(&config, &stats)?;
+    let origins = sources
+        .iter()
+        .map(|(name, s)| (name.clone(), s.origin.clone()))
+        .collect();
+    let jobs = Arc::new(Jobs::new(
+        cache.clone(),
+        origins,
+        mountpoint.clone(),
+        stats.clone(),
+    ));
+    let settings = Settings {
+        mount: mountpoint.display().to_string(),
+        cache_dir: config.cache.dir.display().to_string(),
+        block_size: config.cache.block_size.as_u64(),
+        sources: config
+            .sources
+            .iter()
+            .map(|s| format!("{} = {}", s.name, s.url))
+            .collect(),
+    };
+    let control = Arc::new(Control::new(jobs, stats.clone(), cache.store().clone(), settings));
+    let listener = control::bind(&args.control_socket).map_err(|source| DaemonError::ControlSocket {
+        path: args.control_socket.clone(),
+        source,
+    })?;
+    let control_tasks = [
+        tokio::spawn(control::serve(listener, control.clone())),
+        tokio::spawn(control.sample()),
+    ];
+    let namespace = Arc::new(Namespace::new(sources, cache.clone()));
     let options = MountOptions {
         deadline: config.origin.read_deadline + Duration::from_secs(5),
         ..MountOptions::default()
@@ -101,6 +144,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         cache = %config.cache.dir.display(),
         capacity = %config.cache.capacity,
         sources = config.sources.len(),
+        control = %args.control_socket.display(),
         "larder is serving"
     );
 
@@ -109,6 +153,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         source,
     })?;
     tracing::info!("stopping: unmounting");
+    for task in control_tasks {
+        task.abort();
+    }
+    let _ = std::fs::remove_file(&args.control_socket);
     let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
     cache.flush().await;
     match unmounted {

@@ -6,10 +6,13 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod cache;
+pub mod cli;
+pub mod control;
 pub mod daemon;
 pub mod engine;
 pub mod namespace;
 pub mod object;
 pub mod origin;
+pub mod prefetch;
 pub mod stats;
 pub mod store;

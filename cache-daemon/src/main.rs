@@ -1,6 +1,7 @@
 //! The `larder` command.
 
 use clap::{Parser, Subcommand};
+use larder_cache_daemon::cli::{self, PrefetchArgs, StatusArgs, UnpinArgs};
 use larder_cache_daemon::daemon::{self, DaemonArgs};
 
 /// Larder: a node-local cache for GPU clusters.
@@ -14,10 +15,16 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the sources through a FUSE mount backed by the NVMe block cache.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
+    /// Fill the cache with objects before a job needs them.
+    Prefetch(PrefetchArgs),
+    /// Release objects pinned by `prefetch --pin`.
+    Unpin(UnpinArgs),
+    /// Show how the cache is doing.
+    Status(StatusArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG").unwrap_or_else(|_| "info".into()),
@@ -27,8 +34,14 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let ok = std::process::ExitCode::SUCCESS;
     match cli.command {
-        Command::Daemon(args) => runtime.block_on(daemon::run(args))?,
+        Command::Daemon(args) => runtime
+            .block_on(daemon::run(*args))
+            .map(|()| ok)
+            .map_err(Into::into),
+        Command::Prefetch(args) => runtime.block_on(cli::prefetch(args)),
+        Command::Unpin(args) => runtime.block_on(cli::unpin(args)).map(|()| ok),
+        Command::Status(args) => runtime.block_on(cli::status(args)).map(|()| ok),
     }
-    Ok(())
 }

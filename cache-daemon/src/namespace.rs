@@ -537,7 +537,7 @@ impl FileTree for Namespace {
             .await
             .map_err(|error| match error {
                 ReadError::Origin(error) => fs_error(&error),
-                ReadError::Abandoned => FsError::Io,
+                ReadError::Abandoned | ReadError::NotStored => FsError::Io,
             })
     }
 

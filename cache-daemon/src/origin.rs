@@ -393,6 +393,11 @@ impl Origin {
         })
     }
 
+    /// The source's configured URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// Lists directories page by page through `pager` (the same store as the origin's).
     pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> Self {
         self.pager = Some(pager);
@@ -568,6 +573,21 @@ impl Origin {
             from = Some(PageToken::After(after));
             max_keys = PAGE_KEYS;
         }
+    }
+
+    /// Every object under `dir/`, at any depth (`""`: the whole source).
+    pub async fn list_all(&self, dir: &str) -> Result<Vec<ObjectVersion>, OriginError> {
+        let location = self.dir_location(dir)?;
+        let metas: Vec<object_store::ObjectMeta> = self
+            .with_retries(dir, || {
+                add(&self.stats.origin_list_requests, 1);
+                futures::TryStreamExt::try_collect(self.store.list(Some(&location)))
+            })
+            .await?;
+        Ok(metas
+            .iter()
+            .filter_map(|meta| Some(self.version_of(self.relative_key(&meta.location)?, meta)))
+            .collect())
     }
 
     /// Whether any key lies under `dir/`, which makes `dir` a directory.

@@ -71,6 +71,10 @@ counters! {
     evicted_blocks,
     /// Bytes evicted to make room.
     evicted_bytes,
+    /// Bytes of the objects prefetch jobs planned.
+    prefetch_planned_bytes,
+    /// Bytes prefetch jobs found or put in the cache.
+    prefetch_done_bytes,
 }
 
 /// Adds `n` to a counter.

@@ -17,6 +17,8 @@ pub struct DaemonProcess {
     pub mount: PathBuf,
     /// The cache dir.
     pub cache: PathBuf,
+    /// The control socket.
+    pub socket: PathBuf,
     leave_mount: bool,
 }
 
@@ -29,8 +31,8 @@ pub fn is_mounted(path: &Path) -> bool {
 }
 
 impl DaemonProcess {
-    /// Starts `bin daemon` with mount `dir/mnt` and cache `dir/cache`, plus `extra` arguments,
-    /// and waits until the mount is up.
+    /// Starts `bin daemon` with mount `dir/mnt`, cache `dir/cache` and control socket
+    /// `dir/control.sock`, plus `extra` arguments, and waits until the mount is up.
     pub fn start(bin: &Path, server: &dyn Bucket, dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
         Self::start_with_secret(bin, server, dir, extra, crate::SECRET_KEY)
     }
@@ -45,6 +47,7 @@ impl DaemonProcess {
     ) -> anyhow::Result<Self> {
         let mount = dir.join("mnt");
         let cache = dir.join("cache");
+        let socket = dir.join("control.sock");
         std::fs::create_dir_all(&mount).or_else(|e| match e.raw_os_error() {
             // A stale mount from a killed daemon is there: the daemon's job to clean.
             Some(libc::ENOTCONN) | Some(libc::EEXIST) => Ok(()),
@@ -57,6 +60,8 @@ impl DaemonProcess {
             .arg(&mount)
             .arg("--cache-dir")
             .arg(&cache)
+            .arg("--control-socket")
+            .arg(&socket)
             .args(["--source", &format!("models={}", server.url())])
             .args(extra)
             .env("AWS_ENDPOINT_URL", server.endpoint())
@@ -74,6 +79,7 @@ impl DaemonProcess {
             child: Some(child),
             mount,
             cache,
+            socket,
             leave_mount: false,
         };
         let started = Instant::now();

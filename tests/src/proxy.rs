@@ -28,6 +28,12 @@ pub struct RecordingProxy {
 impl RecordingProxy {
     /// Starts a proxy in front of `upstream`'s server.
     pub async fn start(upstream: &dyn Bucket) -> anyhow::Result<Self> {
+        Self::with_delay(upstream, std::time::Duration::ZERO).await
+    }
+
+    /// Like [`RecordingProxy::start`], holding each request `delay` before forwarding it: a
+    /// slow origin, so that tests can act while transfers are in flight.
+    pub async fn with_delay(upstream: &dyn Bucket, delay: std::time::Duration) -> anyhow::Result<Self> {
         let authority: Authority = upstream
             .endpoint()
             .parse::<Uri>()?
@@ -47,7 +53,10 @@ impl RecordingProxy {
                 parts.uri = uri;
                 client.request(hyper::Request::from_parts(parts, body))
             });
-            async move { forward?.await.map_err(anyhow::Error::from) }
+            async move {
+                tokio::time::sleep(delay).await;
+                forward?.await.map_err(anyhow::Error::from)
+            }
         });
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;

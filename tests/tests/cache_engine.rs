@@ -41,7 +41,7 @@ fn expected(key: &str, offset: u64, len: usize) -> Vec<u8> {
 fn origin_error(error: &ReadError) -> &OriginError {
     match error {
         ReadError::Origin(e) => e,
-        ReadError::Abandoned => panic!("fill abandoned"),
+        other => panic!("not an origin error: {other}"),
     }
 }
 

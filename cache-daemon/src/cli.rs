@@ -1,0 +1,268 @@
+//! `larder prefetch` and `larder status`: clients of the daemon's control socket.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hyper::{Method, StatusCode};
+use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
+use serde::Deserialize;
+
+use crate::control::{self, Served, Status};
+use crate::prefetch::{JobReport, JobState};
+
+/// Where the daemon listens for control requests unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/larder/control.sock";
+
+/// How often `--wait` asks for progress.
+const POLL: Duration = Duration::from_millis(250);
+
+/// How often `--wait` prints a line when its output is not a terminal.
+const PLAIN_EVERY: Duration = Duration::from_secs(5);
+
+/// Arguments of `larder prefetch`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PrefetchArgs {
+    /// The daemon's control socket.
+    #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Wait until every byte is cached and verified; exit non-zero if any is not.
+    #[arg(long)]
+    pub wait: bool,
+    /// Keep the objects in the cache until `larder unpin`.
+    #[arg(long)]
+    pub pin: bool,
+    /// A TOML plan: `targets = ["..."]` and optionally `pin = true`.
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// Paths under the mount (`/models/llama/...`), `SOURCE:PREFIX`, or URLs of configured
+    /// sources; a prefix means every object under it.
+    pub targets: Vec<String>,
+}
+
+/// Arguments of `larder status`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// The daemon's control socket.
+    #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Print the status as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A plan file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Plan {
+    targets: Vec<String>,
+    #[serde(default)]
+    pin: bool,
+}
+
+/// The JSON body of an answer, or the daemon's error message as an error.
+async fn call(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> anyhow::Result<serde_json::Value> {
+    let (status, value) = control::call(socket, method, path, body).await?;
+    if status.is_success() {
+        return Ok(value);
+    }
+    let message = value["error"].as_str().unwrap_or("no message");
+    match status {
+        StatusCode::INSUFFICIENT_STORAGE => bail!("refused: {message}"),
+        _ => bail!("the daemon answered {status}: {message}"),
+    }
+}
+
+/// Runs `larder prefetch`.
+pub async fn prefetch(args: PrefetchArgs) -> anyhow::Result<ExitCode> {
+    let mut targets = Vec::new();
+    let mut pin = args.pin;
+    if let Some(path) = &args.plan {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
+        let plan: Plan = toml::from_str(&text).with_context(|| format!("plan {}", path.display()))?;
+        targets.extend(plan.targets);
+        pin |= plan.pin;
+    }
+    targets.extend(args.targets);
+    if targets.is_empty() {
+        bail!("nothing to prefetch: give targets or --plan FILE");
+    }
+    let body = serde_json::json!({ "targets": targets, "pin": pin });
+    let job: JobReport =
+        serde_json::from_value(call(&args.socket, Method::POST, "/v1/prefetch", Some(body)).await?)?;
+    eprintln!(
+        "job {}: {} objects, {} planned{}",
+        job.id,
+        job.objects,
+        HumanBytes(job.planned_bytes),
+        if pin { ", pinned" } else { "" }
+    );
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let job = wait(&args.socket, job).await?;
+    let rate = job.fetched_bytes as f64 / job.elapsed_seconds.max(1e-3);
+    eprintln!(
+        "job {} {}: {} of {} cached ({} fetched at {}/s) in {:.1}s",
+        job.id,
+        match job.state {
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Running => "running",
+        },
+        HumanBytes(job.done_bytes),
+        HumanBytes(job.planned_bytes),
+        HumanBytes(job.fetched_bytes),
+        HumanBytes(rate as u64),
+        job.elapsed_seconds
+    );
+    for error in &job.errors {
+        eprintln!("  {error}");
+    }
+    Ok(
+        if job.state == JobState::Done && job.done_bytes == job.planned_bytes {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        },
+    )
+}
+
+/// Follows a job until it ends: a progress bar on a terminal, a line every few seconds
+/// otherwise.
+async fn wait(socket: &Path, mut job: JobReport) -> anyhow::Result<JobReport> {
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(job.planned_bytes);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let mut last_line = Instant::now();
+    let path = format!("/v1/jobs/{}", job.id);
+    while job.state == JobState::Running {
+        tokio::time::sleep(POLL).await;
+        job = serde_json::from_value(
+            call(socket, Method::GET, &path, None)
+                .await
+                .context("the daemon stopped answering; run the same command again to resume")?,
+        )?;
+        match &bar {
+            Some(bar) => bar.set_position(job.done_bytes),
+            None if last_line.elapsed() >= PLAIN_EVERY => {
+                last_line = Instant::now();
+                eprintln!(
+                    "job {}: {} of {} ({:.0}%)",
+                    job.id,
+                    HumanBytes(job.done_bytes),
+                    HumanBytes(job.planned_bytes),
+                    100.0 * job.done_bytes as f64 / job.planned_bytes.max(1) as f64
+                );
+            }
+            None => {}
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(job)
+}
+
+fn percent(served: &Served) -> String {
+    served
+        .hit_rate
+        .map_or_else(|| "-".to_owned(), |rate| format!("{:.1}%", rate * 100.0))
+}
+
+/// Runs `larder status`.
+pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
+    let value = call(&args.socket, Method::GET, "/v1/status", None).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    let status: Status = serde_json::from_value(value)?;
+    let errors = &status.origin_errors;
+    println!(
+        "up {}; cache {} of {} ({} objects, {} blocks)",
+        HumanDuration(Duration::from_secs(status.uptime_seconds)),
+        HumanBytes(status.used_bytes),
+        HumanBytes(status.capacity_bytes),
+        status.objects,
+        status.blocks
+    );
+    println!(
+        "hit rate (bytes): {} since start, {} last 5 min",
+        percent(&status.served),
+        percent(&status.served_recent)
+    );
+    println!(
+        "served: {} from nvme, {} from origin",
+        HumanBytes(status.served.nvme_bytes),
+        HumanBytes(status.served.origin_bytes)
+    );
+    println!(
+        "evicted: {} blocks ({}); cache writes failed or skipped: {}",
+        status.evicted_blocks,
+        HumanBytes(status.evicted_bytes),
+        status.cache_write_failures
+    );
+    println!(
+        "origin: {} requests; errors: {} not found, {} denied, {} changed, {} transient, {} other",
+        status.origin_requests,
+        errors.not_found,
+        errors.permission,
+        errors.version_changed,
+        errors.transient,
+        errors.other
+    );
+    for job in &status.jobs {
+        println!(
+            "job {}: {:?}, {} of {}",
+            job.id,
+            job.state,
+            HumanBytes(job.done_bytes),
+            HumanBytes(job.planned_bytes)
+        );
+    }
+    let settings = &status.settings;
+    println!(
+        "mount {}; cache dir {}; block size {}",
+        settings.mount,
+        settings.cache_dir,
+        HumanBytes(settings.block_size)
+    );
+    for source in &settings.sources {
+        println!("source {source}");
+    }
+    Ok(())
+}
+
+/// Arguments of `larder unpin`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UnpinArgs {
+    /// The daemon's control socket.
+    #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Targets, as for `larder prefetch`.
+    #[arg(required = true)]
+    pub targets: Vec<String>,
+}
+
+/// Runs `larder unpin`.
+pub async fn unpin(args: UnpinArgs) -> anyhow::Result<()> {
+    let body = serde_json::json!({ "targets": args.targets });
+    let answer = call(&args.socket, Method::POST, "/v1/unpin", Some(body)).await?;
+    println!("unpinned {} objects", answer["unpinned"]);
+    Ok(())
+}

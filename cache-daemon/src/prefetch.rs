@@ -1,0 +1,418 @@
+//! Prefetch jobs: targets resolved to object versions, the plan checked against the cache's
+//! capacity before anything is fetched, objects pinned on request, and every missing block
+//! filled through the same fill path as reads (single-flight, verification, capacity rules).
+//!
+//! Background priority: a job keeps at most [`PREFETCH_PARTS`] origin parts in flight, while
+//! demand reads may use the whole origin concurrency; a job never waits for a reader, readers
+//! only share the origin permits with at most that many of its parts.
+//!
+//! A job is idempotent: blocks already cached count as done at once, so a second run of the
+//! same targets finishes without an origin request, and a run after a crash fetches only what
+//! is missing.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{Cache, OpenObject};
+use crate::object::ObjectVersion;
+use crate::origin::{Origin, OriginError};
+use crate::stats::{Stats, add};
+
+/// Origin parts a job keeps in flight.
+pub const PREFETCH_PARTS: u32 = 4;
+
+/// HEAD requests in flight while a job is planned.
+const HEADS_IN_FLIGHT: usize = 32;
+
+/// Most errors a job keeps to report.
+const MAX_ERRORS: usize = 20;
+
+/// Why a prefetch could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefetchError {
+    /// A target is not a path under the mount, a `source:prefix` or a source URL.
+    #[error("target {target:?}: {reason}")]
+    BadTarget {
+        /// The target as given.
+        target: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Nothing exists at a target.
+    #[error("target {target:?}: no object and no prefix of that name in source {source_name}")]
+    NotFound {
+        /// The target as given.
+        target: String,
+        /// The source it names.
+        source_name: String,
+    },
+    /// The plan cannot fit in the cache.
+    #[error(
+        "the plan needs {planned} bytes ({objects} objects) but the cache holds {capacity} bytes; \
+         nothing was fetched"
+    )]
+    TooLarge {
+        /// Bytes of every object of the plan.
+        planned: u64,
+        /// Objects in the plan.
+        objects: usize,
+        /// The cache's capacity.
+        capacity: u64,
+    },
+    /// Listing or a HEAD failed.
+    #[error(transparent)]
+    Origin(#[from] Box<OriginError>),
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Filling.
+    Running,
+    /// Every block of every object is cached.
+    Done,
+    /// Finished with errors: some blocks are not cached.
+    Failed,
+    /// Stopped by a cancel request.
+    Cancelled,
+}
+
+/// A job's progress, as the control API reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobReport {
+    /// The job's number.
+    pub id: u64,
+    /// Where it is.
+    pub state: JobState,
+    /// The targets as given.
+    pub targets: Vec<String>,
+    /// Whether its objects are pinned.
+    pub pin: bool,
+    /// Objects in the plan.
+    pub objects: usize,
+    /// Bytes of every object of the plan.
+    pub planned_bytes: u64,
+    /// Bytes cached so far, including those that already were.
+    pub done_bytes: u64,
+    /// Bytes this job fetched from origins.
+    pub fetched_bytes: u64,
+    /// Seconds since it started (until it ended).
+    pub elapsed_seconds: f64,
+    /// What went wrong, one line per object (at most 20).
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug)]
+struct Job {
+    id: u64,
+    targets: Vec<String>,
+    pin: bool,
+    objects: usize,
+    planned: u64,
+    done: AtomicU64,
+    fetched: AtomicU64,
+    started: Instant,
+    outcome: Mutex<(JobState, Option<Duration>)>,
+    errors: Mutex<Vec<String>>,
+    cancel: CancellationToken,
+}
+
+impl Job {
+    fn report(&self) -> JobReport {
+        let (state, took) = *self.outcome.lock();
+        JobReport {
+            id: self.id,
+            state,
+            targets: self.targets.clone(),
+            pin: self.pin,
+            objects: self.objects,
+            planned_bytes: self.planned,
+            done_bytes: self.done.load(Ordering::Relaxed),
+            fetched_bytes: self.fetched.load(Ordering::Relaxed),
+            elapsed_seconds: took.unwrap_or_else(|| self.started.elapsed()).as_secs_f64(),
+            errors: self.errors.lock().clone(),
+        }
+    }
+
+    fn finish(&self, state: JobState) {
+        *self.outcome.lock() = (state, Some(self.started.elapsed()));
+    }
+}
+
+/// The daemon's prefetch jobs.
+#[derive(Debug)]
+pub struct Jobs {
+    cache: Cache,
+    sources: Vec<(String, Arc<Origin>)>,
+    mount: PathBuf,
+    stats: Arc<Stats>,
+    jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
+    next: AtomicU64,
+}
+
+impl Jobs {
+    /// Jobs over `sources`, filling `cache`; `mount` is where the daemon's tree is mounted, so
+    /// targets can be paths under it.
+    pub fn new(cache: Cache, sources: Vec<(String, Arc<Origin>)>, mount: PathBuf, stats: Arc<Stats>) -> Self {
+        Self {
+            cache,
+            sources,
+            mount,
+            stats,
+            jobs: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// The source and the path relative to it that `target` names.
+    fn parse_target(&self, target: &str) -> Result<(usize, String), PrefetchError> {
+        let bad = |reason: &str| PrefetchError::BadTarget {
+            target: target.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let by_name = |name: &str| {
+            self.sources
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| bad(&format!("no source is named {name:?}")))
+        };
+        let (source, path) = if target.starts_with('/') {
+            let relative = Path::new(target)
+                .strip_prefix(&self.mount)
+                .map_err(|_| bad(&format!("not under the mount {}", self.mount.display())))?;
+            let mut parts = Vec::new();
+            for component in relative.components() {
+                match component {
+                    Component::Normal(part) => parts.push(part.to_str().ok_or_else(|| bad("not UTF-8"))?),
+                    Component::CurDir => {}
+                    _ => return Err(bad("`..` is not allowed")),
+                }
+            }
+            if self.sources.len() == 1 {
+                (0, parts.join("/"))
+            } else {
+                let (&name, rest) = parts
+                    .split_first()
+                    .ok_or_else(|| bad("names the mount's root; name a source directory under it"))?;
+                (by_name(name)?, rest.join("/"))
+            }
+        } else if target.contains("://") {
+            let source = self
+                .sources
+                .iter()
+                .position(|(_, origin)| {
+                    let url = origin.url().trim_end_matches('/');
+                    target == url || target.strip_prefix(url).is_some_and(|rest| rest.starts_with('/'))
+                })
+                .ok_or_else(|| bad("no configured source has this URL"))?;
+            let url = self.sources[source].1.url().trim_end_matches('/');
+            (source, target[url.len()..].to_owned())
+        } else if let Some((name, path)) = target.split_once(':') {
+            (by_name(name)?, path.to_owned())
+        } else {
+            return Err(bad(
+                "expected a path under the mount, SOURCE:PREFIX, or the URL of a configured source",
+            ));
+        };
+        Ok((source, path.trim_matches('/').to_owned()))
+    }
+
+    /// Every object a target names: everything under it as a prefix, else the object itself.
+    async fn resolve(&self, target: &str) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
+        let (source, path) = self.parse_target(target)?;
+        let (name, origin) = &self.sources[source];
+        let mut keys: Vec<String> = origin
+            .list_all(&path)
+            .await
+            .map_err(Box::new)?
+            .into_iter()
+            .map(|v| v.key)
+            .collect();
+        // Not a prefix: then perhaps an object.
+        if keys.is_empty() && !path.is_empty() {
+            keys.push(path);
+        }
+        // The version a HEAD gives is the one an open pins (a listing may lack the ETag or
+        // the version id), so it is the one to fill.
+        let heads = futures::stream::iter(keys)
+            .map(|key| async move { origin.head(&key).await })
+            .buffer_unordered(HEADS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await;
+        let mut found = Vec::with_capacity(heads.len());
+        for head in heads {
+            match head {
+                Ok(version) => found.push(version),
+                // Deleted since the listing, or never there.
+                Err(OriginError::NotFound { .. }) => {}
+                Err(error) => return Err(Box::new(error).into()),
+            }
+        }
+        if found.is_empty() {
+            return Err(PrefetchError::NotFound {
+                target: target.to_owned(),
+                source_name: name.clone(),
+            });
+        }
+        Ok(found.into_iter().map(|v| (origin.clone(), v)).collect())
+    }
+
+    /// Every object the targets name, each once.
+    async fn plan(&self, targets: &[String]) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
+        let mut plan = BTreeMap::new();
+        for target in targets {
+            for (origin, version) in self.resolve(target).await? {
+                plan.insert(version.id(), (origin, version));
+            }
+        }
+        Ok(plan.into_values().collect())
+    }
+
+    /// Plans a job and starts it in the background. Fails before fetching anything when a
+    /// target is wrong or the plan cannot fit in the cache.
+    pub async fn start(
+        self: &Arc<Self>,
+        targets: Vec<String>,
+        pin: bool,
+    ) -> Result<JobReport, PrefetchError> {
+        if targets.is_empty() {
+            return Err(PrefetchError::BadTarget {
+                target: String::new(),
+                reason: "no targets given".into(),
+            });
+        }
+        let plan = self.plan(&targets).await?;
+        let planned: u64 = plan.iter().map(|(_, v)| v.size).sum();
+        let capacity = self.cache.store().usage().capacity;
+        if planned > capacity {
+            return Err(PrefetchError::TooLarge {
+                planned,
+                objects: plan.len(),
+                capacity,
+            });
+        }
+        let job = Arc::new(Job {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            targets,
+            pin,
+            objects: plan.len(),
+            planned,
+            done: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            started: Instant::now(),
+            outcome: Mutex::new((JobState::Running, None)),
+            errors: Mutex::new(Vec::new()),
+            cancel: CancellationToken::new(),
+        });
+        self.jobs.lock().insert(job.id, job.clone());
+        add(&self.stats.prefetch_planned_bytes, planned);
+        tracing::info!(
+            job = job.id,
+            objects = job.objects,
+            planned,
+            pin,
+            "prefetch started"
+        );
+        let jobs = self.clone();
+        let report = job.report();
+        tokio::spawn(async move { jobs.run(job, plan).await });
+        Ok(report)
+    }
+
+    async fn run(&self, job: Arc<Job>, plan: Vec<(Arc<Origin>, ObjectVersion)>) {
+        let store = self.cache.store().clone();
+        if job.pin {
+            for (_, version) in &plan {
+                store.set_pinned(version, true);
+            }
+        }
+        let block_size = store.block_size();
+        let blocks = plan.into_iter().flat_map(|(origin, version)| {
+            let count = version.size.div_ceil(block_size) as u32;
+            let object = OpenObject::new(origin, version);
+            (0..count).map(move |index| (object.clone(), index))
+        });
+        let in_flight = (PREFETCH_PARTS * self.cache.part_blocks()) as usize;
+        let fills = futures::stream::iter(blocks)
+            .map(|(object, index)| {
+                let cache = self.cache.clone();
+                async move {
+                    let result = cache.fill(&object, index).await;
+                    (object, index, result)
+                }
+            })
+            .buffer_unordered(in_flight)
+            .for_each(|(object, index, result)| {
+                let len = store.block_len(object.version().size, index);
+                match result {
+                    Ok(fetched) => {
+                        job.done.fetch_add(len, Ordering::Relaxed);
+                        add(&self.stats.prefetch_done_bytes, len);
+                        if fetched {
+                            job.fetched.fetch_add(len, Ordering::Relaxed);
+                        }
+                    }
+                    Err(error) => {
+                        let line = format!("{}: {error}", object.version().key);
+                        let mut errors = job.errors.lock();
+                        let key = object.version().key.as_str();
+                        if errors.len() < MAX_ERRORS
+                            && !errors.iter().any(|e| e.starts_with(&format!("{key}: ")))
+                        {
+                            errors.push(line);
+                        }
+                    }
+                }
+                futures::future::ready(())
+            });
+        let state = tokio::select! {
+            () = job.cancel.cancelled() => JobState::Cancelled,
+            () = fills => if job.errors.lock().is_empty() { JobState::Done } else { JobState::Failed },
+        };
+        job.finish(state);
+        let report = job.report();
+        tracing::info!(
+            job = job.id,
+            ?state,
+            done = report.done_bytes,
+            fetched = report.fetched_bytes,
+            seconds = report.elapsed_seconds,
+            "prefetch ended"
+        );
+    }
+
+    /// A job's progress.
+    pub fn report(&self, id: u64) -> Option<JobReport> {
+        self.jobs.lock().get(&id).map(|job| job.report())
+    }
+
+    /// Every job's progress, oldest first.
+    pub fn reports(&self) -> Vec<JobReport> {
+        self.jobs.lock().values().map(|job| job.report()).collect()
+    }
+
+    /// Stops a job; blocks already cached stay.
+    pub fn cancel(&self, id: u64) -> Option<JobReport> {
+        let job = self.jobs.lock().get(&id).cloned()?;
+        job.cancel.cancel();
+        Some(job.report())
+    }
+
+    /// Unpins every object the targets name; returns how many.
+    pub async fn unpin(&self, targets: &[String]) -> Result<usize, PrefetchError> {
+        let plan = self.plan(targets).await?;
+        for (_, version) in &plan {
+            self.cache.store().set_pinned(version, false);
+        }
+        Ok(plan.len())
+    }
+}

@@ -1,0 +1,306 @@
+//! End to end: `larder prefetch` and `larder status` against a daemon process, through its
+//! control socket, with a real S3 server and reads through the kernel.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use larder_tests::daemon::DaemonProcess;
+use larder_tests::{RecordingProxy, S3Server, ServedRequest, content, seed};
+
+const MIB: usize = 1 << 20;
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+
+const OBJECTS: &[(&str, usize)] = &[
+    ("llama/model-00001.safetensors", 24 * MIB + 5),
+    ("llama/model-00002.safetensors", 9 * MIB),
+    ("llama/config.json", 700),
+    ("other/big.bin", 6 * MIB),
+];
+
+async fn server() -> S3Server {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for &(key, size) in OBJECTS {
+        server.put(key, seed(key, 0), size).await.expect("put");
+    }
+    server
+}
+
+/// Runs the `larder` command against `daemon`'s control socket.
+fn larder(daemon: &DaemonProcess, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("LARDER_CONTROL_SOCKET", &daemon.socket)
+        .output()
+        .expect("run larder")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn status(daemon: &DaemonProcess) -> serde_json::Value {
+    let output = larder(daemon, &["status", "--json"]);
+    assert!(output.status.success(), "status: {}", stderr(&output));
+    serde_json::from_slice(&output.stdout).expect("status JSON")
+}
+
+fn ranged_gets(requests: &[ServedRequest]) -> usize {
+    requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.range.is_some())
+        .count()
+}
+
+/// Reads every object under `prefix` through the mount and checks its bytes.
+fn read_all(daemon: &DaemonProcess, prefix: &str) -> usize {
+    let mut total = 0;
+    for &(key, size) in OBJECTS.iter().filter(|(k, _)| k.starts_with(prefix)) {
+        let bytes = std::fs::read(daemon.mount.join(key)).expect(key);
+        assert!(bytes == content(seed(key, 0), 0, size), "{key} differs");
+        total += size;
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetched_prefix_reads_with_no_origin_gets_and_a_rerun_fetches_nothing() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let daemon = tokio::task::spawn_blocking(move || {
+        let output = larder(&daemon, &["prefetch", "--wait", "--pin", "models:llama"]);
+        assert!(output.status.success(), "prefetch: {}", stderr(&output));
+        assert!(stderr(&output).contains("done"), "{}", stderr(&output));
+        daemon
+    })
+    .await
+    .expect("join");
+    let before = ranged_gets(&server.requests());
+    assert!(before > 0);
+
+    let daemon = tokio::task::spawn_blocking(move || {
+        // A rerun, by a path under the mount this time, finishes without fetching.
+        let target = daemon.mount.join("llama").display().to_string();
+        let output = larder(&daemon, &["prefetch", "--wait", &target]);
+        assert!(output.status.success(), "rerun: {}", stderr(&output));
+        assert!(stderr(&output).contains("(0 B fetched"), "{}", stderr(&output));
+        read_all(&daemon, "llama/");
+        daemon
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        ranged_gets(&server.requests()),
+        before,
+        "reads after prefetch went to the origin"
+    );
+    let status = status(&daemon);
+    assert_eq!(status["served"]["origin_bytes"], 0, "{status}");
+    let jobs = status["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 2);
+    assert!(jobs.iter().all(|j| j["state"] == "done"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_larger_than_the_cache_is_refused_before_fetching() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(
+        Path::new(BIN),
+        &server,
+        dir.path(),
+        &["--cache-capacity", "16MiB"],
+    )
+    .expect("daemon");
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(
+        &plan,
+        "targets = [\"models:llama\", \"models:other\"]\npin = true\n",
+    )
+    .expect("plan");
+    let output = tokio::task::spawn_blocking(move || {
+        larder(
+            &daemon,
+            &["prefetch", "--wait", "--plan", plan.to_str().expect("utf-8")],
+        )
+    })
+    .await
+    .expect("join");
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains("refused") && message.contains("16777216"),
+        "{message}"
+    );
+    assert_eq!(ranged_gets(&server.requests()), 0);
+}
+
+/// One raw HTTP/1.1 request on the control socket; returns the status code.
+fn raw(socket: &Path, request: &str) -> u16 {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    // The daemon may answer (413) and close before it has read the whole body.
+    let mut writer = stream.try_clone().expect("clone");
+    let request = request.to_owned();
+    std::thread::spawn(move || writer.write_all(request.as_bytes()));
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
+}
+
+fn post(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn get(method: &str, path: &str) -> String {
+    format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_control_requests_get_4xx_and_the_daemon_keeps_serving() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    tokio::task::spawn_blocking(move || {
+        let socket = &daemon.socket;
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(socket).expect("stat").permissions());
+        assert_eq!(mode & 0o777, 0o600);
+        let huge = "x".repeat(2 * MIB);
+        for (request, want) in [
+            (post("/v1/prefetch", "not json"), 400),
+            (
+                post("/v1/prefetch", r#"{"targets": ["models:llama"], "colour": 1}"#),
+                400,
+            ),
+            (post("/v1/prefetch", r#"{"targets": []}"#), 400),
+            (post("/v1/prefetch", r#"{"targets": ["nonsense"]}"#), 400),
+            (post("/v1/prefetch", r#"{"targets": ["nope:x"]}"#), 400),
+            (post("/v1/prefetch", r#"{"targets": ["/elsewhere/x"]}"#), 400),
+            (post("/v1/prefetch", r#"{"targets": ["models:absent"]}"#), 404),
+            (post("/v1/prefetch", &huge), 413),
+            (get("GET", "/v1/jobs/abc"), 400),
+            (get("GET", "/v1/jobs/999"), 404),
+            (get("PUT", "/v1/status"), 405),
+            (get("GET", "/nothing"), 404),
+            ("garbage\r\n\r\n".to_owned(), 400),
+        ] {
+            assert_eq!(raw(socket, &request), want, "{request:.80}");
+        }
+        assert_eq!(raw(socket, &get("GET", "/v1/status")), 200);
+        read_all(&daemon, "llama/config.json");
+    })
+    .await
+    .expect("join");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_counts_bytes_by_source_as_read() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--cache-capacity", "512MiB"];
+    let start = || DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    let daemon = start();
+    let (daemon, cold) = tokio::task::spawn_blocking(move || {
+        let read = read_all(&daemon, "");
+        (daemon, read as u64)
+    })
+    .await
+    .expect("join");
+    let report = status(&daemon);
+    assert_eq!(report["served"]["origin_bytes"], cold, "{report}");
+    assert_eq!(report["served"]["nvme_bytes"], 0, "{report}");
+    assert_eq!(report["served"]["hit_rate"], 0.0, "{report}");
+    daemon.stop().expect("stop");
+
+    let daemon = start();
+    let (daemon, warm) = tokio::task::spawn_blocking(move || {
+        let read = read_all(&daemon, "");
+        (daemon, read as u64)
+    })
+    .await
+    .expect("join");
+    let report = status(&daemon);
+    assert_eq!(report["served"]["nvme_bytes"], warm, "{report}");
+    assert_eq!(report["served"]["origin_bytes"], 0, "{report}");
+    assert_eq!(report["served_recent"]["hit_rate"], 1.0, "{report}");
+    assert_eq!(report["capacity_bytes"], 512 * MIB, "{report}");
+    let human = larder(&daemon, &["status"]);
+    assert!(human.status.success());
+    println!("{}", String::from_utf8_lossy(&human.stdout));
+}
+
+/// A daemon killed in the middle of a prefetch: after a restart, the same prefetch completes
+/// and fetches only blocks that were not cached. Reads meanwhile are not held behind it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetch_cut_by_kill_9_resumes_and_demand_reads_go_first() {
+    let server = server().await;
+    let key = "weights/big.bin";
+    let size = 128 * MIB;
+    server.put(key, seed(key, 0), size).await.expect("put");
+    // Every origin request waits 300 ms: the prefetch takes seconds, not milliseconds.
+    let slow = RecordingProxy::with_delay(&server, Duration::from_millis(300))
+        .await
+        .expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--part-size", "4MiB"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &slow, dir.path(), &args).expect("daemon");
+    tokio::task::spawn_blocking(move || {
+        let output = larder(&daemon, &["prefetch", "models:weights"]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        // A demand read of a cold file while the prefetch runs.
+        let started = Instant::now();
+        read_all(&daemon, "llama/config.json");
+        let latency = started.elapsed();
+        let job = &status(&daemon)["jobs"][0];
+        println!("demand read during prefetch: {latency:?}; job then: {job}");
+        assert_eq!(job["state"], "running", "the read finished after the prefetch");
+        // Kill once some blocks are cached.
+        while status(&daemon)["blocks"].as_u64().unwrap_or(0) < 3 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        daemon.kill9().expect("kill -9");
+    })
+    .await
+    .expect("join");
+
+    let daemon = DaemonProcess::start(Path::new(BIN), &slow, dir.path(), &args).expect("restart");
+    let cached = status(&daemon)["blocks"].as_u64().expect("blocks");
+    // The restarted daemon's config.json block is cached too.
+    let weight_blocks = (size / (4 * MIB)) as u64;
+    let before = slow.requests().len();
+    let daemon = tokio::task::spawn_blocking(move || {
+        let output = larder(&daemon, &["prefetch", "--wait", "models:weights"]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        daemon
+    })
+    .await
+    .expect("join");
+    let refetched: Vec<ServedRequest> = slow.requests()[before..]
+        .iter()
+        .filter(|r| r.range.is_some())
+        .cloned()
+        .collect();
+    assert!(cached >= 2, "{cached} blocks survived");
+    assert!(
+        refetched.len() as u64 <= weight_blocks - (cached - 1),
+        "{} GETs after restart with {cached} blocks cached",
+        refetched.len()
+    );
+    let before = slow.requests().len();
+    tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(daemon.mount.join(key)).expect("read");
+        assert!(bytes == content(seed(key, 0), 0, size));
+    })
+    .await
+    .expect("join");
+    assert!(slow.requests()[before..].iter().all(|r| r.range.is_none()));
+}
