@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
+use futures::future::Either;
 use larder_fuse_mount::{Attr, DirEntry, FileTree, FsError, FsStats, NodeKind, Opened, ROOT_INO};
 use object_store::path::PathPart;
 use parking_lot::Mutex;
@@ -329,11 +330,19 @@ impl Namespace {
         }
         let path = key.1;
         let origin = &self.sources[source].1.origin;
-        let entry = match tokio::join!(origin.is_dir(&path), origin.head(&path)) {
+        // Both at once; a directory does not wait for its HEAD (some stores answer a HEAD of a
+        // prefix slowly, or with a 5xx that would be retried).
+        let (is_dir, head) = (Box::pin(origin.is_dir(&path)), Box::pin(origin.head(&path)));
+        let (is_dir, head) = match futures::future::select(is_dir, head).await {
+            Either::Left((Ok(true), _)) => (Ok(true), None),
+            Either::Left((is_dir, head)) => (is_dir, Some(head.await)),
+            Either::Right((head, is_dir)) => (is_dir.await, Some(head)),
+        };
+        let entry = match (is_dir, head) {
             (Ok(true), _) => Some(Entry::Dir),
-            (Ok(false), Ok(version)) => Some(Entry::File(version)),
-            (Ok(false), Err(OriginError::NotFound { .. })) => None,
-            (Err(error), _) | (_, Err(error)) => return Err(log_origin_error(error)),
+            (Ok(false), Some(Ok(version))) => Some(Entry::File(version)),
+            (Ok(false), Some(Err(OriginError::NotFound { .. })) | None) => None,
+            (Err(error), _) | (_, Some(Err(error))) => return Err(log_origin_error(error)),
         };
         self.remember_name(source, path, entry.clone());
         Ok(entry)
