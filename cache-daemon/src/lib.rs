@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod daemon;
 pub mod engine;
+pub mod metrics;
 pub mod namespace;
 pub mod object;
 pub mod origin;
