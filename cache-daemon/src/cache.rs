@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
@@ -233,12 +234,14 @@ impl Cache {
     /// One whole block, from disk, from a fill in flight, or from a new fill.
     async fn block(&self, object: &Arc<OpenObject>, index: u32) -> Result<Block, ReadError> {
         let stats = &self.inner.stats;
+        let started = Instant::now();
         if let Some(bytes) = self
             .inner
             .store
             .read_block(&object.version, object.id, index)
             .await
         {
+            stats.latency.fill_nvme.observe(started.elapsed());
             add(&stats.lookup_hit, 1);
             return Ok(Block {
                 bytes,
@@ -305,6 +308,7 @@ impl Cache {
 
     /// The body of a fill task.
     async fn run_fill(self, object: Arc<OpenObject>, first: u32, senders: Vec<oneshot::Sender<FillResult>>) {
+        let started = Instant::now();
         let store = &self.inner.store;
         let block_size = store.block_size();
         let size = object.version.size;
@@ -353,11 +357,14 @@ impl Cache {
                     })
             }
         };
-        if let Err(error) = result {
-            let mut inflight = self.inner.inflight.lock();
-            for (offset, tx) in pending.enumerate() {
-                inflight.remove(&(object.id, next + offset as u32));
-                let _ = tx.send(Err(error.clone()));
+        match result {
+            Ok(_) => self.inner.stats.latency.fill_origin.observe(started.elapsed()),
+            Err(error) => {
+                let mut inflight = self.inner.inflight.lock();
+                for (offset, tx) in pending.enumerate() {
+                    inflight.remove(&(object.id, next + offset as u32));
+                    let _ = tx.send(Err(error.clone()));
+                }
             }
         }
     }

@@ -1,11 +1,15 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
 //! unmount, flush.
 //!
+//! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
+//! until the daemon stops; an address it cannot bind stops the daemon from starting.
+//!
 //! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
 //! with EIO until it comes back, and cached data is served meanwhile); a stale mount left at the
 //! mount point by a killed daemon is detached first; a live mount there is an error.
 
 use std::io;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +20,7 @@ use larder_fuse_mount::MountOptions;
 use crate::cache::Cache;
 use crate::control::{self, Control, Settings};
 use crate::engine;
+use crate::metrics;
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
 use crate::prefetch::Jobs;
@@ -74,6 +79,14 @@ pub enum DaemonError {
         /// The OS error.
         source: io::Error,
     },
+    /// The metrics listener cannot be bound.
+    #[error("cannot listen for metrics on {address} (metrics.listen; \"off\" disables it): {source}")]
+    MetricsListen {
+        /// The configured address.
+        address: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -96,6 +109,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
     })?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+    let metrics_task = match config.metrics.listen {
+        Some(address) => Some(serve_metrics(address, &stats, &store).await?),
+        None => None,
+    };
     let cache = Cache::new(store, &config.origin, stats.clone());
     let sources = sources(&config, &stats)?;
     let origins = sources
@@ -128,8 +145,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tokio::spawn(control.sample()),
     ];
     let namespace = Arc::new(Namespace::new(sources, cache.clone()));
+    let fuse_stats = stats.clone();
     let options = MountOptions {
         deadline: config.origin.read_deadline + Duration::from_secs(5),
+        observer: Some(Arc::new(move |op, elapsed| {
+            fuse_stats.latency.fuse(op).observe(elapsed);
+        })),
         ..MountOptions::default()
     };
     let mounted = larder_fuse_mount::mount(
@@ -159,6 +180,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _ = std::fs::remove_file(&args.control_socket);
     let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
     cache.flush().await;
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     match unmounted {
         Ok(Ok(())) => Ok(()),
         Ok(Err(source)) => Err(DaemonError::Io {
@@ -170,6 +194,24 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             source: io::Error::other(join),
         }),
     }
+}
+
+/// Binds the metrics listener and serves it on a task of its own.
+async fn serve_metrics(
+    address: SocketAddr,
+    stats: &Arc<Stats>,
+    store: &Arc<BlockStore>,
+) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| DaemonError::MetricsListen { address, source })?;
+    let bound = listener.local_addr().unwrap_or(address);
+    tracing::info!(address = %bound, "serving metrics at /metrics");
+    Ok(tokio::spawn(metrics::serve(
+        listener,
+        stats.clone(),
+        store.clone(),
+    )))
 }
 
 fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {

@@ -1,26 +1,38 @@
 //! Counters kept by the daemon: bytes served by source, lookups by result, origin requests and
-//! errors, cache writes and evictions. The metrics endpoint reads them; tests assert on them.
+//! errors, cache writes and evictions, prefetch progress; and latency histograms of fills and
+//! FUSE requests. The metrics endpoint reads them; tests assert on them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use larder_fuse_mount::Operation;
+
+use crate::metrics::{Histogram, HistogramSnapshot};
+
 macro_rules! counters {
     ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
-        /// Live counters, shared by every part of the daemon.
+        /// Live counters and histograms, shared by every part of the daemon.
         #[derive(Debug, Default)]
         pub struct Stats {
             $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+            /// Latency histograms.
+            pub latency: Latencies,
         }
 
         /// A copy of [`Stats`] at one instant.
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct StatsSnapshot {
             $( $(#[doc = $doc])* pub $name: u64, )*
+            /// Latency histograms.
+            pub latency: LatencySnapshot,
         }
 
         impl Stats {
-            /// Reads every counter.
+            /// Reads every counter and histogram.
             pub fn snapshot(&self) -> StatsSnapshot {
-                StatsSnapshot { $( $name: self.$name.load(Ordering::Relaxed), )* }
+                StatsSnapshot {
+                    $( $name: self.$name.load(Ordering::Relaxed), )*
+                    latency: self.latency.snapshot(),
+                }
             }
         }
     };
@@ -71,10 +83,54 @@ counters! {
     evicted_blocks,
     /// Bytes evicted to make room.
     evicted_bytes,
-    /// Bytes of the objects prefetch jobs planned.
+    /// Bytes that prefetch jobs set out to bring into the cache.
     prefetch_planned_bytes,
-    /// Bytes prefetch jobs found or put in the cache.
+    /// Bytes that prefetch jobs have brought into the cache (or found there).
     prefetch_done_bytes,
+}
+
+/// How long fills and FUSE requests take.
+#[derive(Debug, Default)]
+pub struct Latencies {
+    /// One block read from the block store, on a hit.
+    pub fill_nvme: Histogram,
+    /// One origin fill (a ranged GET of up to a part), from its start (waiting for an origin
+    /// slot included) to its last block; successful fills only.
+    pub fill_origin: Histogram,
+    /// FUSE requests from arrival to reply, indexed by `Operation as usize`.
+    fuse: [Histogram; Operation::ALL.len()],
+}
+
+/// A copy of [`Latencies`] at one instant.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LatencySnapshot {
+    /// See [`Latencies::fill_nvme`].
+    pub fill_nvme: HistogramSnapshot,
+    /// See [`Latencies::fill_origin`].
+    pub fill_origin: HistogramSnapshot,
+    fuse: [HistogramSnapshot; Operation::ALL.len()],
+}
+
+impl Latencies {
+    /// The histogram of FUSE requests of kind `op`.
+    pub fn fuse(&self, op: Operation) -> &Histogram {
+        &self.fuse[op as usize]
+    }
+
+    fn snapshot(&self) -> LatencySnapshot {
+        LatencySnapshot {
+            fill_nvme: self.fill_nvme.snapshot(),
+            fill_origin: self.fill_origin.snapshot(),
+            fuse: std::array::from_fn(|i| self.fuse[i].snapshot()),
+        }
+    }
+}
+
+impl LatencySnapshot {
+    /// FUSE requests of kind `op`.
+    pub fn fuse(&self, op: Operation) -> &HistogramSnapshot {
+        &self.fuse[op as usize]
+    }
 }
 
 /// Adds `n` to a counter.

@@ -18,7 +18,7 @@ use clap::Parser;
 use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
-use crate::schema::{Config, IoEngineKind, SourceConfig};
+use crate::schema::{Config, IoEngineKind, SourceConfig, parse_listen};
 
 /// Configuration flags: a config file plus overrides of single settings.
 ///
@@ -117,6 +117,15 @@ pub struct ConfigArgs {
     /// Attempts per request, 1 to 20 [origin.max_attempts].
     #[arg(long, env = "LARDER_MAX_ATTEMPTS", value_name = "N", help_heading = "Origin")]
     pub max_attempts: Option<String>,
+
+    /// Address and port of the Prometheus endpoint, or "off" [metrics.listen].
+    #[arg(
+        long,
+        env = "LARDER_METRICS_LISTEN",
+        value_name = "ADDR:PORT|off",
+        help_heading = "Metrics"
+    )]
+    pub metrics_listen: Option<String>,
 
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's
     /// source with that name, or adds a new source with default settings.
@@ -229,6 +238,13 @@ impl ConfigArgs {
             parse_number,
         )?;
 
+        set(
+            &mut config.metrics.listen,
+            &self.metrics_listen,
+            "--metrics-listen / LARDER_METRICS_LISTEN",
+            parse_listen,
+        )?;
+
         for spec in &self.sources {
             let (name, url) = spec.split_once('=').ok_or_else(|| {
                 ConfigError::invalid("--source / LARDER_SOURCES", spec, "expected NAME=URL")
@@ -328,6 +344,7 @@ mod tests {
             ("request-timeout", "LARDER_REQUEST_TIMEOUT"),
             ("read-deadline", "LARDER_READ_DEADLINE"),
             ("max-attempts", "LARDER_MAX_ATTEMPTS"),
+            ("metrics-listen", "LARDER_METRICS_LISTEN"),
             ("source", "LARDER_SOURCES"),
         ];
         let command = ConfigArgs::command();
@@ -405,6 +422,8 @@ mod tests {
             "1m",
             "--max-attempts",
             "2",
+            "--metrics-listen",
+            "0.0.0.0:9100",
         ])
         .load()
         .unwrap();
@@ -420,6 +439,7 @@ mod tests {
         assert_eq!(config.origin.request_timeout, Duration::from_secs(2));
         assert_eq!(config.origin.read_deadline, Duration::from_secs(60));
         assert_eq!(config.origin.max_attempts, 2);
+        assert_eq!(config.metrics.listen, Some("0.0.0.0:9100".parse().unwrap()));
         // Untouched settings keep the file's or the default value.
         assert_eq!(config.origin.connect_timeout, Duration::from_secs(3));
         assert_eq!(config.sources, vec![SourceConfig::new("data", "s3://bucket")]);
@@ -522,6 +542,11 @@ mod tests {
                 "--request-timeout / LARDER_REQUEST_TIMEOUT",
             ),
             ("--source", "just-a-name", "--source / LARDER_SOURCES"),
+            (
+                "--metrics-listen",
+                "localhost:9464",
+                "--metrics-listen / LARDER_METRICS_LISTEN",
+            ),
         ] {
             let flag_and_value = format!("{flag}={value}");
             let err = args(&["--source", "a=s3://x", &flag_and_value])
@@ -562,6 +587,20 @@ mod tests {
                 .starts_with("invalid source[0].name = \"bad name\""),
             "{err}"
         );
+    }
+
+    #[test]
+    fn metrics_listen_off_disables_and_keeps_the_file_otherwise() {
+        let file = config_file(
+            "[metrics]\nlisten = \"127.0.0.2:9000\"\n[[source]]\nname = \"a\"\nurl = \"s3://x\"\n",
+        );
+        let path = file.path().to_str().unwrap();
+        let config = args(&["--config", path]).load().unwrap();
+        assert_eq!(config.metrics.listen, Some("127.0.0.2:9000".parse().unwrap()));
+        let config = args(&["--config", path, "--metrics-listen", "off"])
+            .load()
+            .unwrap();
+        assert_eq!(config.metrics.listen, None);
     }
 
     #[test]

@@ -19,4 +19,4 @@ mod validate;
 pub use args::ConfigArgs;
 pub use bytesize::{ByteSize, ParseByteSizeError};
 pub use error::ConfigError;
-pub use schema::{CacheConfig, Config, IoEngineKind, OriginConfig, SourceConfig};
+pub use schema::{CacheConfig, Config, IoEngineKind, MetricsConfig, OriginConfig, SourceConfig};

@@ -26,6 +26,9 @@
 //! readahead_min = "8MiB"
 //! readahead_max = "256MiB"
 //!
+//! [metrics]
+//! listen = "127.0.0.1:9464"  # or "off"
+//!
 //! [[source]]
 //! name = "datasets"
 //! url = "s3://bucket/prefix"
@@ -34,6 +37,7 @@
 //! ```
 
 use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
@@ -53,6 +57,8 @@ pub struct Config {
     pub cache: CacheConfig,
     /// How the daemon fetches from the object stores behind the cache.
     pub origin: OriginConfig,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsConfig,
     /// The object stores served; written as `[[source]]` tables in TOML.
     /// At least one is required by [`Config::validate`].
     #[serde(rename = "source", skip_serializing_if = "Vec::is_empty")]
@@ -190,6 +196,61 @@ impl Default for OriginConfig {
     }
 }
 
+/// The Prometheus endpoint (`[metrics]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address and port of the HTTP listener serving `GET /metrics`, e.g. `"127.0.0.1:9464"`
+    /// or `"[::]:9464"`; an IP address, not a host name. Written `"off"` (`None`) to serve no
+    /// metrics. Default `127.0.0.1:9464`: loopback only, so a node exposes its metrics to the
+    /// network only when told to.
+    #[serde(with = "listen_serde")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 9464))),
+        }
+    }
+}
+
+/// Parses a `metrics.listen` value: `"off"`, or an IP address and port.
+pub(crate) fn parse_listen(text: &str) -> Result<Option<SocketAddr>, String> {
+    match text.trim() {
+        "off" => Ok(None),
+        address => address
+            .parse()
+            .map(Some)
+            .map_err(|_| "expected an IP address and port such as \"127.0.0.1:9464\", or \"off\"".to_owned()),
+    }
+}
+
+/// Serde `with` helpers storing `metrics.listen` as text, `"off"` for none.
+mod listen_serde {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer, de};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<SocketAddr>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(address) => serializer.collect_str(address),
+            None => serializer.serialize_str("off"),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        super::parse_listen(&text).map_err(|reason| de::Error::custom(format!("{text:?}: {reason}")))
+    }
+}
+
 /// One object store served by the daemon (`[[source]]`).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -322,6 +383,9 @@ mod tests {
         readahead_min = "16MiB"
         readahead_max = "1GiB"
 
+        [metrics]
+        listen = "[::]:9100"
+
         [[source]]
         name = "datasets"
         url = "s3://training-data/datasets"
@@ -345,6 +409,7 @@ mod tests {
         assert_eq!(config.origin.read_deadline, Duration::from_secs(30));
         assert_eq!(config.origin.backoff_base, Duration::from_millis(50));
         assert_eq!(config.origin.readahead_max, ByteSize::mib(256));
+        assert_eq!(config.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
     }
 
     #[test]
@@ -372,6 +437,9 @@ mod tests {
                 retry_budget_ratio: 0.5,
                 readahead_min: ByteSize::mib(16),
                 readahead_max: ByteSize::gib(1),
+            },
+            metrics: MetricsConfig {
+                listen: Some("[::]:9100".parse().unwrap()),
             },
             sources: vec![
                 SourceConfig {
@@ -430,6 +498,7 @@ mod tests {
         let config = Config::from_toml_str("[[source]]\nname = \"a\"\nurl = \"file:///data\"\n").unwrap();
         assert_eq!(config.cache, CacheConfig::default());
         assert_eq!(config.origin, OriginConfig::default());
+        assert_eq!(config.metrics, MetricsConfig::default());
         assert_eq!(config.sources, vec![SourceConfig::new("a", "file:///data")]);
         let config = Config::from_toml_str(
             "[cache]\nblock_size = 2097152\n[[source]]\nname = \"a\"\nurl = \"file:///data\"\n",
@@ -509,6 +578,37 @@ mod tests {
             Some("origin.concurrency")
         );
         assert_eq!(key_at("[cache\n", 1), None);
+    }
+
+    #[test]
+    fn metrics_listen_is_an_address_or_off() {
+        let source = "[[source]]\nname = \"a\"\nurl = \"file:///d\"\n";
+        let parse = |value: &str| Config::from_toml_str(&format!("[metrics]\nlisten = {value}\n{source}"));
+        assert_eq!(parse("\"off\"").unwrap().metrics.listen, None);
+        assert_eq!(
+            parse("\"0.0.0.0:9000\"").unwrap().metrics.listen,
+            Some("0.0.0.0:9000".parse().unwrap())
+        );
+        assert_eq!(
+            parse("\"[::1]:9464\"").unwrap().metrics.listen,
+            Some("[::1]:9464".parse().unwrap())
+        );
+        for bad in ["\"localhost:9464\"", "\"127.0.0.1\"", "\"\"", "\"on\"", "9464"] {
+            let err = parse(bad).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Parse { key: Some(k), .. } if k == "metrics.listen"),
+                "{bad}: {err}"
+            );
+        }
+        let err = parse("\"localhost:9464\"").unwrap_err().to_string();
+        assert!(
+            err.contains("\"localhost:9464\"") && err.contains("or \"off\""),
+            "{err}"
+        );
+        // "off" survives a round trip through TOML.
+        let mut config = parse("\"off\"").unwrap();
+        config = Config::from_toml_str(&config.to_toml_string().unwrap()).unwrap();
+        assert_eq!(config.metrics.listen, None);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, IoctlFlags, KernelConfig,
@@ -19,8 +19,66 @@ use tracing::Instrument;
 
 use crate::{Attr, FileTree, FsError, NodeKind};
 
+/// The kinds of request the adapter passes to the tree, a closed set: what an [`Observer`] is
+/// told about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `lookup`: a name in a directory.
+    Lookup,
+    /// `getattr`: attributes of a node.
+    Getattr,
+    /// `opendir`.
+    Opendir,
+    /// `readdir`: one page of a listing.
+    Readdir,
+    /// `releasedir`.
+    Releasedir,
+    /// `open` of a file.
+    Open,
+    /// `read` of an open file.
+    Read,
+    /// `release` of an open file.
+    Release,
+    /// `statfs`.
+    Statfs,
+}
+
+impl Operation {
+    /// Every operation, in declaration order: `op as usize` indexes this array.
+    pub const ALL: [Self; 9] = [
+        Self::Lookup,
+        Self::Getattr,
+        Self::Opendir,
+        Self::Readdir,
+        Self::Releasedir,
+        Self::Open,
+        Self::Read,
+        Self::Release,
+        Self::Statfs,
+    ];
+
+    /// The lowercase name of the FUSE request, as in logs and metric labels.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Lookup => "lookup",
+            Self::Getattr => "getattr",
+            Self::Opendir => "opendir",
+            Self::Readdir => "readdir",
+            Self::Releasedir => "releasedir",
+            Self::Open => "open",
+            Self::Read => "read",
+            Self::Release => "release",
+            Self::Statfs => "statfs",
+        }
+    }
+}
+
+/// Called once per request with its operation and the time from its arrival to its reply
+/// (waiting for a slot under `max_in_flight` included). Runs on the request's task: keep it cheap.
+pub type Observer = Arc<dyn Fn(Operation, Duration) + Send + Sync>;
+
 /// How a tree is mounted.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MountOptions {
     /// Requests being served at once; more wait in line.
     pub max_in_flight: usize,
@@ -34,6 +92,25 @@ pub struct MountOptions {
     pub threads: usize,
     /// Let users other than the daemon's read the mount (pods run as other users).
     pub allow_other: bool,
+    /// Told the latency of every request, e.g. to feed a histogram. Default none.
+    pub observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for MountOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountOptions")
+            .field("max_in_flight", &self.max_in_flight)
+            .field("deadline", &self.deadline)
+            .field("attr_ttl", &self.attr_ttl)
+            .field("read_ahead_kb", &self.read_ahead_kb)
+            .field("threads", &self.threads)
+            .field("allow_other", &self.allow_other)
+            .field(
+                "observer",
+                &self.observer.as_ref().map(|_| "Fn(Operation, Duration)"),
+            )
+            .finish()
+    }
 }
 
 impl Default for MountOptions {
@@ -45,6 +122,7 @@ impl Default for MountOptions {
             read_ahead_kb: 16 * 1024,
             threads: 2,
             allow_other: true,
+            observer: None,
         }
     }
 }
@@ -92,15 +170,17 @@ fn errno(error: FsError) -> Errno {
 impl<T: FileTree> Adapter<T> {
     /// Runs `work` as a task under the in-flight bound and the deadline, and hands its result
     /// to `respond`, which replies. Returns at once: the dispatch loop never waits.
-    fn dispatch<V, W, F>(&self, op: &'static str, ino: u64, work: W, respond: F)
+    fn dispatch<V, W, F>(&self, op: Operation, ino: u64, work: W, respond: F)
     where
         V: Send + 'static,
         W: Future<Output = Result<V, FsError>> + Send + 'static,
         F: FnOnce(Result<V, FsError>) + Send + 'static,
     {
+        let arrived = Instant::now();
         let permits = self.permits.clone();
         let deadline = self.options.deadline;
-        let span = tracing::debug_span!("fuse", op, ino);
+        let observer = self.options.observer.clone();
+        let span = tracing::debug_span!("fuse", op = op.name(), ino);
         self.runtime.spawn(
             async move {
                 let result = match permits.acquire_owned().await {
@@ -113,6 +193,9 @@ impl<T: FileTree> Adapter<T> {
                     tracing::debug!(%error, "request failed");
                 }
                 respond(result);
+                if let Some(observe) = observer {
+                    observe(op, arrived.elapsed());
+                }
             }
             .instrument(span),
         );
@@ -133,7 +216,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (tree, name, ttl) = (self.tree.clone(), name.to_owned(), self.options.attr_ttl);
         self.dispatch(
-            "lookup",
+            Operation::Lookup,
             parent.0,
             async move { tree.lookup(parent.0, &name).await },
             move |r| match r {
@@ -146,7 +229,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (tree, ttl) = (self.tree.clone(), self.options.attr_ttl);
         self.dispatch(
-            "getattr",
+            Operation::Getattr,
             ino.0,
             async move { tree.getattr(ino.0).await },
             move |r| match r {
@@ -163,7 +246,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         }
         let tree = self.tree.clone();
         self.dispatch(
-            "open",
+            Operation::Open,
             ino.0,
             async move { tree.open(ino.0).await },
             move |r| match r {
@@ -193,7 +276,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     ) {
         let tree = self.tree.clone();
         self.dispatch(
-            "read",
+            Operation::Read,
             ino.0,
             async move { tree.read(fh.0, offset, size).await },
             move |r| match r {
@@ -215,7 +298,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     ) {
         let tree = self.tree.clone();
         self.dispatch(
-            "release",
+            Operation::Release,
             ino.0,
             async move {
                 tree.release(fh.0).await;
@@ -233,7 +316,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let tree = self.tree.clone();
         self.dispatch(
-            "opendir",
+            Operation::Opendir,
             ino.0,
             async move { tree.opendir(ino.0).await },
             move |r| match r {
@@ -246,7 +329,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         let tree = self.tree.clone();
         self.dispatch(
-            "releasedir",
+            Operation::Releasedir,
             ino.0,
             async move {
                 tree.releasedir(fh.0).await;
@@ -277,7 +360,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
             }
             Ok(entries)
         };
-        self.dispatch("readdir", ino.0, work, move |r| match r {
+        self.dispatch(Operation::Readdir, ino.0, work, move |r| match r {
             Ok(entries) => {
                 for (ino, kind, name, next) in entries {
                     if reply.add(INodeNo(ino), next, kind, &name) {
@@ -329,7 +412,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let tree = self.tree.clone();
         self.dispatch(
-            "statfs",
+            Operation::Statfs,
             0,
             async move { tree.statfs().await },
             move |r| match r {
@@ -441,5 +524,14 @@ mod tests {
             mtime: now,
         });
         assert_eq!((dir.perm, dir.kind), (0o555, FileType::Directory));
+    }
+
+    #[test]
+    fn operations_index_their_table_and_have_distinct_names() {
+        for (index, op) in Operation::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, index);
+        }
+        let names: std::collections::HashSet<_> = Operation::ALL.iter().map(|op| op.name()).collect();
+        assert_eq!(names.len(), Operation::ALL.len());
     }
 }

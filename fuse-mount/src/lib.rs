@@ -9,6 +9,6 @@ mod adapter;
 mod error;
 mod tree;
 
-pub use adapter::{MountOptions, Mounted, mount};
+pub use adapter::{MountOptions, Mounted, Observer, Operation, mount};
 pub use error::FsError;
 pub use tree::{Attr, DirEntry, FileTree, FsStats, NodeKind, Opened, ROOT_INO};

@@ -70,6 +70,9 @@ impl DaemonProcess {
             .env("AWS_ACCESS_KEY_ID", crate::ACCESS_KEY)
             .env("AWS_SECRET_ACCESS_KEY", secret)
             .env("LARDER_LOG", "info")
+            // Daemons of tests running side by side must not all take the default port; a
+            // test that scrapes passes --metrics-listen, which wins over this.
+            .env("LARDER_METRICS_LISTEN", "127.0.0.1:0")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -35,6 +35,7 @@ pub fn test_config(dir: &Path, block_size: u64, engine: IoEngineKind, url: &str)
             ..OriginConfig::default()
         },
         sources: vec![SourceConfig::new("models", url)],
+        ..Config::default()
     }
 }
 

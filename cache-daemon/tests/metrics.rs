@@ -1,0 +1,240 @@
+//! End to end: the Prometheus endpoint of `larder daemon` run as a process, scraped over HTTP
+//! and parsed with a Prometheus text-format parser, after cold and warm reads through the mount.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use larder_tests::daemon::DaemonProcess;
+use larder_tests::{S3Server, content, seed};
+use prometheus_parse::{Sample, Scrape, Value};
+
+const MIB: u64 = 1 << 20;
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+const CAPACITY: u64 = 64 * MIB;
+const BLOCK: u64 = 4 * MIB;
+
+/// At the top of the bucket: s3s-fs answers a HEAD of a key that is a directory on its disk
+/// with a 500 (a real S3 says 404), which the daemon retries and counts as transient errors.
+const OBJECTS: &[(&str, u64)] = &[
+    ("model.safetensors", 21 * MIB + 5),
+    ("config.json", 1000),
+    ("shard-0.bin", 4 * MIB),
+];
+
+/// A port nobody listens on right now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// One scrape, by metric name and labels.
+struct Metrics {
+    samples: Vec<Sample>,
+    docs: HashMap<String, String>,
+}
+
+impl Metrics {
+    async fn scrape(address: &str) -> Self {
+        let response = reqwest::get(format!("http://{address}/metrics"))
+            .await
+            .expect("GET /metrics");
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .to_owned();
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        let text = response.text().await.expect("body");
+        let scrape = Scrape::parse(text.lines().map(|line| Ok(line.to_owned()))).expect("parse");
+        Self {
+            samples: scrape.samples,
+            docs: scrape.docs,
+        }
+    }
+
+    /// The value of a counter or gauge sample with `label` (or with no labels when `None`).
+    fn value(&self, name: &str, label: Option<(&str, &str)>) -> f64 {
+        let sample = self
+            .samples
+            .iter()
+            .find(|s| {
+                s.metric == name
+                    && match label {
+                        Some((key, value)) => s.labels.get(key) == Some(value),
+                        None => s.labels.is_empty(),
+                    }
+            })
+            .unwrap_or_else(|| panic!("no sample {name} {label:?}"));
+        match sample.value {
+            Value::Counter(v) | Value::Gauge(v) => v,
+            ref other => panic!("{name} is not a counter or gauge: {other:?}"),
+        }
+    }
+
+    /// Observations in the histogram `name` with `label` (its `+Inf` bucket).
+    fn observations(&self, name: &str, label: (&str, &str)) -> f64 {
+        let sample = self
+            .samples
+            .iter()
+            .find(|s| s.metric == name && s.labels.get(label.0) == Some(label.1))
+            .unwrap_or_else(|| panic!("no histogram {name} {label:?}"));
+        let Value::Histogram(buckets) = &sample.value else {
+            panic!("{name} is not a histogram");
+        };
+        buckets
+            .iter()
+            .find(|b| b.less_than == f64::INFINITY)
+            .map(|b| b.count)
+            .expect("+Inf bucket")
+    }
+
+    fn read_bytes(&self, source: &str) -> f64 {
+        self.value("larder_read_bytes_total", Some(("source", source)))
+    }
+}
+
+/// Reads every object once through the mount and checks its bytes; returns the bytes read.
+async fn read_all(daemon: &DaemonProcess) -> u64 {
+    let mount = daemon.mount.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut total = 0;
+        for &(key, size) in OBJECTS {
+            let bytes = std::fs::read(mount.join(key)).expect("read");
+            assert!(
+                bytes == content(seed(key, 0), 0, size as usize),
+                "{key}: wrong bytes"
+            );
+            total += bytes.len() as u64;
+        }
+        total
+    })
+    .await
+    .expect("join")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_the_bytes_read_cold_and_warm() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for &(key, size) in OBJECTS {
+        server.put(key, seed(key, 0), size as usize).await.expect("put");
+    }
+    let total: u64 = OBJECTS.iter().map(|(_, size)| size).sum();
+    let blocks: u64 = OBJECTS.iter().map(|(_, size)| size.div_ceil(BLOCK)).sum();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let address = format!("127.0.0.1:{}", free_port());
+    let args = ["--metrics-listen", &address, "--cache-capacity", "64MiB"];
+
+    // Cold: a new daemon, a new mount, so an empty page cache; each file is read once, so each
+    // byte reaches the daemon once. Everything came from the origin, though a block the
+    // readahead had already written may be served from disk.
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    assert_eq!(read_all(&daemon).await, total);
+    let cold = Metrics::scrape(&address).await;
+    assert_eq!(cold.read_bytes("nvme") + cold.read_bytes("origin"), total as f64);
+    assert!(cold.read_bytes("origin") > 0.0);
+    assert!(cold.value("larder_origin_bytes_total", None) >= cold.read_bytes("origin"));
+    assert!(cold.value("larder_origin_requests_total", Some(("kind", "get"))) > 0.0);
+    assert!(cold.value("larder_block_lookups_total", Some(("result", "miss"))) > 0.0);
+    assert!(cold.observations("larder_fill_duration_seconds", ("source", "origin")) > 0.0);
+    assert!(cold.observations("larder_fuse_request_duration_seconds", ("op", "read")) > 0.0);
+    assert!(cold.observations("larder_fuse_request_duration_seconds", ("op", "lookup")) > 0.0);
+    assert_eq!(cold.value("larder_cache_capacity_bytes", None), CAPACITY as f64);
+    assert_eq!(cold.value("larder_origin_retries_total", None), 0.0);
+    for kind in ["not_found", "permission", "version_changed", "transient", "other"] {
+        assert_eq!(
+            cold.value("larder_origin_errors_total", Some(("kind", kind))),
+            0.0,
+            "{kind}"
+        );
+    }
+    // Every family has its HELP text.
+    for name in [
+        "larder_read_bytes_total",
+        "larder_block_lookups_total",
+        "larder_cache_bytes",
+        "larder_cache_capacity_bytes",
+        "larder_fill_duration_seconds",
+        "larder_fuse_request_duration_seconds",
+        "larder_prefetch_planned_bytes_total",
+    ] {
+        assert!(cold.docs.contains_key(name), "no HELP for {name}");
+    }
+    let status = tokio::task::spawn_blocking(move || daemon.stop())
+        .await
+        .expect("join")
+        .expect("stop");
+    assert!(status.success(), "exit status {status}");
+
+    // Warm: the restarted daemon serves every byte from its block store.
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("restart");
+    let before = Metrics::scrape(&address).await;
+    assert_eq!(before.value("larder_cache_blocks", None), blocks as f64);
+    assert_eq!(before.value("larder_cache_objects", None), OBJECTS.len() as f64);
+    assert!(before.value("larder_cache_bytes", None) >= total as f64);
+    assert_eq!(read_all(&daemon).await, total);
+    let warm = Metrics::scrape(&address).await;
+    assert_eq!(warm.read_bytes("nvme"), total as f64);
+    assert_eq!(warm.read_bytes("origin"), 0.0);
+    assert_eq!(warm.value("larder_origin_bytes_total", None), 0.0);
+    assert_eq!(
+        warm.value("larder_origin_requests_total", Some(("kind", "get"))),
+        0.0
+    );
+    assert_eq!(
+        warm.value("larder_block_lookups_total", Some(("result", "miss"))),
+        0.0
+    );
+    assert!(warm.value("larder_block_lookups_total", Some(("result", "hit"))) >= blocks as f64);
+    assert!(warm.observations("larder_fill_duration_seconds", ("source", "nvme")) >= blocks as f64);
+    assert_eq!(
+        warm.observations("larder_fill_duration_seconds", ("source", "origin")),
+        0.0
+    );
+    assert_eq!(warm.value("larder_cache_capacity_bytes", None), CAPACITY as f64);
+
+    // Only GET (and HEAD) of /metrics is served.
+    let client = reqwest::Client::new();
+    let url = format!("http://{address}");
+    let status =
+        |request: reqwest::RequestBuilder| async move { request.send().await.expect("send").status() };
+    assert_eq!(status(client.get(format!("{url}/"))).await, 404);
+    assert_eq!(status(client.get(format!("{url}/metrics/x"))).await, 404);
+    assert_eq!(status(client.post(format!("{url}/metrics"))).await, 405);
+    assert_eq!(status(client.head(format!("{url}/metrics"))).await, 200);
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_address_in_use_stops_the_daemon_with_a_clear_error() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let err = DaemonProcess::start(
+        Path::new(BIN),
+        &server,
+        dir.path(),
+        &["--metrics-listen", &address],
+    )
+    .expect_err("the daemon started on a taken port");
+    let text = format!("{err:#}");
+    assert!(
+        text.contains(&format!("cannot listen for metrics on {address}")),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_off_serves_nothing() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    server.put("a", seed("a", 0), 10).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &["--metrics-listen", "off"])
+        .expect("daemon");
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    assert!(!log.contains("serving metrics"), "{log}");
+    drop(daemon);
+}
