@@ -1,4 +1,4 @@
-//! The engine benchmark: cold fill, warm read and restart, in interleaved rounds.
+//! The engine benchmark: cold fill, prefetch, warm read and restart, in interleaved rounds.
 
 use std::io::Read;
 use std::path::Path;
@@ -11,6 +11,7 @@ use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
 use larder_cache_daemon::engine;
 use larder_cache_daemon::object::ObjectVersion;
 use larder_cache_daemon::origin::Origin;
+use larder_cache_daemon::prefetch::{JobState, Jobs, PREFETCH_PARTS};
 use larder_cache_daemon::stats::Stats;
 use larder_cache_daemon::store::format::{Entry, RecordHeader};
 use larder_cache_daemon::store::{self, BlockStore};
@@ -105,6 +106,27 @@ async fn read_through(cache: &Cache, object: &Arc<OpenObject>) -> anyhow::Result
         offset += reader.read(offset, READ_SIZE).await?.len() as u64;
     }
     Ok(started.elapsed())
+}
+
+/// A prefetch job of the object into `cache`, from start to its last block written.
+async fn prefetch_time(cache: &Cache, origin: &Arc<Origin>) -> anyhow::Result<Duration> {
+    let sources = vec![("bench".to_owned(), origin.clone())];
+    let jobs = Arc::new(Jobs::new(
+        cache.clone(),
+        sources,
+        "/nowhere".into(),
+        Arc::new(Stats::default()),
+    ));
+    let started = Instant::now();
+    let id = jobs.start(vec![format!("bench:{KEY}")], false).await?.id;
+    loop {
+        let report = jobs.report(id).context("the job is gone")?;
+        match report.state {
+            JobState::Running => tokio::time::sleep(Duration::from_millis(2)).await,
+            JobState::Done => return Ok(started.elapsed()),
+            other => anyhow::bail!("the prefetch ended {other:?}: {:?}", report.errors),
+        }
+    }
 }
 
 /// The device's limit: the file read with O_DIRECT by `threads` threads, each taking every
@@ -202,6 +224,7 @@ async fn restart_time(config: &CacheConfig, version: &ObjectVersion) -> anyhow::
 
 struct Round {
     raw: Duration,
+    prefetch: Duration,
     cold: Duration,
     warm: Duration,
     direct: Duration,
@@ -257,6 +280,12 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
         .await?;
         let raw_rss = peak_rss_mib();
 
+        let prefetch_dir = tempfile::tempdir_in(&args.work_dir)?;
+        let cache = open_cache(&cache_config(prefetch_dir.path(), &args), &origin_config).await?;
+        let prefetch = prefetch_time(&cache, &origin).await?;
+        drop(cache);
+        drop(prefetch_dir);
+
         reset_peak_rss();
         let cache = open_cache(&config, &origin_config).await?;
         let cold = read_through(&cache, &object).await?;
@@ -284,8 +313,9 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
             "restart saw {blocks} blocks"
         );
         eprintln!(
-            "round {round}: raw {:.2} GiB/s, cold {:.2} GiB/s, warm {:.2} GiB/s, direct {:.2} GiB/s, device {:.2} GiB/s, restart {:?}; peak RSS MiB raw {raw_rss:.0} cold {cold_rss:.0} warm {warm_rss:.0}",
+            "round {round}: raw {:.2} GiB/s, prefetch {:.2} GiB/s, cold {:.2} GiB/s, warm {:.2} GiB/s, direct {:.2} GiB/s, device {:.2} GiB/s, restart {:?}; peak RSS MiB raw {raw_rss:.0} cold {cold_rss:.0} warm {warm_rss:.0}",
             gib_per_s(size, raw),
+            gib_per_s(size, prefetch),
             gib_per_s(size, cold),
             gib_per_s(size, warm),
             gib_per_s(size, direct),
@@ -294,6 +324,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
         );
         rounds.push(Round {
             raw,
+            prefetch,
             cold,
             warm,
             direct,
@@ -314,6 +345,8 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
     let size = args.size.as_u64();
     let ratio = |f: &dyn Fn(&Round) -> f64| summary(rounds.iter().map(f).collect());
     let cold = ratio(&|r| r.raw.as_secs_f64() / r.cold.as_secs_f64());
+    let prefetch = ratio(&|r| r.raw.as_secs_f64() / r.prefetch.as_secs_f64());
+    let prefetch_abs = ratio(&|r| gib_per_s(size, r.prefetch));
     let warm = ratio(&|r| r.direct.as_secs_f64() / r.warm.as_secs_f64());
     let warm_device = ratio(&|r| r.device.as_secs_f64() / r.warm.as_secs_f64());
     let device_abs = ratio(&|r| gib_per_s(size, r.device));
@@ -344,6 +377,7 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
          medians (min–max); page cache dropped between steps: {dropped}\n\n\
          | workload | Larder | reference | ratio |\n|---|---|---|---|\n\
          | cold sequential read (1 MiB reads) vs raw parallel download (16 × 16 MiB GETs) | {cold_abs} GiB/s | {raw_abs} GiB/s | {cold} |\n\
+         | prefetch job into a cold cache ({parts} parts in flight, blocks written) vs raw parallel download | {prefetch_abs} GiB/s | {raw_abs} GiB/s | {prefetch} |\n\
          | warm read (restarted) vs reading the data file directly (buffered, 1 MiB reads) | {warm_abs} GiB/s | {direct_abs} GiB/s | {warm} |\n\
          | warm read (restarted) vs the device limit (8 threads of O_DIRECT block reads) | {warm_abs} GiB/s | {device_abs} GiB/s | {warm_device} |\n\
          | restart: open a cache of {blocks} blocks and serve the first hit | {restart} ms | — | — |\n\n\
@@ -358,6 +392,9 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
         cold_abs = fmt(cold_abs),
         raw_abs = fmt(raw_abs),
         cold = fmt(cold),
+        prefetch_abs = fmt(prefetch_abs),
+        prefetch = fmt(prefetch),
+        parts = PREFETCH_PARTS,
         warm_abs = fmt(warm_abs),
         direct_abs = fmt(direct_abs),
         warm = fmt(warm),

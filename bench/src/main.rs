@@ -4,6 +4,7 @@
 //! `larder-bench engine` measures the block cache engine against SeaweedFS on loopback:
 //! - cold fill: a sequential read through a cold cache vs a raw parallel ranged download of the
 //!   same object with the same part size and concurrency;
+//! - prefetch: a prefetch job of the object into a cold cache vs the same raw download;
 //! - warm read: the same read from a warm cache (restarted, page cache dropped) vs reading the
 //!   cache's data file directly;
 //! - restart: time from opening a cache of N recorded blocks to its first hit.

@@ -65,14 +65,16 @@ pub struct Source {
 #[derive(Debug, Clone)]
 enum Entry {
     Dir,
-    File(ObjectVersion),
+    /// An object's version, and when a HEAD confirmed it (`None` when it comes from a listing,
+    /// which may lack the ETag or version id an open pins).
+    File(ObjectVersion, Option<Instant>),
 }
 
 impl Entry {
     fn kind(&self) -> NodeKind {
         match self {
             Entry::Dir => NodeKind::Directory,
-            Entry::File(_) => NodeKind::File,
+            Entry::File(..) => NodeKind::File,
         }
     }
 }
@@ -154,6 +156,8 @@ impl Inodes {
                         != known.version.as_ref().map(ObjectVersion::id)
                     {
                         known.version = node.version;
+                        known.checked = node.checked;
+                    } else if node.checked > known.checked {
                         known.checked = node.checked;
                     }
                     return ino;
@@ -281,14 +285,14 @@ impl Namespace {
     fn entry_node(&self, source: usize, path: String, entry: Entry) -> Node {
         match entry {
             Entry::Dir => Self::dir_node(Some(source), path, self.mounted_at),
-            Entry::File(version) => Node {
+            Entry::File(version, checked) => Node {
                 source: Some(source),
                 path,
                 kind: NodeKind::File,
                 size: version.size,
                 mtime: version.modified,
                 version: Some(version),
-                checked: None,
+                checked,
                 last_opened: None,
             },
         }
@@ -340,7 +344,7 @@ impl Namespace {
         };
         let entry = match (is_dir, head) {
             (Ok(true), _) => Some(Entry::Dir),
-            (Ok(false), Some(Ok(version))) => Some(Entry::File(version)),
+            (Ok(false), Some(Ok(version))) => Some(Entry::File(version, Some(Instant::now()))),
             (Ok(false), Some(Err(OriginError::NotFound { .. })) | None) => None,
             (Err(error), _) | (_, Some(Err(error))) => return Err(log_origin_error(error)),
         };
@@ -375,7 +379,7 @@ impl Namespace {
         for listed in &listing.entries {
             let (path, entry) = match listed {
                 ListEntry::Prefix(path) => (path, Entry::Dir),
-                ListEntry::Object(version) => (&version.key, Entry::File(version.clone())),
+                ListEntry::Object(version) => (&version.key, Entry::File(version.clone(), None)),
             };
             let name = leaf(path);
             // A "directory marker" object named like its own directory or a sibling prefix.
@@ -517,9 +521,15 @@ impl FileTree for Namespace {
             return Err(FsError::IsADirectory);
         };
         let origin = self.sources[source].1.origin.clone();
-        let version = match (&node.version, node.checked) {
-            (Some(version), Some(checked)) if self.fresh(source, checked) => version.clone(),
-            _ => origin.head(&node.path).await.map_err(log_origin_error)?,
+        let (version, checked) = match (&node.version, node.checked) {
+            (Some(version), Some(checked)) if self.fresh(source, checked) => (version.clone(), checked),
+            _ => {
+                let version = origin.head(&node.path).await.map_err(log_origin_error)?;
+                let checked = Instant::now();
+                let entry = Entry::File(version.clone(), Some(checked));
+                self.remember_name(source, node.path.clone(), Some(entry));
+                (version, checked)
+            }
         };
         let keep_cache = {
             let mut inodes = self.inodes.lock();
@@ -529,10 +539,9 @@ impl FileTree for Namespace {
             node.size = version.size;
             node.mtime = version.modified;
             node.version = Some(version.clone());
-            node.checked = Some(Instant::now());
+            node.checked = Some(checked);
             keep
         };
-        self.remember_name(source, node.path.clone(), Some(Entry::File(version.clone())));
         let reader = Reader::new(self.cache.clone(), OpenObject::new(origin, version));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().insert(fh, Arc::new(reader));
