@@ -194,11 +194,12 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let status: Status = serde_json::from_value(value)?;
     let errors = &status.origin_errors;
     println!(
-        "up {}; cache {} of {} ({} objects, {} blocks)",
+        "up {}; cache {} of {} ({} objects, {} pinned, {} blocks)",
         HumanDuration(Duration::from_secs(status.uptime_seconds)),
         HumanBytes(status.used_bytes),
         HumanBytes(status.capacity_bytes),
         status.objects,
+        status.pinned_objects,
         status.blocks
     );
     println!(

@@ -99,6 +99,8 @@ pub struct Status {
     pub used_bytes: u64,
     /// Objects with cached blocks.
     pub objects: usize,
+    /// Objects pinned by prefetch jobs.
+    pub pinned_objects: usize,
     /// Cached blocks.
     pub blocks: usize,
     /// Served since start.
@@ -189,6 +191,7 @@ impl Control {
             capacity_bytes: usage.capacity,
             used_bytes: usage.used,
             objects: usage.objects,
+            pinned_objects: usage.pinned,
             blocks: usage.blocks,
             served: Served::between(&StatsSnapshot::default(), &now),
             served_recent: Served::between(&oldest, &now),

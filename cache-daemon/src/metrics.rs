@@ -165,6 +165,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
         usage.objects as u64,
     );
     out.gauge(
+        "larder_cache_pinned_objects",
+        "Object versions pinned by prefetch jobs: never evicted until unpinned.",
+        usage.pinned as u64,
+    );
+    out.gauge(
         "larder_cache_blocks",
         "Blocks in the block store.",
         usage.blocks as u64,
@@ -448,6 +453,7 @@ mod tests {
             capacity: 1 << 30,
             objects: 2,
             blocks: 3,
+            pinned: 1,
         }
     }
 
@@ -481,6 +487,7 @@ mod tests {
             "larder_cache_capacity_bytes 1073741824",
             "larder_cache_objects 2",
             "larder_cache_blocks 3",
+            "larder_cache_pinned_objects 1",
             "# TYPE larder_fill_duration_seconds histogram",
             "larder_fill_duration_seconds_bucket{source=\"origin\",le=\"0.01\"} 0",
             "larder_fill_duration_seconds_bucket{source=\"origin\",le=\"0.025\"} 1",
@@ -521,7 +528,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 21);
+        assert_eq!(families.len(), 22);
     }
 
     #[test]

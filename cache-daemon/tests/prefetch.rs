@@ -98,6 +98,7 @@ async fn a_prefetched_prefix_reads_with_no_origin_gets_and_a_rerun_fetches_nothi
     );
     let status = status(&daemon);
     assert_eq!(status["served"]["origin_bytes"], 0, "{status}");
+    assert_eq!(status["pinned_objects"], 3, "{status}");
     let jobs = status["jobs"].as_array().expect("jobs");
     assert_eq!(jobs.len(), 2);
     assert!(jobs.iter().all(|j| j["state"] == "done"), "{status}");

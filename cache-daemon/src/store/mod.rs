@@ -105,6 +105,8 @@ pub struct Usage {
     pub objects: usize,
     /// Blocks present.
     pub blocks: usize,
+    /// Objects pinned (by prefetch jobs).
+    pub pinned: usize,
 }
 
 type BlockKey = (ObjectId, u32);
@@ -372,6 +374,7 @@ impl BlockStore {
             capacity: self.capacity,
             objects: state.objects.len(),
             blocks: state.objects.values().map(|o| o.blocks.len()).sum(),
+            pinned: state.objects.values().filter(|o| o.pinned).count(),
         }
     }
 
