@@ -144,10 +144,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tokio::spawn(control::serve(listener, control.clone())),
         tokio::spawn(control.sample()),
     ];
-    let namespace = Arc::new(Namespace::new(sources, cache.clone()));
+    let passthrough = config.cache.passthrough;
+    let namespace = Arc::new(Namespace::new(sources, cache.clone(), passthrough));
     let fuse_stats = stats.clone();
     let options = MountOptions {
         deadline: config.origin.read_deadline + Duration::from_secs(5),
+        passthrough,
         observer: Some(Arc::new(move |op, elapsed| {
             fuse_stats.latency.fuse(op).observe(elapsed);
         })),

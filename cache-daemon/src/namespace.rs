@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 use crate::cache::{Cache, OpenObject, ReadError, Reader};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
+use crate::store::Lease;
 
 /// Longest name a directory entry may have.
 const NAME_MAX: usize = 255;
@@ -201,9 +202,19 @@ pub struct Namespace {
     /// `(source, directory, start)` → a page of its listing.
     pages: moka::sync::Cache<(usize, String, Option<PageToken>), Fetched<Arc<Page>>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
-    handles: Mutex<HashMap<u64, Arc<Reader>>>,
+    handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
+    /// Offer the kernel the data file of complete objects at open.
+    passthrough: bool,
     mounted_at: SystemTime,
+}
+
+/// An open file.
+#[derive(Debug)]
+struct Handle {
+    reader: Arc<Reader>,
+    /// Held while the kernel may read the data file directly (passthrough).
+    _lease: Option<Lease>,
 }
 
 /// What a daemon error means to a reader of the mount.
@@ -243,8 +254,9 @@ fn join(dir: &str, name: &str) -> String {
 
 impl Namespace {
     /// A tree over `sources` (name, source), reading through `cache`. With one source, its
-    /// contents are the root; with several, each is a directory of the root.
-    pub fn new(sources: Vec<(String, Source)>, cache: Cache) -> Self {
+    /// contents are the root; with several, each is a directory of the root. With
+    /// `passthrough`, opening a complete object offers the kernel its data file.
+    pub fn new(sources: Vec<(String, Source)>, cache: Cache, passthrough: bool) -> Self {
         let root_source = (sources.len() == 1).then_some(0);
         let mounted_at = SystemTime::now();
         let mut inodes = Inodes::default();
@@ -264,6 +276,7 @@ impl Namespace {
             dirs: Mutex::new(HashMap::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            passthrough,
             mounted_at,
         }
     }
@@ -542,14 +555,32 @@ impl FileTree for Namespace {
             node.checked = Some(checked);
             keep
         };
-        let reader = Reader::new(self.cache.clone(), OpenObject::new(origin, version));
+        let leased = self
+            .passthrough
+            .then(|| self.cache.store().lease_complete(&version))
+            .flatten();
+        let (backing, lease) = leased.unzip();
+        let reader = Arc::new(Reader::new(self.cache.clone(), OpenObject::new(origin, version)));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().insert(fh, Arc::new(reader));
-        Ok(Opened { fh, keep_cache })
+        let handle = Handle {
+            reader,
+            _lease: lease,
+        };
+        self.handles.lock().insert(fh, handle);
+        Ok(Opened {
+            fh,
+            keep_cache,
+            backing,
+        })
     }
 
     async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
-        let reader = self.handles.lock().get(&fh).cloned().ok_or(FsError::BadHandle)?;
+        let reader = self
+            .handles
+            .lock()
+            .get(&fh)
+            .map(|h| h.reader.clone())
+            .ok_or(FsError::BadHandle)?;
         reader
             .read(offset, size as usize)
             .await

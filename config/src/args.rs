@@ -70,6 +70,15 @@ pub struct ConfigArgs {
     )]
     pub verify_on_read: Option<String>,
 
+    /// FUSE passthrough for fully cached files [cache.passthrough].
+    #[arg(
+        long,
+        env = "LARDER_PASSTHROUGH",
+        value_name = "true|false",
+        help_heading = "Cache"
+    )]
+    pub passthrough: Option<String>,
+
     /// Disk I/O engine [cache.io_engine].
     #[arg(
         long,
@@ -191,6 +200,12 @@ impl ConfigArgs {
             &mut cache.verify_on_read,
             &self.verify_on_read,
             "--verify-on-read / LARDER_VERIFY_ON_READ",
+            parse_bool,
+        )?;
+        set(
+            &mut cache.passthrough,
+            &self.passthrough,
+            "--passthrough / LARDER_PASSTHROUGH",
             parse_bool,
         )?;
         set(
@@ -337,6 +352,7 @@ mod tests {
             ("min-free-fraction", "LARDER_MIN_FREE_FRACTION"),
             ("block-size", "LARDER_BLOCK_SIZE"),
             ("verify-on-read", "LARDER_VERIFY_ON_READ"),
+            ("passthrough", "LARDER_PASSTHROUGH"),
             ("io-engine", "LARDER_IO_ENGINE"),
             ("io-queue-depth", "LARDER_IO_QUEUE_DEPTH"),
             ("part-size", "LARDER_PART_SIZE"),
@@ -408,6 +424,8 @@ mod tests {
             "16MiB",
             "--verify-on-read",
             "false",
+            "--passthrough",
+            "false",
             "--io-engine",
             "psync",
             "--io-queue-depth",
@@ -432,6 +450,7 @@ mod tests {
         assert_eq!(config.cache.min_free_fraction, 0.25);
         assert_eq!(config.cache.block_size, ByteSize::mib(16));
         assert!(!config.cache.verify_on_read);
+        assert!(!config.cache.passthrough);
         assert_eq!(config.cache.io_engine, IoEngineKind::Psync);
         assert_eq!(config.cache.io_queue_depth, 8);
         assert_eq!(config.origin.part_size, ByteSize::mib(32));

@@ -10,6 +10,7 @@
 //! min_free_fraction = 0.05
 //! block_size = "4MiB"
 //! verify_on_read = true
+//! passthrough = true         # FUSE passthrough for fully cached files
 //! io_engine = "uring"        # or "psync"
 //! io_queue_depth = 64
 //!
@@ -85,6 +86,10 @@ pub struct CacheConfig {
     /// true. Turning it off also gives up the protection against data a power loss took
     /// from the page cache after its record entry was written.
     pub verify_on_read: bool,
+    /// Hand the kernel the data file of a fully cached, verified object at open (FUSE
+    /// passthrough), so its reads and mmaps skip the daemon. Default true; needs Linux 6.9
+    /// and CAP_SYS_ADMIN, and falls back to serving reads itself where the kernel refuses.
+    pub passthrough: bool,
     /// Which disk I/O engine to use. Default `uring`.
     pub io_engine: IoEngineKind,
     /// Disk I/O requests in flight, 1 to 4096. Default 64.
@@ -99,6 +104,7 @@ impl Default for CacheConfig {
             min_free_fraction: 0.05,
             block_size: ByteSize::mib(4),
             verify_on_read: true,
+            passthrough: true,
             io_engine: IoEngineKind::Uring,
             io_queue_depth: 64,
         }
@@ -367,6 +373,7 @@ mod tests {
         min_free_fraction = 0.1
         block_size = "8MiB"
         verify_on_read = false
+        passthrough = false
         io_engine = "psync"
         io_queue_depth = 128
 
@@ -422,6 +429,7 @@ mod tests {
                 min_free_fraction: 0.1,
                 block_size: ByteSize::mib(8),
                 verify_on_read: false,
+                passthrough: false,
                 io_engine: IoEngineKind::Psync,
                 io_queue_depth: 128,
             },

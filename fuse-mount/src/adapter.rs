@@ -1,17 +1,19 @@
 //! The `fuser` adapter: each kernel request becomes a task on the given tokio runtime that calls
 //! the [`FileTree`], under a deadline and a bound on requests in flight, and replies.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::ffi::OsStr;
 use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, IoctlFlags, KernelConfig,
-    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, InitFlags, IoctlFlags,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
@@ -94,6 +96,10 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Told the latency of every request, e.g. to feed a histogram. Default none.
     pub observer: Option<Observer>,
+    /// Pass reads of handles opened with a backing file straight to that file (FUSE
+    /// passthrough, Linux 6.9+, CAP_SYS_ADMIN). Default true; off or unsupported, the tree
+    /// serves those reads itself.
+    pub passthrough: bool,
 }
 
 impl std::fmt::Debug for MountOptions {
@@ -105,6 +111,7 @@ impl std::fmt::Debug for MountOptions {
             .field("read_ahead_kb", &self.read_ahead_kb)
             .field("threads", &self.threads)
             .field("allow_other", &self.allow_other)
+            .field("passthrough", &self.passthrough)
             .field(
                 "observer",
                 &self.observer.as_ref().map(|_| "Fn(Operation, Duration)"),
@@ -123,6 +130,7 @@ impl Default for MountOptions {
             threads: 2,
             allow_other: true,
             observer: None,
+            passthrough: true,
         }
     }
 }
@@ -135,6 +143,104 @@ struct Adapter<T> {
     runtime: Handle,
     permits: Arc<Semaphore>,
     options: MountOptions,
+    /// Whether the kernel agreed to passthrough at init.
+    passthrough: bool,
+    backings: Arc<Mutex<Backings>>,
+}
+
+/// A backing file registered with the kernel for one inode.
+struct Backing {
+    id: BackingId,
+    /// (device, inode) of the file, to tell whether a new handle has the same one.
+    file: (u64, u64),
+    handles: usize,
+}
+
+/// How a handle reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Through the daemon and the inode's page cache.
+    Cached,
+    /// From the backing file, by the kernel.
+    Passthrough,
+    /// Through the daemon without the page cache: only when the inode is in passthrough with
+    /// another backing file (a new version opened while the old one is open).
+    Direct,
+}
+
+/// The io mode of inodes with open handles. The kernel fails an open (EIO) that mixes cached
+/// and passthrough handles on one inode, or two backing files: a passthrough open waits for
+/// cached handles to close (it reads through the daemon until then), and a handle that cannot
+/// share the inode's backing file reads without the page cache.
+#[derive(Default)]
+struct Backings {
+    by_ino: HashMap<u64, Backing>,
+    cached: HashMap<u64, usize>,
+    handles: HashMap<u64, (u64, Mode)>,
+}
+
+impl Backings {
+    /// Chooses how handle `fh` of `ino` reads, registers the backing file with the kernel if it
+    /// is the inode's first, and counts the handle.
+    fn open(&mut self, reply: &ReplyOpen, ino: u64, fh: u64, file: Option<&std::fs::File>) -> Mode {
+        use std::os::unix::fs::MetadataExt;
+        let identity = file.and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()));
+        let mode = match (self.by_ino.entry(ino), file, identity) {
+            (Entry::Occupied(known), Some(_), Some(identity)) if known.get().file == identity => {
+                known.into_mut().handles += 1;
+                Mode::Passthrough
+            }
+            (Entry::Occupied(_), _, _) => Mode::Direct,
+            (Entry::Vacant(slot), Some(file), Some(identity)) if !self.cached.contains_key(&ino) => {
+                match reply.open_backing(file) {
+                    Ok(id) => {
+                        slot.insert(Backing {
+                            id,
+                            file: identity,
+                            handles: 1,
+                        });
+                        Mode::Passthrough
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "the kernel refused a backing file; serving reads instead");
+                        Mode::Cached
+                    }
+                }
+            }
+            (Entry::Vacant(_), _, _) => Mode::Cached,
+        };
+        if mode == Mode::Cached {
+            *self.cached.entry(ino).or_default() += 1;
+        }
+        self.handles.insert(fh, (ino, mode));
+        mode
+    }
+
+    /// Forgets a handle; a backing file goes with its inode's last passthrough handle.
+    fn release(&mut self, fh: u64) {
+        let Some((ino, mode)) = self.handles.remove(&fh) else {
+            return;
+        };
+        match mode {
+            Mode::Passthrough => {
+                if let Entry::Occupied(mut backing) = self.by_ino.entry(ino) {
+                    backing.get_mut().handles -= 1;
+                    if backing.get().handles == 0 {
+                        backing.remove();
+                    }
+                }
+            }
+            Mode::Cached => {
+                if let Entry::Occupied(mut count) = self.cached.entry(ino) {
+                    *count.get_mut() -= 1;
+                    if *count.get() == 0 {
+                        count.remove();
+                    }
+                }
+            }
+            Mode::Direct => {}
+        }
+    }
 }
 
 fn file_attr(attr: &Attr) -> FileAttr {
@@ -210,6 +316,15 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         // Let the kernel keep more readahead requests in flight than its default of 12.
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        if self.options.passthrough {
+            self.passthrough = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if !self.passthrough {
+                tracing::info!(
+                    "the kernel does not offer FUSE passthrough; every read goes through the daemon"
+                );
+            }
+        }
         Ok(())
     }
 
@@ -244,7 +359,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
             reply.error(errno(FsError::ReadOnly));
             return;
         }
-        let tree = self.tree.clone();
+        let (tree, backings, passthrough) = (self.tree.clone(), self.backings.clone(), self.passthrough);
         self.dispatch(
             Operation::Open,
             ino.0,
@@ -256,7 +371,20 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                     } else {
                         FopenFlags::empty()
                     };
-                    reply.opened(FileHandle(opened.fh), flags);
+                    let fh = FileHandle(opened.fh);
+                    if !passthrough {
+                        reply.opened(fh, flags);
+                        return;
+                    }
+                    let mut backings = backings.lock().unwrap_or_else(PoisonError::into_inner);
+                    match backings.open(&reply, ino.0, opened.fh, opened.backing.as_ref()) {
+                        Mode::Cached => reply.opened(fh, flags),
+                        Mode::Direct => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
+                        Mode::Passthrough => match backings.by_ino.get(&ino.0) {
+                            Some(backing) => reply.opened_passthrough(fh, flags, &backing.id),
+                            None => reply.error(errno(FsError::Io)),
+                        },
+                    }
                 }
                 Err(e) => reply.error(errno(e)),
             },
@@ -296,6 +424,10 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.backings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .release(fh.0);
         let tree = self.tree.clone();
         self.dispatch(
             Operation::Release,
@@ -460,6 +592,8 @@ pub fn mount<T: FileTree>(
         runtime,
         permits: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
         options: options.clone(),
+        passthrough: false,
+        backings: Arc::default(),
     };
     let mut config = fuser::Config::default();
     config.mount_options = vec![

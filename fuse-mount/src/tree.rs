@@ -45,12 +45,16 @@ pub struct DirEntry {
 }
 
 /// What `open` returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Opened {
     /// The handle later reads and the release carry.
     pub fh: u64,
     /// The version opened is the one whose pages the kernel may already hold: keep them.
     pub keep_cache: bool,
+    /// A local file with exactly the file's bytes: the kernel may read it directly (FUSE
+    /// passthrough) instead of sending reads. The tree must keep those bytes in place until
+    /// the handle's release; reads may still come if the kernel cannot pass through.
+    pub backing: Option<std::fs::File>,
 }
 
 /// What `statfs` reports, in bytes.

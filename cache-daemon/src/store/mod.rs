@@ -123,6 +123,9 @@ struct BlockMeta {
     /// Changes every time the block is (re)inserted, so a reader can tell whether the block it
     /// read is still the one in the index.
     generation: u64,
+    /// Written by this process, or read back and checked since it started: what passthrough
+    /// (which bypasses the checks on read) requires of every block of a file.
+    verified: bool,
 }
 
 #[derive(Debug)]
@@ -133,6 +136,8 @@ struct ObjectState {
     on_disk: bool,
     blocks: HashMap<u32, BlockMeta>,
     pinned: bool,
+    /// Open passthrough handles: the kernel reads the data file itself, so no block may go.
+    leases: u32,
     /// Writes holding a reservation on this object: it is not deleted while any is running.
     writers: u32,
 }
@@ -146,8 +151,14 @@ impl ObjectState {
             on_disk: false,
             blocks: HashMap::new(),
             pinned: false,
+            leases: 0,
             writers: 0,
         }
+    }
+
+    /// Pinned or leased: its blocks are kept out of the eviction policy.
+    fn protected(&self) -> bool {
+        self.pinned || self.leases > 0
     }
 }
 
@@ -180,6 +191,25 @@ struct Victim {
     files: Arc<OnceCell<Arc<ObjectFiles>>>,
     /// The object has no block left and is deleted with its files.
     delete_object: bool,
+}
+
+/// A hold on a complete object's blocks (see [`BlockStore::lease_complete`]).
+#[derive(Debug)]
+pub struct Lease {
+    store: Arc<BlockStore>,
+    id: ObjectId,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut guard = self.store.state.lock();
+        let state = &mut *guard;
+        if let Some(object) = state.objects.get_mut(&self.id) {
+            let was = object.protected();
+            object.leases -= 1;
+            self.store.reprotect(state, self.id, was);
+        }
+    }
 }
 
 /// The block store. Cheap to share behind an `Arc`.
@@ -324,6 +354,7 @@ impl BlockStore {
                 BlockMeta {
                     hash,
                     generation: state.next_generation,
+                    verified: false,
                 },
             );
             state.used += align_up(self.block_len(size, index));
@@ -388,21 +419,63 @@ impl BlockStore {
             .objects
             .entry(id)
             .or_insert_with(|| ObjectState::new(version.size));
-        if object.pinned != pinned {
-            object.pinned = pinned;
-            for &index in object.blocks.keys() {
-                if pinned {
-                    state.policy.remove(&(id, index));
-                } else {
-                    state
-                        .policy
-                        .insert((id, index), align_up(self.block_len(object.size, index)));
-                }
-            }
-        }
-        if !pinned && object.blocks.is_empty() && object.writers == 0 && !object.on_disk {
+        let was = object.protected();
+        object.pinned = pinned;
+        self.reprotect(state, id, was);
+        if let Some(object) = state.objects.get(&id)
+            && !object.protected()
+            && object.blocks.is_empty()
+            && object.writers == 0
+            && !object.on_disk
+        {
             state.objects.remove(&id);
         }
+    }
+
+    /// Moves an object's blocks out of the eviction policy, or back in, when whether it is
+    /// protected changed from `was`.
+    fn reprotect(&self, state: &mut State, id: ObjectId, was: bool) {
+        let Some(object) = state.objects.get(&id) else {
+            return;
+        };
+        if object.protected() == was {
+            return;
+        }
+        for &index in object.blocks.keys() {
+            if was {
+                let bytes = align_up(self.block_len(object.size, index));
+                state.policy.insert((id, index), bytes);
+            } else {
+                state.policy.remove(&(id, index));
+            }
+        }
+    }
+
+    /// The data file of `version` when every block of it is present and verified (see
+    /// [`BlockMeta::verified`]), opened for plain reads, and a lease that keeps every block
+    /// in place until it is dropped: what FUSE passthrough hands the kernel.
+    pub fn lease_complete(self: &Arc<Self>, version: &ObjectVersion) -> Option<(File, Lease)> {
+        let id = version.id();
+        let count = version.size.div_ceil(self.block_size);
+        {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            let object = state.objects.get_mut(&id)?;
+            let complete = object.blocks.len() as u64 == count
+                && object.blocks.values().all(|meta| meta.verified || !self.verify);
+            if !complete || count == 0 {
+                return None;
+            }
+            let was = object.protected();
+            object.leases += 1;
+            self.reprotect(state, id, was);
+        }
+        let lease = Lease {
+            store: self.clone(),
+            id,
+        };
+        let file = File::open(self.paths(id).0).ok()?;
+        Some((file, lease))
     }
 
     /// Reads block `index` of `version` from disk. `None` is a miss: absent, evicted while being
@@ -445,14 +518,14 @@ impl BlockStore {
             self.remove_block(id, index, meta.generation).await;
             return None;
         }
-        let still_there = self
-            .state
-            .lock()
+        let mut state = self.state.lock();
+        let current = state
             .objects
-            .get(&id)
-            .and_then(|o| o.blocks.get(&index))
-            .is_some_and(|m| m.generation == meta.generation);
-        still_there.then(|| Bytes::from_owner(buf).slice(..len))
+            .get_mut(&id)
+            .and_then(|o| o.blocks.get_mut(&index))
+            .filter(|m| m.generation == meta.generation)?;
+        current.verified |= self.verify;
+        Some(Bytes::from_owner(buf).slice(..len))
     }
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
@@ -502,10 +575,11 @@ impl BlockStore {
                 BlockMeta {
                     hash: block.hash,
                     generation: state.next_generation,
+                    verified: true,
                 },
             );
             state.used += alloc;
-            if !object.pinned {
+            if !object.protected() {
                 state.policy.insert((id, index), alloc);
             }
             add(&self.stats.cache_write_bytes, block.len() as u64);
@@ -594,7 +668,7 @@ impl BlockStore {
             add(&self.stats.evicted_blocks, 1);
             add(&self.stats.evicted_bytes, freed);
             victim.files = object.files.clone();
-            if object.blocks.is_empty() && object.writers == 0 && !object.pinned && victim.id != id {
+            if object.blocks.is_empty() && object.writers == 0 && !object.protected() && victim.id != id {
                 state.objects.remove(&victim.id);
                 victim.delete_object = true;
             }
