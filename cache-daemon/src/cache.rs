@@ -198,12 +198,24 @@ impl Cache {
         }
     }
 
-    /// Makes sure block `index` is in the block store: fetches it if it is missing (or joins
-    /// the fill in flight) and waits until its write has landed. Nothing is read back and no
-    /// bytes count as served: this is the prefetch path. Returns whether it was fetched.
+    /// Makes sure block `index` is in the block store and verified: a block present but not
+    /// yet checked by this process is read back and checked; a missing one (or one that fails
+    /// the check) is fetched, or its fill in flight joined, and waited for until its write has
+    /// landed. No bytes count as served: this is the prefetch path. Returns whether it was
+    /// fetched.
     pub async fn fill(&self, object: &Arc<OpenObject>, index: u32) -> Result<bool, ReadError> {
         let inner = &self.inner;
         let key = (object.id, index);
+        if inner.store.contains(object.id, index)
+            && !inner.store.verified(object.id, index)
+            && inner
+                .store
+                .read_block(&object.version, object.id, index)
+                .await
+                .is_some()
+        {
+            return Ok(false);
+        }
         let fill = {
             let mut inflight = inner.inflight.lock();
             match inflight.get(&key) {

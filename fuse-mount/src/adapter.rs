@@ -381,7 +381,10 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                         Mode::Cached => reply.opened(fh, flags),
                         Mode::Direct => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
                         Mode::Passthrough => match backings.by_ino.get(&ino.0) {
-                            Some(backing) => reply.opened_passthrough(fh, flags, &backing.id),
+                            // The kernel reads the backing file's page cache; asking it to
+                            // keep the inode's own as well makes later passthrough opens of
+                            // the inode fail (EIO), seen on 6.18.
+                            Some(backing) => reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id),
                             None => reply.error(errno(FsError::Io)),
                         },
                     }
@@ -424,11 +427,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.backings
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .release(fh.0);
-        let tree = self.tree.clone();
+        let (tree, backings) = (self.tree.clone(), self.backings.clone());
         self.dispatch(
             Operation::Release,
             ino.0,
@@ -436,7 +435,15 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                 tree.release(fh.0).await;
                 Ok(())
             },
-            move |_: Result<(), FsError>| reply.ok(),
+            move |_: Result<(), FsError>| {
+                reply.ok();
+                // Only now has the kernel let go of the handle's io mode: an open taking
+                // another mode before this point would fail.
+                backings
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .release(fh.0);
+            },
         );
     }
 

@@ -396,6 +396,14 @@ impl BlockStore {
             .is_some_and(|o| o.blocks.contains_key(&index))
     }
 
+    /// Whether block `index` is present and verified in this process (always true of a
+    /// present block when verification is off).
+    pub fn verified(&self, id: ObjectId, index: u32) -> bool {
+        let state = self.state.lock();
+        let meta = state.objects.get(&id).and_then(|o| o.blocks.get(&index));
+        meta.is_some_and(|m| m.verified || !self.verify)
+    }
+
     /// Current space use.
     pub fn usage(&self) -> Usage {
         let state = self.state.lock();
