@@ -9,6 +9,7 @@
 //!   cache's data file directly;
 //! - restart: time from opening a cache of N recorded blocks to its first hit.
 
+mod common;
 mod engine;
 
 use std::path::PathBuf;
