@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::StreamExt;
 use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
 use larder_cache_daemon::engine;
 use larder_cache_daemon::object::ObjectVersion;
@@ -16,10 +15,11 @@ use larder_cache_daemon::stats::Stats;
 use larder_cache_daemon::store::format::{Entry, RecordHeader};
 use larder_cache_daemon::store::{self, BlockStore};
 use larder_config::{ByteSize, CacheConfig, IoEngineKind, OriginConfig};
+use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::EngineArgs;
+use crate::common::{drop_page_cache, machine, raw_download, summary, upload_with_retries};
 use larder_tests::seaweed::Seaweed;
 
 const BUCKET: &str = "larder-bench";
@@ -34,11 +34,6 @@ fn cache_config(dir: &Path, args: &EngineArgs) -> CacheConfig {
         io_engine: IoEngineKind::Uring,
         ..CacheConfig::default()
     }
-}
-
-/// Drops the page cache so reads come from the disk; false where that is not allowed.
-fn drop_page_cache() -> bool {
-    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
 /// Starts a new peak-RSS measurement of this process.
@@ -60,34 +55,6 @@ fn peak_rss_mib() -> f64 {
 
 fn gib_per_s(bytes: u64, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64() / (1u64 << 30) as f64
-}
-
-/// Median and (min, max) of a sample.
-fn summary(mut values: Vec<f64>) -> (f64, f64, f64) {
-    values.sort_by(f64::total_cmp);
-    let median = values[values.len() / 2];
-    (median, values[0], values[values.len() - 1])
-}
-
-/// The limit for a cold read: ranged GETs of `part` bytes, `concurrency` at a time.
-async fn raw_download(
-    store: &Arc<dyn ObjectStore>,
-    size: u64,
-    part: u64,
-    concurrency: usize,
-) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    let path = StorePath::from(KEY);
-    let ranges = (0..size.div_ceil(part)).map(|i| i * part..size.min((i + 1) * part));
-    let mut parts = futures::stream::iter(ranges)
-        .map(|r| store.get_range(&path, r))
-        .buffer_unordered(concurrency);
-    let mut total = 0;
-    while let Some(bytes) = parts.next().await {
-        total += bytes?.len() as u64;
-    }
-    anyhow::ensure!(total == size, "downloaded {total} of {size} bytes");
-    Ok(started.elapsed())
 }
 
 async fn open_cache(config: &CacheConfig, origin: &OriginConfig) -> anyhow::Result<Cache> {
@@ -239,17 +206,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     let weed = Seaweed::start(&args.weed, BUCKET)?;
     let client: Arc<dyn ObjectStore> = larder_tests::s3_client(&weed.endpoint, BUCKET)?;
     let size = args.size.as_u64();
-    // The server is sometimes slow to take a large upload: try it a few times.
-    let mut attempt = 0;
-    while let Err(error) = larder_tests::upload(client.as_ref(), KEY, larder_tests::seed(KEY, 0), size).await
-    {
-        attempt += 1;
-        anyhow::ensure!(
-            attempt < 3,
-            "uploading the benchmark object failed 3 times: {error}"
-        );
-        eprintln!("upload failed ({error}); retrying");
-    }
+    upload_with_retries(client.as_ref(), KEY, size).await?;
     let origin_config = OriginConfig::default();
     let origin = Arc::new(Origin::new(
         "bench",
@@ -273,6 +230,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
         reset_peak_rss();
         let raw = raw_download(
             &client,
+            KEY,
             size,
             origin_config.part_size.as_u64(),
             origin_config.concurrency,
@@ -355,24 +313,11 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
     let warm_abs = ratio(&|r| gib_per_s(size, r.warm));
     let direct_abs = ratio(&|r| gib_per_s(size, r.direct));
     let restart = ratio(&|r| r.restart.as_secs_f64() * 1000.0);
-    let commit = std::process::Command::new("git")
-        .args(["describe", "--always", "--dirty"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
-        })
-        .unwrap_or_default();
     let fmt = |(m, lo, hi): (f64, f64, f64)| format!("{m:.2} ({lo:.2}–{hi:.2})");
     let rss = |i: usize| fmt(ratio(&|r| r.rss[i]));
     format!(
         "# Engine benchmark\n\n\
-         commit {commit}; {cores} cores, {cpu}; kernel {kernel}\n\
+         {machine}\n\
          object {size_h}, block {block}, origin SeaweedFS on loopback (data on tmpfs), {rounds} rounds, \
          medians (min–max); page cache dropped between steps: {dropped}\n\n\
          | workload | Larder | reference | ratio |\n|---|---|---|---|\n\
@@ -382,10 +327,7 @@ fn report(args: &EngineArgs, rounds: &[Round], dropped: bool) -> String {
          | warm read (restarted) vs the device limit (8 threads of O_DIRECT block reads) | {warm_abs} GiB/s | {device_abs} GiB/s | {warm_device} |\n\
          | restart: open a cache of {blocks} blocks and serve the first hit | {restart} ms | — | — |\n\n\
          Peak RSS of the benchmark process (MiB): raw download {raw_rss}, cold read {cold_rss}, warm read {warm_rss}.\n",
-        cores = std::thread::available_parallelism().map_or(0, |n| n.get()),
-        kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim(),
+        machine = machine(),
         size_h = args.size,
         block = args.block_size,
         rounds = rounds.len(),

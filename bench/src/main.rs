@@ -8,8 +8,14 @@
 //! - warm read: the same read from a warm cache (restarted, page cache dropped) vs reading the
 //!   cache's data file directly;
 //! - restart: time from opening a cache of N recorded blocks to its first hit.
+//!
+//! `larder-bench mount` compares `larder daemon` with rclone and s3fs-fuse through real kernel
+//! mounts of the same bucket, against the same limits: cold, warm and page-cache reads, random
+//! reads, many small files and concurrent readers (see `mount`).
 
+mod common;
 mod engine;
+mod mount;
 
 use std::path::PathBuf;
 
@@ -27,6 +33,8 @@ struct Cli {
 enum Command {
     /// The block cache engine: cold fill, warm read, restart.
     Engine(EngineArgs),
+    /// Reads through kernel mounts: Larder, rclone and s3fs-fuse against the limit.
+    Mount(MountArgs),
 }
 
 /// Arguments of `larder-bench engine`.
@@ -55,9 +63,75 @@ pub(crate) struct EngineArgs {
     out: Option<PathBuf>,
 }
 
+/// Arguments of `larder-bench mount`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MountArgs {
+    /// Size of the large file (cold, warm, page-cache, random and concurrent reads).
+    #[arg(long, default_value = "2GiB")]
+    size: ByteSize,
+    /// Interleaved rounds; the report gives the median and the spread.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Number of small files, listed and read cold.
+    #[arg(long, default_value_t = 10_000)]
+    small_files: usize,
+    /// Size of each small file.
+    #[arg(long, default_value = "64KiB")]
+    small_size: ByteSize,
+    /// Concurrent readers of one cold file; also the threads reading the small files.
+    #[arg(long, default_value_t = 16)]
+    readers: usize,
+    /// The `larder` binary under test.
+    #[arg(long, default_value = "target/release/larder")]
+    larder: PathBuf,
+    /// The SeaweedFS binary (`bench/setup` installs it in bench/.venv).
+    #[arg(long, default_value = "bench/.venv/bin/weed")]
+    weed: PathBuf,
+    /// The rclone binary (`bench/setup` installs it in bench/.venv).
+    #[arg(long, default_value = "bench/.venv/bin/rclone")]
+    rclone: PathBuf,
+    /// The s3fs binary (`bench/setup` installs the Debian package).
+    #[arg(long, default_value = "s3fs")]
+    s3fs: PathBuf,
+    /// Leave rclone out (where it is not installed).
+    #[arg(long)]
+    no_rclone: bool,
+    /// Leave s3fs-fuse out (where it is not installed).
+    #[arg(long)]
+    no_s3fs: bool,
+    /// Where mounts, cache dirs and the local copy go (the disk under test).
+    #[arg(long, default_value = "bench/work")]
+    work_dir: PathBuf,
+    /// Write the report to this file as well as to stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Engine(args) => engine::run(args).await,
+        Command::Mount(args) => {
+            // The mount benchmark blocks on file reads; the runtime keeps serving the proxy.
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || mount::run(args, &runtime)).await?
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_defaults_are_the_full_size_run() {
+        let Command::Mount(args) = Cli::try_parse_from(["larder-bench", "mount"]).unwrap().command else {
+            panic!("not the mount command");
+        };
+        assert_eq!(args.size, ByteSize::gib(2));
+        assert_eq!(args.small_size, ByteSize::kib(64));
+        assert_eq!((args.rounds, args.small_files, args.readers), (5, 10_000, 16));
+        assert_eq!(args.larder, PathBuf::from("target/release/larder"));
+        assert!(!args.no_rclone && !args.no_s3fs && args.out.is_none());
     }
 }

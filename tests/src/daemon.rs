@@ -104,6 +104,11 @@ impl DaemonProcess {
         Ok(daemon)
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Stops the daemon with SIGTERM and returns its exit status.
     pub fn stop(mut self) -> anyhow::Result<ExitStatus> {
         let mut child = self.child.take().context("already stopped")?;

@@ -1,0 +1,79 @@
+//! What every benchmark needs: the raw download (the limit of a cold read), page-cache drops,
+//! medians with their spread, and the description of the machine a report was made on.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+/// Drops the page cache so reads come from the disk; false where that is not allowed.
+pub(crate) fn drop_page_cache() -> bool {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+/// Median and (min, max) of a non-empty sample.
+pub(crate) fn summary(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    let median = values[values.len() / 2];
+    (median, values[0], values[values.len() - 1])
+}
+
+/// The limit for a cold read of `key`: ranged GETs of `part` bytes, `concurrency` at a time.
+pub(crate) async fn raw_download(
+    store: &Arc<dyn ObjectStore>,
+    key: &str,
+    size: u64,
+    part: u64,
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let path = StorePath::from(key);
+    let ranges = (0..size.div_ceil(part)).map(|i| i * part..size.min((i + 1) * part));
+    let mut parts = futures::stream::iter(ranges)
+        .map(|r| store.get_range(&path, r))
+        .buffer_unordered(concurrency);
+    let mut total = 0;
+    while let Some(bytes) = parts.next().await {
+        total += bytes?.len() as u64;
+    }
+    anyhow::ensure!(total == size, "downloaded {total} of {size} bytes");
+    Ok(started.elapsed())
+}
+
+/// Uploads `size` bytes of deterministic content at `key` (seeded by the key), trying three
+/// times: the server is sometimes slow to take a large upload.
+pub(crate) async fn upload_with_retries(store: &dyn ObjectStore, key: &str, size: u64) -> anyhow::Result<()> {
+    let mut attempt = 0;
+    while let Err(error) = larder_tests::upload(store, key, larder_tests::seed(key, 0), size).await {
+        attempt += 1;
+        anyhow::ensure!(attempt < 3, "uploading {key} failed 3 times: {error}");
+        eprintln!("upload of {key} failed ({error}); retrying");
+    }
+    Ok(())
+}
+
+/// One line naming the commit, the cores, the CPU model and the kernel.
+pub(crate) fn machine() -> String {
+    let commit = std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    format!(
+        "commit {commit}; {cores} cores, {cpu}; kernel {kernel}",
+        cores = std::thread::available_parallelism().map_or(0, |n| n.get()),
+        kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+    )
+}

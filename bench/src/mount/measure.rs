@@ -1,0 +1,147 @@
+//! What a workload cost: CPU and peak memory of a process from `/proc`, CPU of the reading
+//! thread, and the origin requests a stretch of the proxy's log shows.
+
+use larder_tests::ServedRequest;
+
+/// CPU seconds (user + system) process `pid` has used since it started; None once it is gone.
+pub(crate) fn process_cpu(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    // Field 3 (state) is then the first; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((utime + stime) / ticks)
+}
+
+/// Starts a new peak-RSS measurement (VmHWM) of process `pid`; false where that is refused,
+/// and the peak then covers the process's whole life.
+pub(crate) fn reset_peak_rss(pid: u32) -> bool {
+    // Writing "5" to clear_refs resets the resident set's high-water mark.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// Peak resident set size of process `pid` since the last reset, in MiB.
+pub(crate) fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// CPU seconds (user + system) the calling thread has used.
+pub(crate) fn thread_cpu() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes into the struct it is given, which lives through the call.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+/// Requests an origin received, and the object bytes they asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OriginUse {
+    /// Every request: GETs of objects, HEADs, listings.
+    pub(crate) requests: u64,
+    /// Object bytes asked for by GETs: the length of each range (to the object's end for an
+    /// open range), the whole object for a GET without one. A client that closes a response
+    /// early got fewer bytes than this.
+    pub(crate) bytes: u64,
+}
+
+/// What `requests` (a stretch of the proxy's log) cost the origin. `size_of` gives the size of
+/// the object a request path (`/bucket/key`) names, and None for other paths (listings).
+pub(crate) fn origin_use(requests: &[ServedRequest], size_of: impl Fn(&str) -> Option<u64>) -> OriginUse {
+    let bytes = requests
+        .iter()
+        .filter(|r| r.method == "GET")
+        .filter_map(|r| {
+            let size = size_of(&r.path)?;
+            Some(
+                r.range
+                    .as_deref()
+                    .and_then(|range| range_len(range, size))
+                    .unwrap_or(size),
+            )
+        })
+        .sum();
+    OriginUse {
+        requests: requests.len() as u64,
+        bytes,
+    }
+}
+
+/// Bytes a `Range` header asks for from an object of `size` bytes; None if it is not one
+/// range in bytes.
+fn range_len(range: &str, size: u64) -> Option<u64> {
+    let (first, last) = range.strip_prefix("bytes=")?.split_once('-')?;
+    match (first.parse::<u64>(), last.parse::<u64>()) {
+        (Ok(first), Ok(last)) => Some(last.saturating_add(1).min(size).saturating_sub(first)),
+        (Ok(first), Err(_)) if last.is_empty() => Some(size.saturating_sub(first)),
+        (Err(_), Ok(suffix)) if first.is_empty() => Some(suffix.min(size)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(path: &str, range: Option<&str>) -> ServedRequest {
+        ServedRequest {
+            method: "GET".into(),
+            path: path.into(),
+            query: None,
+            range: range.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn ranges_count_the_bytes_they_ask_for_within_the_object() {
+        assert_eq!(range_len("bytes=0-1023", 4096), Some(1024));
+        assert_eq!(range_len("bytes=4000-9999", 4096), Some(96));
+        assert_eq!(range_len("bytes=1000-", 4096), Some(3096));
+        assert_eq!(range_len("bytes=-100", 4096), Some(100));
+        assert_eq!(range_len("bytes=5000-", 4096), Some(0));
+        assert_eq!(range_len("bytes=0-1,4-5", 4096), None);
+        assert_eq!(range_len("items=0-1", 4096), None);
+    }
+
+    #[test]
+    fn origin_use_counts_every_request_and_the_bytes_of_object_gets() {
+        let size_of = |path: &str| (path == "/b/big").then_some(1 << 20);
+        let mut head = get("/b/big", None);
+        head.method = "HEAD".into();
+        let log = [
+            get("/b/big", Some("bytes=0-1023")),
+            get("/b/big", None),
+            get("/b/", None),
+            head,
+        ];
+        assert_eq!(
+            origin_use(&log, size_of),
+            OriginUse {
+                requests: 4,
+                bytes: 1024 + (1 << 20)
+            }
+        );
+    }
+
+    #[test]
+    fn this_process_has_used_cpu_and_memory() {
+        let pid = std::process::id();
+        assert!(process_cpu(pid).is_some_and(|s| s >= 0.0));
+        assert!(peak_rss_mib(pid).is_some_and(|m| m > 0.0));
+        assert!(thread_cpu() >= 0.0);
+        assert_eq!(process_cpu(u32::MAX), None);
+    }
+}

@@ -1,0 +1,440 @@
+//! `larder-bench mount`: Larder, rclone and s3fs-fuse through real kernel mounts of one
+//! SeaweedFS bucket on loopback, each workload against its limit, in interleaved rounds.
+//!
+//! All systems, and the raw download, reach SeaweedFS through one [`RecordingProxy`]; the
+//! stretch of its log that a workload adds gives the origin requests and bytes it cost. Within
+//! a round each workload runs for the limit first, then Larder, rclone and s3fs, so ratios
+//! are taken between runs minutes apart at most.
+
+mod measure;
+mod report;
+mod systems;
+mod workloads;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use larder_config::OriginConfig;
+use larder_tests::RecordingProxy;
+use larder_tests::seaweed::Seaweed;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use tokio::runtime::Handle;
+
+use crate::MountArgs;
+use crate::common::{drop_page_cache, raw_download, upload_with_retries};
+use measure::{OriginUse, origin_use, peak_rss_mib, process_cpu, reset_peak_rss};
+use systems::{Setup, System};
+use workloads::Work;
+
+const BUCKET: &str = "larder-bench";
+/// The large file, at the root of every mount.
+const BIG_KEY: &str = "model.safetensors";
+/// The directory of the small files.
+const SMALL_DIR: &str = "small";
+/// Random reads: (request size, requests) of the two random workloads.
+const RANDOM_SMALL: (u64, u64) = (4 << 10, 1024);
+const RANDOM_LARGE: (u64, u64) = (1 << 20, 128);
+/// Uploads of the small files in flight.
+const UPLOADS: usize = 16;
+
+/// What is measured; each has a limit measured in the same round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Workload {
+    Cold,
+    Warm,
+    PageCache,
+    Random4k,
+    Random1m,
+    SmallFiles,
+    Readers,
+}
+
+impl Workload {
+    pub(crate) const ALL: [Workload; 7] = [
+        Workload::Cold,
+        Workload::Warm,
+        Workload::PageCache,
+        Workload::Random4k,
+        Workload::Random1m,
+        Workload::SmallFiles,
+        Workload::Readers,
+    ];
+}
+
+/// One system's figures for one workload in one round.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    pub(crate) work: Work,
+    /// CPU seconds of the mount process during the workload.
+    pub(crate) mount_cpu: Option<f64>,
+    /// Peak RSS of the mount process during the workload (or since it started, where the
+    /// high-water mark could not be reset).
+    pub(crate) peak_rss_mib: Option<f64>,
+    pub(crate) origin: OriginUse,
+}
+
+/// Every figure of one round.
+pub(crate) type Round = BTreeMap<(Workload, System), Sample>;
+
+/// Workload results of one system, or why it failed.
+type Outcome = anyhow::Result<Vec<(Workload, Sample)>>;
+
+/// The running origin and what every workload needs.
+struct Bench<'a> {
+    args: &'a MountArgs,
+    runtime: &'a Handle,
+    proxy: RecordingProxy,
+    /// A client of the bucket through the proxy, for the limits.
+    client: Arc<dyn ObjectStore>,
+    setups: Vec<Setup>,
+    /// A local copy of the large file.
+    local: PathBuf,
+    seed: u64,
+    /// When the run started, for the progress lines.
+    started: Instant,
+}
+
+pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.rounds > 0 && args.readers > 0,
+        "--rounds and --readers must be positive"
+    );
+    anyhow::ensure!(args.size.as_u64() >= 1 << 20, "--size must be at least 1MiB");
+    std::fs::create_dir_all(&args.work_dir)?;
+    // Everything below goes when the run ends (mounts are stopped before).
+    let work = tempfile::Builder::new()
+        .prefix("mount-")
+        .tempdir_in(&args.work_dir)?;
+    let mut setups = vec![Setup::new(
+        System::Larder,
+        args.larder.clone(),
+        work.path().join("larder"),
+    )?];
+    if !args.no_rclone {
+        setups.push(Setup::new(
+            System::Rclone,
+            args.rclone.clone(),
+            work.path().join("rclone"),
+        )?);
+    }
+    if !args.no_s3fs {
+        setups.push(Setup::new(
+            System::S3fs,
+            args.s3fs.clone(),
+            work.path().join("s3fs"),
+        )?);
+    }
+    for setup in &setups {
+        setup.check_installed()?;
+    }
+    let started = Instant::now();
+    let weed = Seaweed::start(&args.weed, BUCKET)?;
+    let seed = larder_tests::seed(BIG_KEY, 0);
+    let progress = |what: &str| eprintln!("[{:4.0} s] {what}", started.elapsed().as_secs_f64());
+    progress("SeaweedFS is up");
+    runtime.block_on(upload(&args, &weed))?;
+    progress(&format!(
+        "uploaded {} and {} small files",
+        args.size, args.small_files
+    ));
+    let local = work.path().join("local").join(BIG_KEY);
+    write_local_copy(&local, seed, args.size.as_u64())?;
+    progress("wrote the local copy");
+    let proxy = runtime.block_on(RecordingProxy::start(&weed))?;
+    let client: Arc<dyn ObjectStore> =
+        larder_tests::s3_client(&larder_tests::Bucket::endpoint(&proxy), BUCKET)?;
+    let bench = Bench {
+        args: &args,
+        runtime,
+        proxy,
+        client,
+        setups,
+        local,
+        seed,
+        started,
+    };
+    let dropped = drop_page_cache();
+    let mut rounds = Vec::new();
+    let mut failures = Vec::new();
+    for number in 0..args.rounds {
+        eprintln!("round {}/{}", number + 1, args.rounds);
+        rounds.push(bench.round(number, &mut failures));
+    }
+    let versions = bench
+        .setups
+        .iter()
+        .map(|s| (s.system, s.version()))
+        .collect::<Vec<_>>();
+    let report = report::render(&report::Context {
+        args: &args,
+        rounds: &rounds,
+        versions: &versions,
+        failures: &failures,
+        dropped,
+        duration: started.elapsed(),
+    });
+    print!("{report}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
+    }
+    anyhow::ensure!(failures.is_empty(), "{} workload runs failed", failures.len());
+    Ok(())
+}
+
+/// The key of small file `i`.
+fn small_key(i: usize) -> String {
+    format!("{SMALL_DIR}/file-{i:05}")
+}
+
+/// Puts the large object and the small ones into the bucket (not through the proxy).
+async fn upload(args: &MountArgs, weed: &Seaweed) -> anyhow::Result<()> {
+    let direct = weed.client()?;
+    upload_with_retries(direct.as_ref(), BIG_KEY, args.size.as_u64()).await?;
+    let size = args.small_size.as_u64() as usize;
+    futures::stream::iter(0..args.small_files)
+        .map(|i| {
+            let key = small_key(i);
+            let bytes = larder_tests::content(larder_tests::seed(&key, 0), 0, size);
+            let direct = direct.clone();
+            async move { direct.put(&StorePath::from(key), bytes.into()).await }
+        })
+        .buffer_unordered(UPLOADS)
+        .try_for_each(|_| async { Ok(()) })
+        .await?;
+    Ok(())
+}
+
+/// Writes the large object's bytes to `path`: the limit for reads from a local disk.
+fn write_local_copy(path: &Path, seed: u64, size: u64) -> anyhow::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(path.parent().context("no parent")?)?;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut offset = 0;
+    while offset < size {
+        let len = (size - offset).min(8 << 20);
+        file.write_all(&larder_tests::content(seed, offset, len as usize))?;
+        offset += len;
+    }
+    file.into_inner()?.sync_all()?;
+    Ok(())
+}
+
+impl Bench<'_> {
+    fn size(&self) -> u64 {
+        self.args.size.as_u64()
+    }
+
+    /// The size of the object a request path (`/bucket/key`) names; None for listings.
+    fn size_of(&self, path: &str) -> Option<u64> {
+        let key = path.strip_prefix(&format!("/{BUCKET}/"))?;
+        if key == BIG_KEY {
+            Some(self.size())
+        } else if key.starts_with(&format!("{SMALL_DIR}/")) {
+            Some(self.args.small_size.as_u64())
+        } else {
+            None
+        }
+    }
+
+    /// Runs `work` and measures what it cost the process `pid` (if any) and the origin.
+    fn measure(
+        &self,
+        pid: Option<u32>,
+        work: impl FnOnce() -> anyhow::Result<Work>,
+    ) -> anyhow::Result<Sample> {
+        let from = self.proxy.requests().len();
+        if let Some(pid) = pid {
+            reset_peak_rss(pid);
+        }
+        let cpu = pid.and_then(process_cpu);
+        let work = work()?;
+        let mount_cpu = pid
+            .and_then(process_cpu)
+            .zip(cpu)
+            .map(|(after, before)| after - before);
+        let peak_rss_mib = pid.and_then(peak_rss_mib);
+        let origin = origin_use(&self.proxy.requests()[from..], |path| self.size_of(path));
+        Ok(Sample {
+            work,
+            mount_cpu,
+            peak_rss_mib,
+            origin,
+        })
+    }
+
+    /// One round: every workload, for the limit and then each system.
+    fn round(&self, number: usize, failures: &mut Vec<String>) -> Round {
+        let mut round = Round::new();
+        let mut record = |system: System, outcome: Outcome| match outcome {
+            Ok(samples) => {
+                for (workload, sample) in samples {
+                    eprintln!(
+                        "[{:4.0} s] round {}: {} {}: {:.0} {}",
+                        self.started.elapsed().as_secs_f64(),
+                        number + 1,
+                        system.name(),
+                        workload.name(),
+                        sample.throughput(workload),
+                        workload.unit()
+                    );
+                    round.insert((workload, system), sample);
+                }
+            }
+            Err(error) => {
+                eprintln!(
+                    "[{:4.0} s] round {}: {}: {error:#}",
+                    self.started.elapsed().as_secs_f64(),
+                    number + 1,
+                    system.name()
+                );
+                failures.push(format!("round {}, {}: {error:#}", number + 1, system.name()));
+            }
+        };
+        record(System::Limit, self.limit_cold(Workload::Cold, 1));
+        for setup in &self.setups {
+            record(setup.system, self.cold(setup));
+        }
+        record(System::Limit, self.warm(None, number as u64));
+        for setup in &self.setups {
+            record(setup.system, self.warm(Some(setup), number as u64));
+        }
+        record(System::Limit, self.limit_small_files());
+        for setup in &self.setups {
+            record(setup.system, self.small_files(setup));
+        }
+        record(
+            System::Limit,
+            self.limit_cold(Workload::Readers, self.args.readers),
+        );
+        for setup in &self.setups {
+            record(setup.system, self.readers(setup));
+        }
+        round
+    }
+
+    /// The limit of a cold read: a raw parallel download with Larder's origin settings, its
+    /// bytes counted once per reader (all readers could be served from one download).
+    fn limit_cold(&self, workload: Workload, readers: usize) -> Outcome {
+        let origin = OriginConfig::default();
+        let sample = self.measure(None, || {
+            let elapsed = self.runtime.block_on(raw_download(
+                &self.client,
+                BIG_KEY,
+                self.size(),
+                origin.part_size.as_u64(),
+                origin.concurrency,
+            ))?;
+            Ok(Work {
+                elapsed,
+                bytes: self.size() * readers as u64,
+                ops: self.size().div_ceil(origin.part_size.as_u64()),
+                reader_cpu: None,
+            })
+        })?;
+        Ok(vec![(workload, sample)])
+    }
+
+    /// Stops nothing (every workload stops its mount), wipes the cache, drops the page cache
+    /// and starts the system: the next read is cold.
+    fn start_cold(&self, setup: &Setup) -> anyhow::Result<systems::Mounted> {
+        setup.wipe_cache()?;
+        drop_page_cache();
+        setup.start(&self.proxy)
+    }
+
+    fn cold(&self, setup: &Setup) -> Outcome {
+        let mount = self.start_cold(setup)?;
+        let path = setup.mount_dir().join(BIG_KEY);
+        let sample = self.measure(mount.pid(), || workloads::sequential(&path, self.size()))?;
+        workloads::check_content(&path, self.seed, self.size())?;
+        // The warm read restarts the system on this cache: let it record what it holds.
+        setup.settle(BIG_KEY, self.size())?;
+        mount.stop()?;
+        Ok(vec![(Workload::Cold, sample)])
+    }
+
+    /// Warm, page-cache and random reads: of the system restarted on the cache its cold read
+    /// filled, or (`None`) of the local copy.
+    fn warm(&self, setup: Option<&Setup>, seed: u64) -> Outcome {
+        let mount = setup.map(|s| s.start(&self.proxy)).transpose()?;
+        let pid = mount.as_ref().and_then(|m| m.pid());
+        let path = setup.map_or(self.local.clone(), |s| s.mount_dir().join(BIG_KEY));
+        let size = self.size();
+        drop_page_cache();
+        let warm = self.measure(pid, || workloads::sequential(&path, size))?;
+        let page_cache = self.measure(pid, || workloads::sequential(&path, size))?;
+        let mut random = Vec::new();
+        for (len, count) in [RANDOM_SMALL, RANDOM_LARGE] {
+            drop_page_cache();
+            random.push(self.measure(pid, || workloads::random(&path, size, len, count, seed))?);
+        }
+        if let Some(mount) = mount {
+            mount.stop()?;
+        }
+        Ok(vec![
+            (Workload::Warm, warm),
+            (Workload::PageCache, page_cache),
+            (Workload::Random4k, random[0]),
+            (Workload::Random1m, random[1]),
+        ])
+    }
+
+    /// The limit of the small files: a listing, then a GET of each, `readers` at a time.
+    fn limit_small_files(&self) -> Outcome {
+        let sample = self.measure(None, || {
+            let started = Instant::now();
+            let bytes = self.runtime.block_on(async {
+                let prefix = StorePath::from(SMALL_DIR);
+                let listed: Vec<_> = self.client.list(Some(&prefix)).try_collect().await?;
+                anyhow::ensure!(listed.len() == self.args.small_files, "listed {}", listed.len());
+                let sizes: Vec<usize> = futures::stream::iter(listed)
+                    .map(|meta| async move {
+                        Ok::<_, object_store::Error>(
+                            self.client.get(&meta.location).await?.bytes().await?.len(),
+                        )
+                    })
+                    .buffer_unordered(self.args.readers)
+                    .try_collect()
+                    .await?;
+                Ok(sizes.iter().sum::<usize>() as u64)
+            })?;
+            Ok(Work {
+                elapsed: started.elapsed(),
+                bytes,
+                ops: self.args.small_files as u64,
+                reader_cpu: None,
+            })
+        })?;
+        Ok(vec![(Workload::SmallFiles, sample)])
+    }
+
+    fn small_files(&self, setup: &Setup) -> Outcome {
+        let mount = self.start_cold(setup)?;
+        let dir = setup.mount_dir().join(SMALL_DIR);
+        let sample = self.measure(mount.pid(), || {
+            workloads::small_files(
+                &dir,
+                self.args.small_files,
+                self.args.small_size.as_u64(),
+                self.args.readers,
+            )
+        })?;
+        mount.stop()?;
+        Ok(vec![(Workload::SmallFiles, sample)])
+    }
+
+    fn readers(&self, setup: &Setup) -> Outcome {
+        let mount = self.start_cold(setup)?;
+        let path = setup.mount_dir().join(BIG_KEY);
+        let sample = self.measure(mount.pid(), || {
+            workloads::concurrent(&path, self.size(), self.args.readers)
+        })?;
+        mount.stop()?;
+        Ok(vec![(Workload::Readers, sample)])
+    }
+}

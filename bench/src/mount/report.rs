@@ -1,0 +1,306 @@
+//! The markdown report of a mount benchmark: a summary of ratios to the limit, then one table
+//! per workload with every figure, each the median of the rounds with its min–max.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use larder_config::OriginConfig;
+
+use super::systems::System;
+use super::{RANDOM_LARGE, RANDOM_SMALL, Round, Sample, Workload};
+use crate::MountArgs;
+use crate::common::{machine, summary};
+
+const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// What the report is made of.
+#[derive(Debug)]
+pub(crate) struct Context<'a> {
+    pub(crate) args: &'a MountArgs,
+    pub(crate) rounds: &'a [Round],
+    /// Each mount system and its version.
+    pub(crate) versions: &'a [(System, String)],
+    pub(crate) failures: &'a [String],
+    /// Whether the page cache could be dropped (root).
+    pub(crate) dropped: bool,
+    pub(crate) duration: Duration,
+}
+
+impl Workload {
+    /// What the systems do.
+    fn title(self, args: &MountArgs) -> String {
+        match self {
+            Workload::Cold => format!(
+                "Cold sequential read of the {} file (1 MiB reads; cache wiped, page cache dropped, mount restarted)",
+                args.size
+            ),
+            Workload::Warm => "Warm read (mount restarted on its cache, page cache dropped)".to_owned(),
+            Workload::PageCache => "Page-cache re-read (right after the warm read)".to_owned(),
+            Workload::Random4k => format!(
+                "Random reads: {} × 4 KiB at seeded 4 KiB-aligned offsets, one at a time, warm cache, page cache dropped",
+                RANDOM_SMALL.1
+            ),
+            Workload::Random1m => format!(
+                "Random reads: {} × 1 MiB at seeded 4 KiB-aligned offsets, one at a time, warm cache, page cache dropped",
+                RANDOM_LARGE.1
+            ),
+            Workload::SmallFiles => format!(
+                "{} files of {}, cold: list the directory, then read every file on {} threads",
+                args.small_files, args.small_size, args.readers
+            ),
+            Workload::Readers => format!(
+                "{} concurrent readers of one cold {} file, each reading all of it (throughput: bytes delivered to all readers)",
+                args.readers, args.size
+            ),
+        }
+    }
+
+    /// What the limit does.
+    fn limit(self, args: &MountArgs) -> String {
+        let origin = OriginConfig::default();
+        let raw = format!(
+            "a raw parallel download through the same proxy ({} ranged GETs of {} in flight)",
+            origin.concurrency, origin.part_size
+        );
+        match self {
+            Workload::Cold => raw,
+            Workload::Warm => "a local copy of the same bytes, read after dropping the page cache".to_owned(),
+            Workload::PageCache => "the local copy, re-read from the page cache".to_owned(),
+            Workload::Random4k | Workload::Random1m => {
+                "the same reads on the local copy, page cache dropped".to_owned()
+            }
+            Workload::SmallFiles => format!(
+                "a listing, then a GET of every file, {} in flight, through the proxy",
+                args.readers
+            ),
+            Workload::Readers => format!("{raw}, counted as delivered to each reader"),
+        }
+    }
+
+    /// The workload's name in tables.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::Cold => "cold sequential",
+            Workload::Warm => "warm sequential",
+            Workload::PageCache => "page-cache re-read",
+            Workload::Random4k => "random 4 KiB",
+            Workload::Random1m => "random 1 MiB",
+            Workload::SmallFiles => "small files",
+            Workload::Readers => "concurrent readers",
+        }
+    }
+
+    /// Random 4 KiB reads are counted in operations, the rest in bytes.
+    fn per_op(self) -> bool {
+        self == Workload::Random4k
+    }
+
+    pub(crate) fn unit(self) -> &'static str {
+        if self.per_op() { "ops/s" } else { "MiB/s" }
+    }
+}
+
+impl Sample {
+    /// MiB/s, or operations/s for random 4 KiB reads.
+    pub(crate) fn throughput(&self, workload: Workload) -> f64 {
+        let per_s = if workload.per_op() {
+            self.work.ops as f64
+        } else {
+            self.work.bytes as f64 / MIB
+        };
+        per_s / self.work.elapsed.as_secs_f64()
+    }
+
+    /// GiB handed to the readers.
+    fn served_gib(&self) -> f64 {
+        self.work.bytes as f64 / GIB
+    }
+}
+
+/// A number with as many decimals as its size deserves.
+fn number(x: f64) -> String {
+    if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// The median of `values` with its min–max, or a dash for no values.
+fn spread(values: Vec<f64>, show: fn(f64) -> String) -> String {
+    match values.len() {
+        0 => "—".to_owned(),
+        1 => show(values[0]),
+        _ => {
+            let (median, min, max) = summary(values);
+            format!("{} ({}–{})", show(median), show(min), show(max))
+        }
+    }
+}
+
+fn ratio(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+impl Context<'_> {
+    /// `figure` of `system`'s sample in each round where it has one.
+    fn each(&self, workload: Workload, system: System, figure: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .filter_map(|round| round.get(&(workload, system)).and_then(&figure))
+            .collect()
+    }
+
+    /// The ratio of `a`'s throughput to `b`'s, in each round where both have one.
+    fn ratios(&self, workload: Workload, a: System, b: System) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .filter_map(|round| {
+                let a = round.get(&(workload, a))?.throughput(workload);
+                let b = round.get(&(workload, b))?.throughput(workload);
+                Some(a / b)
+            })
+            .collect()
+    }
+
+    fn systems(&self) -> impl Iterator<Item = System> + '_ {
+        std::iter::once(System::Limit).chain(self.versions.iter().map(|(s, _)| *s))
+    }
+
+    fn summary_table(&self, out: &mut String) {
+        let mounts: Vec<System> = self.versions.iter().map(|(s, _)| *s).collect();
+        let _ = write!(out, "| workload | limit |");
+        for system in &mounts {
+            let _ = write!(out, " {} ÷ limit |", system.name());
+        }
+        let _ = writeln!(out, "\n|---|---|{}", "---|".repeat(mounts.len()));
+        for workload in Workload::ALL {
+            let limit = spread(
+                self.each(workload, System::Limit, |s| Some(s.throughput(workload))),
+                number,
+            );
+            let _ = write!(out, "| {} | {limit} {} |", workload.name(), workload.unit());
+            for system in &mounts {
+                let _ = write!(
+                    out,
+                    " {} |",
+                    spread(self.ratios(workload, *system, System::Limit), ratio)
+                );
+            }
+            let _ = writeln!(out);
+        }
+    }
+
+    fn workload_table(&self, workload: Workload, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\n### {}\n\n{}.\nLimit: {}.\n",
+            workload.name(),
+            workload.title(self.args),
+            workload.limit(self.args)
+        );
+        let _ = writeln!(
+            out,
+            "| system | {} | ÷ limit | Larder ÷ system | mount CPU s/GiB | reader CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |",
+            workload.unit()
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        for system in self.systems() {
+            let throughput = self.each(workload, system, |s| Some(s.throughput(workload)));
+            if throughput.is_empty() {
+                continue;
+            }
+            let to_limit = if system == System::Limit {
+                "1".to_owned()
+            } else {
+                spread(self.ratios(workload, system, System::Limit), ratio)
+            };
+            let larder_to = if matches!(system, System::Rclone | System::S3fs) {
+                spread(self.ratios(workload, System::Larder, system), ratio)
+            } else {
+                "—".to_owned()
+            };
+            let per_gib = |f: fn(&Sample) -> Option<f64>| {
+                spread(
+                    self.each(workload, system, |s| f(s).map(|x| x / s.served_gib())),
+                    number,
+                )
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {to_limit} | {larder_to} | {} | {} | {} | {} | {} |",
+                system.name(),
+                spread(throughput, number),
+                per_gib(|s| s.mount_cpu),
+                per_gib(|s| s.work.reader_cpu),
+                spread(self.each(workload, system, |s| s.peak_rss_mib), number),
+                per_gib(|s| Some(s.origin.requests as f64)),
+                per_gib(|s| Some(s.origin.bytes as f64 / GIB)),
+            );
+        }
+    }
+}
+
+/// The whole report.
+pub(crate) fn render(cx: &Context<'_>) -> String {
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%F %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let mut out = String::new();
+    let _ = writeln!(out, "# Mount benchmark\n");
+    let _ = writeln!(out, "{date}; {}", machine());
+    let _ = writeln!(
+        out,
+        "large file {}, {} small files of {}, {} concurrent readers; {} rounds, medians (min–max); \
+         page cache dropped between steps: {}; whole run {:.0} s",
+        cx.args.size,
+        cx.args.small_files,
+        cx.args.small_size,
+        cx.args.readers,
+        cx.rounds.len(),
+        cx.dropped,
+        cx.duration.as_secs_f64()
+    );
+    let _ = writeln!(
+        out,
+        "\nOrigin: SeaweedFS (`weed mini`, data on tmpfs) on loopback, behind a recording proxy in the \
+         benchmark process that every system and the raw download go through. Systems:\n"
+    );
+    for (system, version) in cx.versions {
+        let how = match system {
+            System::Limit => "",
+            System::Larder => "`larder daemon`, default settings, `--metrics-listen off`",
+            System::Rclone => "`rclone mount --vfs-cache-mode full --read-only`, otherwise defaults",
+            System::S3fs => "`s3fs -f -o ro,use_path_request_style,use_cache=DIR`, otherwise defaults",
+        };
+        let _ = writeln!(out, "- {}: {how} ({version})", system.name());
+    }
+    let _ = writeln!(
+        out,
+        "\n## Throughput as a ratio to the limit (higher is better)\n"
+    );
+    cx.summary_table(&mut out);
+    let _ = writeln!(
+        out,
+        "\n## Per workload\n\nThroughput and ratios are medians of per-round values. CPU is user + system \
+         time of the mount process (`/proc/PID/stat`) and of the reading threads (`RUSAGE_THREAD`) \
+         while the workload ran, per GiB handed to the readers; peak RSS is the mount process's \
+         VmHWM, reset before each workload; origin figures count requests of every kind and the \
+         object bytes GETs asked for, per GiB handed to the readers."
+    );
+    for workload in Workload::ALL {
+        cx.workload_table(workload, &mut out);
+    }
+    if !cx.failures.is_empty() {
+        let _ = writeln!(out, "\n## Failed runs\n");
+        for failure in cx.failures {
+            let _ = writeln!(out, "- {}", failure.replace('\n', " "));
+        }
+    }
+    out
+}
