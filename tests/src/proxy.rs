@@ -7,12 +7,11 @@ use hyper::body::Incoming;
 use hyper::http::uri::{Authority, Scheme, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::server::serve_on_loopback;
 use crate::{Bucket, ServedRequest};
 
 /// Forwards every request to a bucket's server unchanged (the `Host` header too, so request
@@ -58,19 +57,7 @@ impl RecordingProxy {
                 forward?.await.map_err(anyhow::Error::from)
             }
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let accept = tokio::spawn(async move {
-            let http = ConnBuilder::new(TokioExecutor::new());
-            while let Ok((socket, _)) = listener.accept().await {
-                let conn = http
-                    .serve_connection(TokioIo::new(socket), service.clone())
-                    .into_owned();
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-        });
+        let (addr, accept) = serve_on_loopback(service).await?;
         Ok(Self {
             addr,
             url: upstream.url(),

@@ -20,6 +20,35 @@ pub const ACCESS_KEY: &str = "larder-test-access";
 /// Secret key of the test and benchmark S3 servers.
 pub const SECRET_KEY: &str = "larder-test-secret-key";
 
+/// Serves `service` over HTTP on `127.0.0.1:<random port>` until the returned task is aborted.
+pub(crate) async fn serve_on_loopback<S, B>(service: S) -> anyhow::Result<(SocketAddr, JoinHandle<()>)>
+where
+    S: hyper::service::Service<hyper::Request<hyper::body::Incoming>, Response = hyper::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let accept = tokio::spawn(async move {
+        let http = ConnBuilder::new(TokioExecutor::new());
+        while let Ok((socket, _)) = listener.accept().await {
+            let conn = http
+                .serve_connection(TokioIo::new(socket), service.clone())
+                .into_owned();
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+    });
+    Ok((addr, accept))
+}
+
 /// One request as the server saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedRequest {
@@ -81,19 +110,7 @@ impl S3Server {
             served.lock().push(ServedRequest::of(&request));
             hyper::service::Service::call(&s3, request)
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let accept = tokio::spawn(async move {
-            let http = ConnBuilder::new(TokioExecutor::new());
-            while let Ok((socket, _)) = listener.accept().await {
-                let conn = http
-                    .serve_connection(TokioIo::new(socket), service.clone())
-                    .into_owned();
-                tokio::spawn(async move {
-                    let _ = conn.await;
-                });
-            }
-        });
+        let (addr, accept) = serve_on_loopback(service).await?;
         Ok(Self {
             addr,
             log,
