@@ -75,7 +75,9 @@ async fn a_complete_file_is_read_by_the_kernel_directly() {
             let before = served(&daemon);
             read_checked(&daemon, MODEL, SIZE);
             assert!(
-                served(&daemon) - before >= SIZE as u64,
+                // Pages the cold handle keeps may serve part of it; none would reach the
+                // daemon if it were passed through.
+                served(&daemon) > before,
                 "read beside a cached handle"
             );
             cold.seek(SeekFrom::Start(0)).expect("seek");
