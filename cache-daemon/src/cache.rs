@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
+use futures::future::{BoxFuture, Shared, WeakShared};
 use larder_config::OriginConfig;
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
@@ -62,10 +62,12 @@ enum Source {
     Origin,
 }
 
-/// A whole block and its source.
+/// Bytes of one block (the whole block, or the part a read wanted), where they start in the
+/// object, and their source.
 #[derive(Debug, Clone)]
 struct Block {
     bytes: Bytes,
+    start: u64,
     source: Source,
 }
 type BlockKey = (ObjectId, u32);
@@ -111,7 +113,20 @@ struct Inner {
     tasks: TaskTracker,
     /// Woken after each cache write ends, written or not.
     written: tokio::sync::Notify,
+    /// Blocks some reader holds: another reader of the same version near the same place
+    /// shares them instead of reading them again.
+    held: Mutex<HeldBlocks>,
 }
+
+/// Weak references to the blocks readers hold, swept of dead entries as the map grows.
+#[derive(Debug)]
+struct HeldBlocks {
+    blocks: HashMap<BlockKey, WeakShared<BoxFuture<'static, Result<Block, ReadError>>>>,
+    sweep_at: usize,
+}
+
+/// Size of the held-blocks map at which dead entries are first swept.
+const HELD_SWEEP_MIN: usize = 1024;
 
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`.
@@ -129,6 +144,10 @@ impl Cache {
                 stats,
                 tasks: TaskTracker::new(),
                 written: tokio::sync::Notify::new(),
+                held: Mutex::new(HeldBlocks {
+                    blocks: HashMap::new(),
+                    sweep_at: HELD_SWEEP_MIN,
+                }),
             }),
         }
     }
@@ -170,13 +189,59 @@ impl Cache {
     }
 
     /// Block `index`, fetched by a task of its own so that it proceeds whether or not anyone
-    /// is polling yet; the result can be awaited by several callers.
+    /// is polling yet; the result can be awaited by several callers. While any reader holds
+    /// it, other readers of the version get the same block rather than a read of their own.
     fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedBlock {
+        let key = (object.id, index);
+        let mut held = self.inner.held.lock();
+        if let Some(block) = held
+            .blocks
+            .get(&key)
+            .and_then(WeakShared::upgrade)
+            .filter(|block| !matches!(block.peek(), Some(Err(_))))
+        {
+            return block;
+        }
         let (cache, object) = (self.clone(), object.clone());
-        tokio::spawn(async move { cache.block(&object, index).await })
+        let block = tokio::spawn(async move { cache.block(&object, index).await })
             .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
             .boxed()
-            .shared()
+            .shared();
+        if held.blocks.len() >= held.sweep_at {
+            held.blocks.retain(|_, weak| weak.upgrade().is_some());
+            held.sweep_at = (2 * held.blocks.len()).max(HELD_SWEEP_MIN);
+        }
+        if let Some(weak) = block.downgrade() {
+            held.blocks.insert(key, weak);
+        }
+        block
+    }
+
+    /// Bytes `range` of block `index`: only the pages holding them when the block is on disk
+    /// and verified (a small random read costs a small disk read), else the whole block.
+    async fn block_part(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        range: Range<usize>,
+    ) -> Result<Block, ReadError> {
+        let started = Instant::now();
+        let part = self
+            .inner
+            .store
+            .read_verified_part(&object.version, object.id, index, range.clone())
+            .await;
+        let Some(bytes) = part else {
+            return self.block(object, index).await;
+        };
+        let stats = &self.inner.stats;
+        stats.latency.fill_nvme.observe(started.elapsed());
+        add(&stats.lookup_hit, 1);
+        Ok(Block {
+            bytes,
+            start: u64::from(index) * self.inner.store.block_size() + range.start as u64,
+            source: Source::Nvme,
+        })
     }
 
     /// Starts fills for the missing blocks of `range` without waiting for them.
@@ -257,6 +322,7 @@ impl Cache {
             add(&stats.lookup_hit, 1);
             return Ok(Block {
                 bytes,
+                start: u64::from(index) * self.inner.store.block_size(),
                 source: Source::Nvme,
             });
         }
@@ -277,6 +343,7 @@ impl Cache {
         match fill {
             Some(fill) => Ok(Block {
                 bytes: fill.await?,
+                start: u64::from(index) * self.inner.store.block_size(),
                 source: Source::Origin,
             }),
             None => Box::pin(self.block(object, index)).await,
@@ -422,7 +489,6 @@ impl Cache {
 
 /// The blocks a read covers, and how to cut the read out of them.
 struct Span {
-    block_size: u64,
     offset: u64,
     end: u64,
     first: u32,
@@ -434,7 +500,6 @@ impl Span {
     fn new(object: &OpenObject, block_size: u64, offset: u64, len: usize) -> Option<Self> {
         let end = object.version.size.min(offset.saturating_add(len as u64));
         (offset < end).then(|| Self {
-            block_size,
             offset,
             end,
             first: (offset / block_size) as u32,
@@ -446,13 +511,21 @@ impl Span {
         self.first..=self.last
     }
 
-    /// The requested bytes out of the whole blocks `first..=last` (a slice when one block
-    /// holds them all, one copy otherwise); counts the bytes served by source.
+    /// The part of block `index` (of `block_size` bytes) the read covers, as offsets within it.
+    fn within(&self, index: u32, block_size: u64) -> Range<usize> {
+        let block_start = u64::from(index) * block_size;
+        let from = self.offset.saturating_sub(block_start);
+        let to = (self.end - block_start).min(block_size);
+        from as usize..to as usize
+    }
+
+    /// The requested bytes out of the blocks `first..=last`, each whole or the part the read
+    /// covers (a slice when one block holds them all, one copy otherwise); counts the bytes
+    /// served by source.
     fn assemble(&self, blocks: &[Block], stats: &Stats) -> Bytes {
-        let slice = |i: usize, block: &Block| {
-            let block_start = u64::from(self.first + i as u32) * self.block_size;
-            let from = self.offset.saturating_sub(block_start) as usize;
-            let to = ((self.end - block_start) as usize).min(block.bytes.len());
+        let slice = |block: &Block| {
+            let from = self.offset.saturating_sub(block.start) as usize;
+            let to = ((self.end - block.start) as usize).min(block.bytes.len());
             let bytes = block.bytes.slice(from.min(to)..to);
             let counter = match block.source {
                 Source::Nvme => &stats.served_nvme_bytes,
@@ -462,11 +535,11 @@ impl Span {
             bytes
         };
         if let [block] = blocks {
-            return slice(0, block);
+            return slice(block);
         }
         let mut out = BytesMut::with_capacity((self.end - self.offset) as usize);
-        for (i, block) in blocks.iter().enumerate() {
-            out.extend_from_slice(&slice(i, block));
+        for block in blocks {
+            out.extend_from_slice(&slice(block));
         }
         out.freeze()
     }
@@ -475,11 +548,18 @@ impl Span {
 /// Whole blocks a sequential reader keeps fetched ahead of itself, in memory: this is what
 /// keeps several disk reads in flight on a warm read (cold blocks are covered by the fills the
 /// readahead window starts).
-const BLOCKS_AHEAD: u64 = 8;
+const BLOCKS_AHEAD: u32 = 8;
+
+/// Whole blocks a reader keeps behind its position, for reads that arrive a little out of
+/// order.
+const BLOCKS_BEHIND: u32 = 2;
+
+type BlockFuture = BoxFuture<'static, Result<Block, ReadError>>;
 
 /// A reader of one open object (one file handle): detects sequential access, keeps a growing
 /// readahead window of fills in flight ahead of it, and holds the blocks around its position so
-/// that small reads inside one block cost one block read.
+/// that small reads inside one block cost one block read. A read that is not sequential reads
+/// only the pages it wants of a block already verified.
 ///
 /// Reads may come concurrently and slightly out of order (the kernel's readahead sends several
 /// at once): a read within one window of the last position still counts as sequential, and the
@@ -528,15 +608,21 @@ impl Reader {
         Ok(span.assemble(&result?, &self.cache.inner.stats))
     }
 
-    /// Updates the sequential detector, starts readahead, and returns the blocks to wait for.
-    fn plan(&self, span: &Span) -> Vec<SharedBlock> {
+    /// Updates the sequential detector, starts readahead, and returns what to wait for, one
+    /// future per block of the read.
+    fn plan(&self, span: &Span) -> Vec<BlockFuture> {
         let block_size = self.cache.inner.store.block_size();
         let readahead = &self.cache.inner.readahead;
         let mut guard = self.state.lock();
         let state = &mut *guard;
         // The kernel's own readahead sends several requests at once, a few MiB apart and not
         // always in order: within this distance of the last position a read is sequential.
-        let slack = state.window.max(4 * readahead.start);
+        // Before a run has started, only a read within a block of the last one starts it.
+        let slack = if state.window > 0 {
+            state.window
+        } else {
+            block_size
+        };
         if span.offset.abs_diff(state.next_offset) <= slack {
             state.window = (state.window * 2).clamp(readahead.start, readahead.end);
             state.next_offset = state.next_offset.max(span.end);
@@ -545,7 +631,8 @@ impl Reader {
             state.prefetched_to = 0;
             state.next_offset = span.end;
         }
-        if state.window > 0 {
+        let sequential = state.window > 0;
+        if sequential {
             let ahead_end = span
                 .end
                 .saturating_add(state.window)
@@ -556,25 +643,41 @@ impl Reader {
                 state.prefetched_to = ahead_end;
             }
         }
-        let blocks_ahead = if state.window > 0 {
-            (state.window / block_size).clamp(1, BLOCKS_AHEAD) as u32
+        let blocks_ahead = if sequential {
+            (state.window / block_size).clamp(1, u64::from(BLOCKS_AHEAD)) as u32
         } else {
             0
         };
         let block_count = self.cache.block_count(&self.object);
-        let wanted = span.first..=(span.last + blocks_ahead).min(block_count - 1);
         // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
-        let low = span.first.saturating_sub(BLOCKS_AHEAD as u32);
-        let high = span.last.saturating_add(2 * BLOCKS_AHEAD as u32);
+        let low = span.first.saturating_sub(BLOCKS_BEHIND);
+        let high = span.last.saturating_add(2 * BLOCKS_AHEAD);
         state.blocks.retain(|index, _| (low..=high).contains(index));
-        for index in wanted {
+        let ahead = span.last + 1..=(span.last + blocks_ahead).min(block_count - 1);
+        for index in ahead {
             state
                 .blocks
                 .entry(index)
                 .or_insert_with(|| self.cache.spawn_block(&self.object, index));
         }
+        let store = &self.cache.inner.store;
         span.blocks()
-            .filter_map(|index| state.blocks.get(&index).cloned())
+            .map(|index| {
+                if let Some(block) = state.blocks.get(&index) {
+                    return block.clone().boxed();
+                }
+                if !sequential && store.verified(self.object.id, index) {
+                    let (cache, object) = (self.cache.clone(), self.object.clone());
+                    let range = span.within(index, block_size);
+                    return async move { cache.block_part(&object, index, range).await }.boxed();
+                }
+                state
+                    .blocks
+                    .entry(index)
+                    .or_insert_with(|| self.cache.spawn_block(&self.object, index))
+                    .clone()
+                    .boxed()
+            })
             .collect()
     }
 }

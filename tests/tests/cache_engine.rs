@@ -2,10 +2,11 @@
 //! integrity, restart and crash safety, corruption, single-flight, capacity, disk full and
 //! origin faults.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use larder_cache_daemon::cache::{OpenObject, ReadError};
+use larder_cache_daemon::cache::{OpenObject, ReadError, Reader};
 use larder_cache_daemon::origin::{Origin, OriginError};
 use larder_config::{ByteSize, IoEngineKind};
 use larder_tests::fixture::{CacheFixture, allocated_bytes, files_with_extension, test_config};
@@ -108,10 +109,20 @@ fn check_random_reads(scenario: Scenario) -> Result<(), TestCaseError> {
             if round == 1 {
                 fx = fx.restart().await.expect("restart");
             }
-            for &(object, offset, len) in reads {
+            // Every other read goes through a reader kept per object: its jumps read parts of
+            // verified blocks, its runs read ahead.
+            let mut readers = HashMap::new();
+            for (i, &(object, offset, len)) in reads.iter().enumerate() {
                 let (key, size) = objects[object];
                 let open = fx.open_object(key).await.expect("open");
-                let got = fx.read(&open, offset, len).await.expect("read");
+                let got = if i % 2 == 0 {
+                    fx.read(&open, offset, len).await.expect("read")
+                } else {
+                    let reader = readers
+                        .entry(object)
+                        .or_insert_with(|| Reader::new(fx.cache.clone(), open.clone()));
+                    reader.read(offset, len).await.expect("read")
+                };
                 let end = size.min(offset + len as u64);
                 let want = if offset >= end {
                     Vec::new()
@@ -137,6 +148,46 @@ proptest! {
     fn random_reads_return_the_origins_bytes(scenario in scenario()) {
         check_random_reads(scenario)?;
     }
+}
+
+/// Reads that jump around read only the pages they want of blocks already verified, and
+/// whole blocks (checked) after a restart: the bytes are right either way, at page and block
+/// boundaries and at the end of the object, and no read goes back to the origin.
+#[test_case(IoEngineKind::Uring; "uring")]
+#[test_case(IoEngineKind::Psync; "psync")]
+#[tokio::test]
+async fn jumping_reads_of_cached_blocks_return_the_right_bytes(engine: IoEngineKind) {
+    let size = 3 * MIB + 5;
+    let server = server_with(&[("j.bin", size)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut fx = fixture(&server, &dir, MIB, engine).await;
+    let open = fx.open_object("j.bin").await.expect("open");
+    fx.read_all(&open).await.expect("fill");
+    fx.cache.flush().await;
+    let requests = server.requests().len();
+    // Far apart, so that none counts as sequential: a page edge, a block edge, the tail.
+    let jumps = [
+        (2 * MIB + 4095, 10),
+        (100, 5000),
+        (3 * MIB - 3, 7),
+        (MIB - 1, 2),
+        (size - 5, 5),
+        (MIB / 2, 4096),
+    ];
+    for round in 0..2 {
+        if round == 1 {
+            fx = fx.restart().await.expect("restart");
+        }
+        let reader = Reader::new(fx.cache.clone(), open.clone());
+        for (offset, len) in jumps {
+            let got = reader.read(offset, len).await.expect("read");
+            assert!(
+                got == expected("j.bin", offset, len),
+                "round {round}: {len} bytes at {offset}"
+            );
+        }
+    }
+    assert_eq!(server.requests().len(), requests, "a read went to the origin");
 }
 
 /// A cut body is resumed from the first missing byte, never repeated or skipped.

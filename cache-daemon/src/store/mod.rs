@@ -24,6 +24,7 @@ mod policy;
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::ops::Range;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,7 +35,7 @@ use parking_lot::Mutex;
 use rustix::fs::{FallocateFlags, FlockOperation};
 use tokio::sync::OnceCell;
 
-use crate::engine::{AlignedBuf, IoEngine, align_up};
+use crate::engine::{ALIGN, AlignedBuf, IoEngine, align_up};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::stats::{Stats, add};
 use format::{Entry, RecordHeader};
@@ -487,12 +488,44 @@ impl BlockStore {
     }
 
     /// Reads block `index` of `version` from disk. `None` is a miss: absent, evicted while being
-    /// read, unreadable, or corrupt (then it is also dropped, so the caller refetches it).
+    /// read, unreadable, or corrupt (then it is also dropped, so the caller refetches it). A
+    /// block is hashed on its first read in this process; once verified it is trusted, as
+    /// passthrough trusts it.
     pub async fn read_block(&self, version: &ObjectVersion, id: ObjectId, index: u32) -> Option<Bytes> {
+        let len = self.block_len(version.size, index) as usize;
+        self.read_in_block(version, id, index, 0..len, false).await
+    }
+
+    /// Bytes `range` of block `index`, reading only the 4 KiB pages that hold them, when the
+    /// block was verified in this process; `None` otherwise (then read the whole block).
+    pub async fn read_verified_part(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+    ) -> Option<Bytes> {
+        self.read_in_block(version, id, index, range, true).await
+    }
+
+    /// Reads `range` of block `index`: the whole block when it must be verified first (and
+    /// `verified_only` is false), else just the aligned pages around `range`.
+    async fn read_in_block(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+        verified_only: bool,
+    ) -> Option<Bytes> {
         let (meta, files) = {
             let mut state = self.state.lock();
             let object = state.objects.get(&id)?;
             let meta = *object.blocks.get(&index)?;
+            let trusted = meta.verified || !self.verify;
+            if verified_only && !trusted {
+                return None;
+            }
             let files = object.files.clone();
             state.policy.touch(&(id, index));
             (meta, files)
@@ -505,15 +538,22 @@ impl BlockStore {
                 return None;
             }
         };
-        let len = self.block_len(version.size, index) as usize;
-        let offset = u64::from(index) * self.block_size;
+        let block_len = self.block_len(version.size, index) as usize;
+        let check = self.verify && !meta.verified;
+        // A block to check is read whole; a trusted one only where `range` lies.
+        let (from, to) = if check {
+            (0, block_len)
+        } else {
+            (range.start / ALIGN * ALIGN, range.end)
+        };
+        let offset = u64::from(index) * self.block_size + from as u64;
         let (buf, result) = self
             .engine
-            .read(files.data.clone(), offset, AlignedBuf::zeroed(len))
+            .read(files.data.clone(), offset, AlignedBuf::zeroed(to - from))
             .await;
         let corrupt = match result {
-            Ok(n) if n < len => true,
-            Ok(_) => self.verify && *blake3::hash(&buf.as_ref()[..len]).as_bytes() != meta.hash,
+            Ok(n) if n < to - from => true,
+            Ok(_) => check && *blake3::hash(&buf.as_ref()[..block_len]).as_bytes() != meta.hash,
             Err(error) => {
                 add(&self.stats.cache_read_errors, 1);
                 tracing::warn!(%error, "cache read failed; refetching");
@@ -533,7 +573,7 @@ impl BlockStore {
             .and_then(|o| o.blocks.get_mut(&index))
             .filter(|m| m.generation == meta.generation)?;
         current.verified |= self.verify;
-        Some(Bytes::from_owner(buf).slice(..len))
+        Some(Bytes::from_owner(buf).slice(range.start - from..range.end - from))
     }
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
