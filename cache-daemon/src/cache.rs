@@ -554,6 +554,10 @@ const BLOCKS_AHEAD: u32 = 8;
 /// order.
 const BLOCKS_BEHIND: u32 = 2;
 
+/// How far from the end of the last read a read may start and still start a run: one
+/// request of the kernel's readahead, which may overtake the one before it.
+const RUN_START_SLACK: u64 = 1 << 20;
+
 type BlockFuture = BoxFuture<'static, Result<Block, ReadError>>;
 
 /// A reader of one open object (one file handle): detects sequential access, keeps a growing
@@ -616,12 +620,14 @@ impl Reader {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         // The kernel's own readahead sends several requests at once, a few MiB apart and not
-        // always in order: within this distance of the last position a read is sequential.
-        // Before a run has started, only a read within a block of the last one starts it.
+        // always in order: a read within this distance of where the last one ended continues a
+        // run. It does not grow with the window, or reads that jump around a file would keep
+        // counting as a run once one had started; and a run starts only with a read next to
+        // the last one, because starting one costs whole blocks read ahead.
         let slack = if state.window > 0 {
-            state.window
+            2 * readahead.start
         } else {
-            block_size
+            RUN_START_SLACK
         };
         if span.offset.abs_diff(state.next_offset) <= slack {
             state.window = (state.window * 2).clamp(readahead.start, readahead.end);

@@ -160,7 +160,10 @@ async fn jumping_reads_of_cached_blocks_return_the_right_bytes(engine: IoEngineK
     let size = 3 * MIB + 5;
     let server = server_with(&[("j.bin", size)]).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut fx = fixture(&server, &dir, MIB, engine).await;
+    let mut config = test_config(dir.path(), MIB, engine, &server.url());
+    // A small window, so that only reads within 128 KiB of each other count as a run.
+    config.origin.readahead_min = ByteSize::kib(64);
+    let mut fx = CacheFixture::open(server.clone(), config).await.expect("cache");
     let open = fx.open_object("j.bin").await.expect("open");
     fx.read_all(&open).await.expect("fill");
     fx.cache.flush().await;

@@ -47,7 +47,9 @@ const UPLOADS: usize = 16;
 pub(crate) enum Workload {
     Cold,
     Warm,
+    WarmAgain,
     PageCache,
+    Mmap,
     Random4k,
     Random1m,
     SmallFiles,
@@ -55,10 +57,12 @@ pub(crate) enum Workload {
 }
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 7] = [
+    pub(crate) const ALL: [Workload; 9] = [
         Workload::Cold,
         Workload::Warm,
+        Workload::WarmAgain,
         Workload::PageCache,
+        Workload::Mmap,
         Workload::Random4k,
         Workload::Random1m,
         Workload::SmallFiles,
@@ -358,30 +362,44 @@ impl Bench<'_> {
         Ok(vec![(Workload::Cold, sample)])
     }
 
-    /// Warm, page-cache and random reads: of the system restarted on the cache its cold read
-    /// filled, or (`None`) of the local copy.
+    /// Random, warm, page-cache and mmap reads: of the system restarted on the cache its cold
+    /// read filled, or (`None`) of the local copy. The random reads come first, while Larder
+    /// has checked none of the blocks since its start; the first whole read checks them all,
+    /// so the second one is passed through.
     fn warm(&self, setup: Option<&Setup>, seed: u64) -> Outcome {
         let mount = setup.map(|s| s.start(&self.proxy)).transpose()?;
         let pid = mount.as_ref().and_then(|m| m.pid());
         let path = setup.map_or(self.local.clone(), |s| s.mount_dir().join(BIG_KEY));
         let size = self.size();
-        drop_page_cache();
-        let warm = self.measure(pid, || workloads::sequential(&path, size))?;
-        let page_cache = self.measure(pid, || workloads::sequential(&path, size))?;
-        let mut random = Vec::new();
-        for (len, count) in [RANDOM_SMALL, RANDOM_LARGE] {
+        let mut samples = Vec::new();
+        for (workload, (len, count)) in [
+            (Workload::Random4k, RANDOM_SMALL),
+            (Workload::Random1m, RANDOM_LARGE),
+        ] {
             drop_page_cache();
-            random.push(self.measure(pid, || workloads::random(&path, size, len, count, seed))?);
+            let sample = self.measure(pid, || workloads::random(&path, size, len, count, seed))?;
+            samples.push((workload, sample));
         }
+        for workload in [Workload::Warm, Workload::WarmAgain] {
+            drop_page_cache();
+            samples.push((
+                workload,
+                self.measure(pid, || workloads::sequential(&path, size))?,
+            ));
+        }
+        samples.push((
+            Workload::PageCache,
+            self.measure(pid, || workloads::sequential(&path, size))?,
+        ));
+        drop_page_cache();
+        samples.push((
+            Workload::Mmap,
+            self.measure(pid, || workloads::mapped(&path, size))?,
+        ));
         if let Some(mount) = mount {
             mount.stop()?;
         }
-        Ok(vec![
-            (Workload::Warm, warm),
-            (Workload::PageCache, page_cache),
-            (Workload::Random4k, random[0]),
-            (Workload::Random1m, random[1]),
-        ])
+        Ok(samples)
     }
 
     /// The limit of the small files: a listing, then a GET of each, `readers` at a time.

@@ -35,14 +35,16 @@ impl Workload {
                 "Cold sequential read of the {} file (1 MiB reads; cache wiped, page cache dropped, mount restarted)",
                 args.size
             ),
-            Workload::Warm => "Warm read (mount restarted on its cache, page cache dropped)".to_owned(),
-            Workload::PageCache => "Page-cache re-read (right after the warm read)".to_owned(),
+            Workload::Warm => "Warm read: the first whole read after the mount restarted on its cache (and after the random reads), page cache dropped; Larder checks each block on its first read after a start, so this read goes through the daemon".to_owned(),
+            Workload::WarmAgain => "Warm read again, page cache dropped: Larder now hands the kernel the cached file (FUSE passthrough)".to_owned(),
+            Workload::PageCache => "Page-cache re-read (right after the second warm read)".to_owned(),
+            Workload::Mmap => "Whole file through `mmap` (1 MiB copies out of the mapping, `MADV_SEQUENTIAL`), page cache dropped".to_owned(),
             Workload::Random4k => format!(
-                "Random reads: {} × 4 KiB at seeded 4 KiB-aligned offsets, one at a time, warm cache, page cache dropped",
+                "Random reads: {} × 4 KiB at seeded 4 KiB-aligned offsets, one at a time, cached data, page cache dropped; the first reads after the restart (Larder: through the daemon)",
                 RANDOM_SMALL.1
             ),
             Workload::Random1m => format!(
-                "Random reads: {} × 1 MiB at seeded 4 KiB-aligned offsets, one at a time, warm cache, page cache dropped",
+                "Random reads: {} × 1 MiB at seeded 4 KiB-aligned offsets, one at a time, cached data, page cache dropped; right after the 4 KiB reads",
                 RANDOM_LARGE.1
             ),
             Workload::SmallFiles => format!(
@@ -65,8 +67,11 @@ impl Workload {
         );
         match self {
             Workload::Cold => raw,
-            Workload::Warm => "a local copy of the same bytes, read after dropping the page cache".to_owned(),
+            Workload::Warm | Workload::WarmAgain => {
+                "a local copy of the same bytes, read after dropping the page cache".to_owned()
+            }
             Workload::PageCache => "the local copy, re-read from the page cache".to_owned(),
+            Workload::Mmap => "the local copy through `mmap`, page cache dropped".to_owned(),
             Workload::Random4k | Workload::Random1m => {
                 "the same reads on the local copy, page cache dropped".to_owned()
             }
@@ -82,8 +87,10 @@ impl Workload {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Workload::Cold => "cold sequential",
-            Workload::Warm => "warm sequential",
+            Workload::Warm => "warm sequential, first read",
+            Workload::WarmAgain => "warm sequential, again",
             Workload::PageCache => "page-cache re-read",
+            Workload::Mmap => "mmap sequential",
             Workload::Random4k => "random 4 KiB",
             Workload::Random1m => "random 1 MiB",
             Workload::SmallFiles => "small files",
