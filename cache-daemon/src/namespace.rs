@@ -16,7 +16,9 @@
 //! entries without remembering them. The table keeps only the nodes the kernel holds, with
 //! their lookup counts, and drops a node when the kernel forgets it.
 //!
-//! Versions. `open` pins the object's version: a HEAD if the one known is older than the TTL.
+//! Versions. `open` pins the object's version: the one known if the origin gave it within the
+//! TTL with an ETag (a HEAD, or a listing entry: after `ls`, opening a file costs no request
+//! before its GET), else a HEAD.
 //! Every read on that handle returns that version's bytes or `ESTALE`. The kernel keeps a
 //! file's page cache across opens while the version stays the same.
 
@@ -66,8 +68,9 @@ pub struct Source {
 #[derive(Debug, Clone)]
 enum Entry {
     Dir,
-    /// An object's version, and when a HEAD confirmed it (`None` when it comes from a listing,
-    /// which may lack the ETag or version id an open pins).
+    /// An object's version, and when the origin gave it in a form an open can pin: a HEAD, or
+    /// a listing entry with an ETag (`None` for a listing entry without one, as some stores
+    /// list).
     File(ObjectVersion, Option<Instant>),
 }
 
@@ -104,7 +107,8 @@ struct Node {
     size: u64,
     mtime: SystemTime,
     version: Option<ObjectVersion>,
-    /// When `version` was last confirmed by a HEAD.
+    /// When `version` was last given by the origin in a form an open can pin (see
+    /// [`Entry::File`]).
     checked: Option<Instant>,
     /// The version of the last open, to tell the kernel whether its pages are still good.
     last_opened: Option<ObjectId>,
@@ -392,7 +396,10 @@ impl Namespace {
         for listed in &listing.entries {
             let (path, entry) = match listed {
                 ListEntry::Prefix(path) => (path, Entry::Dir),
-                ListEntry::Object(version) => (&version.key, Entry::File(version.clone(), None)),
+                ListEntry::Object(version) => {
+                    let pinnable = version.etag.is_some().then(Instant::now);
+                    (&version.key, Entry::File(version.clone(), pinnable))
+                }
             };
             let name = leaf(path);
             // A "directory marker" object named like its own directory or a sibling prefix.

@@ -2,14 +2,18 @@
 //!
 //! An [`ObjectVersion`] is one version of one object in one origin, as seen by a `HEAD` or a
 //! listing: it is what a file handle pins. Its [`ObjectId`] is the BLAKE3 hash of a canonical
-//! encoding of (origin URL, key, ETag, version id, size), so every node computes the same id for
-//! the same version and a new version never shares blocks with an old one.
+//! encoding of (origin URL, key, ETag or else version id, size), so every node computes the
+//! same id for the same version and a new version never shares blocks with an old one.
+//!
+//! Where there is an ETag the version id is left out of the identity: a listing gives the
+//! ETag but not the version id a HEAD of a versioned bucket gives, and both must name the same
+//! cached bytes. Two versions of a key with one ETag and one size hold the same bytes.
 
 use std::fmt;
 use std::time::SystemTime;
 
 /// Domain separation for [`ObjectId`] preimages; bump when the encoding changes.
-const IDENTITY_DOMAIN: &[u8] = b"larder.object.v1";
+const IDENTITY_DOMAIN: &[u8] = b"larder.object.v2";
 
 /// BLAKE3 of an object version's identity.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,7 +65,7 @@ impl ObjectVersion {
             Some(self.origin_url.as_str()),
             Some(self.key.as_str()),
             self.etag.as_deref(),
-            self.version.as_deref(),
+            self.version.as_deref().filter(|_| self.etag.is_none()),
         ] {
             match field {
                 None => out.push(0),
@@ -104,12 +108,33 @@ mod tests {
         others[0].origin_url.push('x');
         others[1].key.push('x');
         others[2].etag = Some("\"abd\"".into());
-        others[3].version = Some("v2".into());
+        others[3].etag = None;
         others[4].size += 1;
         for other in others {
             assert_ne!(other.id(), base.id(), "{other:?}");
         }
         assert_eq!(base.id(), version().id());
+        // Without an ETag, the version id tells versions apart.
+        let unnamed = ObjectVersion {
+            etag: None,
+            version: Some("v1".into()),
+            ..version()
+        };
+        let next = ObjectVersion {
+            version: Some("v2".into()),
+            ..unnamed.clone()
+        };
+        assert_ne!(unnamed.id(), next.id());
+    }
+
+    #[test]
+    fn a_listing_and_a_head_with_a_version_id_name_the_same_bytes() {
+        let listed = version();
+        let headed = ObjectVersion {
+            version: Some("3HL4kqtJlcpXroDTDmJ+rmSpXd3dIbrHY".into()),
+            ..version()
+        };
+        assert_eq!(listed.id(), headed.id());
     }
 
     #[test]

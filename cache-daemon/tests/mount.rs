@@ -458,6 +458,20 @@ async fn a_directory_of_100k_keys_lists_in_pages_and_looks_up_without_listing() 
             .all(|r| r.query.as_deref().is_some_and(|q| q.contains("max-keys=1000"))),
         "{pages:?}"
     );
+
+    // The listing gave each file's ETag: opening a listed file pins it without a HEAD, so
+    // reading it costs its GET alone.
+    for name in ["f-000123", "f-054321"] {
+        let before = proxy.requests().len();
+        let path = daemon.mount.join("big").join(name);
+        let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(path).expect("read"));
+        assert_eq!(read.await.expect("join"), name);
+        let made: Vec<_> = proxy.requests()[before..]
+            .iter()
+            .map(|r| (r.method.clone(), r.path.clone()))
+            .collect();
+        assert_eq!(made, [("GET".to_owned(), format!("/larder-big/big/{name}"))]);
+    }
 }
 
 /// Keys object_store cannot parse (control characters, in a file name or a directory name)
