@@ -111,7 +111,7 @@ fn read_file_parallel(path: &Path, threads: u64, chunk: usize) -> anyhow::Result
         .map(|t| {
             let file = file.clone();
             std::thread::spawn(move || -> std::io::Result<()> {
-                let mut buf = engine::AlignedBuf::zeroed(chunk);
+                let mut buf = engine::AlignedBuf::new(chunk);
                 let mut offset = t * chunk as u64;
                 while offset < size {
                     file.read_at(buf.spare_mut(), offset)?;

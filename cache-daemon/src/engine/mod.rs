@@ -88,14 +88,14 @@ mod tests {
         assert_eq!(written.expect("write"), data.len());
 
         let (buf, res) = engine
-            .read(file.clone(), ALIGN as u64, AlignedBuf::zeroed(data.len()))
+            .read(file.clone(), ALIGN as u64, AlignedBuf::new(data.len()))
             .await;
         assert_eq!(res.expect("read"), data.len());
         assert_eq!(buf.as_ref(), &data[..]);
 
         // Past the end of file a read is short, not an error.
         let (buf, res) = engine
-            .read(file.clone(), 3 * ALIGN as u64, AlignedBuf::zeroed(4 * ALIGN))
+            .read(file.clone(), 3 * ALIGN as u64, AlignedBuf::new(4 * ALIGN))
             .await;
         assert_eq!(res.expect("short read"), ALIGN);
         assert_eq!(buf.as_ref(), &data[2 * ALIGN..]);
@@ -105,7 +105,7 @@ mod tests {
             .write(file.clone(), 0, Arc::new(AlignedBuf::copy_from(&[9; 100])))
             .await;
         assert_eq!(written.expect("padded write"), ALIGN);
-        let (buf, _) = engine.read(file, 0, AlignedBuf::zeroed(ALIGN)).await;
+        let (buf, _) = engine.read(file, 0, AlignedBuf::new(ALIGN)).await;
         assert!(buf.as_ref()[..100].iter().all(|&b| b == 9) && buf.as_ref()[100..].iter().all(|&b| b == 0));
     }
 
@@ -123,13 +123,8 @@ mod tests {
         for written in futures::future::join_all(writes).await {
             assert_eq!(written.expect("write"), ALIGN);
         }
-        let reads = (0..64u8).map(|i| {
-            engine.read(
-                file.clone(),
-                u64::from(i) * ALIGN as u64,
-                AlignedBuf::zeroed(ALIGN),
-            )
-        });
+        let reads =
+            (0..64u8).map(|i| engine.read(file.clone(), u64::from(i) * ALIGN as u64, AlignedBuf::new(ALIGN)));
         for (i, (buf, res)) in futures::future::join_all(reads).await.into_iter().enumerate() {
             assert_eq!(res.expect("read"), ALIGN);
             assert!(buf.as_ref().iter().all(|&b| usize::from(b) == i));
@@ -153,7 +148,7 @@ mod tests {
             written.expect_err("write to a read-only fd").raw_os_error(),
             Some(libc::EBADF)
         );
-        let (buf, res) = engine.read(file, 0, AlignedBuf::zeroed(3 * ALIGN)).await;
+        let (buf, res) = engine.read(file, 0, AlignedBuf::new(3 * ALIGN)).await;
         assert_eq!(res.expect("read of a one-byte file"), 1);
         assert_eq!((buf.len(), buf.capacity()), (1, 3 * ALIGN));
     }

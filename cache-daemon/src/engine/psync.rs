@@ -61,7 +61,7 @@ impl IoEngine for PsyncEngine {
     fn read(&self, file: Arc<File>, offset: u64, buf: AlignedBuf) -> BoxFuture<'static, IoResult> {
         on_blocking_pool(
             move || read_at(&file, offset, buf),
-            |e| (AlignedBuf::zeroed(0), Err(e)),
+            |e| (AlignedBuf::new(0), Err(e)),
         )
     }
 

@@ -166,11 +166,7 @@ impl IoEngine for UringEngine {
             target,
             done: 0,
         });
-        async move {
-            rx.await
-                .unwrap_or_else(|_| (AlignedBuf::zeroed(0), Err(dropped())))
-        }
-        .boxed()
+        async move { rx.await.unwrap_or_else(|_| (AlignedBuf::new(0), Err(dropped()))) }.boxed()
     }
 
     fn write(

@@ -549,7 +549,7 @@ impl BlockStore {
         let offset = u64::from(index) * self.block_size + from as u64;
         let (buf, result) = self
             .engine
-            .read(files.data.clone(), offset, AlignedBuf::zeroed(to - from))
+            .read(files.data.clone(), offset, AlignedBuf::new(to - from))
             .await;
         let corrupt = match result {
             Ok(n) if n < to - from => true,
