@@ -61,7 +61,7 @@ pub struct ConfigArgs {
     #[arg(long, env = "LARDER_BLOCK_SIZE", value_name = "SIZE", help_heading = "Cache")]
     pub block_size: Option<String>,
 
-    /// Verify block checksums on every read [cache.verify_on_read].
+    /// Verify each block's checksum on its first read after a start [cache.verify_on_read].
     #[arg(
         long,
         env = "LARDER_VERIFY_ON_READ",
