@@ -23,6 +23,27 @@ pub(crate) fn drop_page_cache() -> bool {
 /// How long the host takes to reclaim memory freed by dropping the page cache.
 const PAGE_REPORT_SETTLE: Duration = Duration::from_secs(3);
 
+/// Starts a new peak-RSS measurement (VmHWM) of process `pid`; false where that is refused,
+/// and the peak then covers the process's whole life.
+pub(crate) fn reset_peak_rss(pid: u32) -> bool {
+    // Writing "5" to clear_refs resets the resident set's high-water mark.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
+}
+
+/// Peak resident set size of process `pid` since the last reset, in MiB.
+pub(crate) fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
 /// Median and (min, max) of a non-empty sample.
 pub(crate) fn summary(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);

@@ -19,7 +19,9 @@ use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 
 use crate::EngineArgs;
-use crate::common::{drop_page_cache, machine, raw_download, summary, upload_with_retries};
+use crate::common::{
+    drop_page_cache, machine, peak_rss_mib, raw_download, reset_peak_rss, summary, upload_with_retries,
+};
 use larder_tests::seaweed::Seaweed;
 
 const BUCKET: &str = "larder-bench";
@@ -36,21 +38,14 @@ fn cache_config(dir: &Path, args: &EngineArgs) -> CacheConfig {
     }
 }
 
-/// Starts a new peak-RSS measurement of this process.
-fn reset_peak_rss() {
-    // "5" resets the peak resident set size (VmHWM); on failure the peak covers more.
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+/// Starts a new peak-RSS measurement of this process; on failure the peak covers more.
+fn reset_own_peak_rss() {
+    reset_peak_rss(std::process::id());
 }
 
-/// Peak resident set size since the last reset, in MiB.
-fn peak_rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+/// Peak resident set size of this process since the last reset, in MiB (0 if unreadable).
+fn own_peak_rss_mib() -> f64 {
+    peak_rss_mib(std::process::id()).unwrap_or(0.0)
 }
 
 fn gib_per_s(bytes: u64, elapsed: Duration) -> f64 {
@@ -227,7 +222,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     for round in 0..args.rounds {
         let cache_dir = tempfile::tempdir_in(&args.work_dir)?;
         let config = cache_config(cache_dir.path(), &args);
-        reset_peak_rss();
+        reset_own_peak_rss();
         let raw = raw_download(
             &client,
             KEY,
@@ -236,7 +231,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
             origin_config.concurrency,
         )
         .await?;
-        let raw_rss = peak_rss_mib();
+        let raw_rss = own_peak_rss_mib();
 
         let prefetch_dir = tempfile::tempdir_in(&args.work_dir)?;
         let cache = open_cache(&cache_config(prefetch_dir.path(), &args), &origin_config).await?;
@@ -244,19 +239,19 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
         drop(cache);
         drop(prefetch_dir);
 
-        reset_peak_rss();
+        reset_own_peak_rss();
         let cache = open_cache(&config, &origin_config).await?;
         let cold = read_through(&cache, &object).await?;
         cache.flush().await;
         drop(cache);
-        let cold_rss = peak_rss_mib();
+        let cold_rss = own_peak_rss_mib();
 
         drop_page_cache();
-        reset_peak_rss();
+        reset_own_peak_rss();
         let cache = open_cache(&config, &origin_config).await?;
         let warm = read_through(&cache, &object).await?;
         drop(cache);
-        let warm_rss = peak_rss_mib();
+        let warm_rss = own_peak_rss_mib();
 
         drop_page_cache();
         let (data_file, _) = store::object_paths(cache_dir.path(), object.version().id());

@@ -117,7 +117,7 @@ struct Inner {
     /// Blocks some reader holds: another reader of the same version near the same place
     /// shares them instead of reading them again.
     held: Mutex<HeldBlocks>,
-    /// Readers in a sequential run: they share [`BLOCKS_AHEAD`].
+    /// Readers in a sequential run (a window open): they share [`BLOCKS_AHEAD`].
     runs: AtomicUsize,
 }
 
@@ -176,6 +176,11 @@ impl Cache {
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
         self.inner.tasks.reopen();
+    }
+
+    /// Where block `index` starts in its object.
+    fn block_start(&self, index: u32) -> u64 {
+        u64::from(index) * self.inner.store.block_size()
     }
 
     fn block_count(&self, object: &OpenObject) -> u32 {
@@ -243,7 +248,7 @@ impl Cache {
         add(&stats.lookup_hit, 1);
         Ok(Block {
             bytes,
-            start: u64::from(index) * self.inner.store.block_size() + range.start as u64,
+            start: self.block_start(index) + range.start as u64,
             source: Source::Nvme,
         })
     }
@@ -326,7 +331,7 @@ impl Cache {
             add(&stats.lookup_hit, 1);
             return Ok(Block {
                 bytes,
-                start: u64::from(index) * self.inner.store.block_size(),
+                start: self.block_start(index),
                 source: Source::Nvme,
             });
         }
@@ -347,7 +352,7 @@ impl Cache {
         match fill {
             Some(fill) => Ok(Block {
                 bytes: fill.await?,
-                start: u64::from(index) * self.inner.store.block_size(),
+                start: self.block_start(index),
                 source: Source::Origin,
             }),
             None => Box::pin(self.block(object, index)).await,
@@ -585,14 +590,12 @@ struct ReaderState {
     next_offset: u64,
     window: u64,
     prefetched_to: u64,
-    /// Counted in [`Inner::runs`].
-    in_run: bool,
     blocks: BTreeMap<u32, SharedBlock>,
 }
 
 impl Drop for Reader {
     fn drop(&mut self) {
-        if self.state.get_mut().in_run {
+        if self.state.get_mut().window > 0 {
             self.cache.inner.runs.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -639,7 +642,8 @@ impl Reader {
         // run. It does not grow with the window, or reads that jump around a file would keep
         // counting as a run once one had started; and a run starts only with a read next to
         // the last one, because starting one costs whole blocks read ahead.
-        let slack = if state.window > 0 {
+        let was_in_run = state.window > 0;
+        let slack = if was_in_run {
             2 * readahead.start
         } else {
             RUN_START_SLACK
@@ -654,14 +658,10 @@ impl Reader {
         }
         let sequential = state.window > 0;
         let runs = &self.cache.inner.runs;
-        let in_run = state.in_run;
-        if sequential != in_run {
-            state.in_run = sequential;
-            if sequential {
-                runs.fetch_add(1, Ordering::Relaxed);
-            } else {
-                runs.fetch_sub(1, Ordering::Relaxed);
-            }
+        if sequential && !was_in_run {
+            runs.fetch_add(1, Ordering::Relaxed);
+        } else if was_in_run && !sequential {
+            runs.fetch_sub(1, Ordering::Relaxed);
         }
         if sequential {
             let ahead_end = span

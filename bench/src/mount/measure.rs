@@ -16,27 +16,6 @@ pub(crate) fn process_cpu(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
-/// Starts a new peak-RSS measurement (VmHWM) of process `pid`; false where that is refused,
-/// and the peak then covers the process's whole life.
-pub(crate) fn reset_peak_rss(pid: u32) -> bool {
-    // Writing "5" to clear_refs resets the resident set's high-water mark.
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok()
-}
-
-/// Peak resident set size of process `pid` since the last reset, in MiB.
-pub(crate) fn peak_rss_mib(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
-}
-
 /// CPU seconds (user + system) the calling thread has used.
 pub(crate) fn thread_cpu() -> f64 {
     // SAFETY: an all-zero rusage is a valid value of this plain C struct.
@@ -95,6 +74,7 @@ fn range_len(range: &str, size: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::peak_rss_mib;
 
     fn get(path: &str, range: Option<&str>) -> ServedRequest {
         ServedRequest {

@@ -26,8 +26,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
 
 use crate::MountArgs;
-use crate::common::{drop_page_cache, raw_download, upload_with_retries};
-use measure::{OriginUse, origin_use, peak_rss_mib, process_cpu, reset_peak_rss};
+use crate::common::{drop_page_cache, peak_rss_mib, raw_download, reset_peak_rss, upload_with_retries};
+use measure::{OriginUse, origin_use, process_cpu};
 use systems::{Setup, System};
 use workloads::Work;
 
@@ -114,25 +114,19 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
         .prefix("mount-")
         .tempdir_in(&args.work_dir)?;
-    let mut setups = vec![Setup::new(
-        System::Larder,
-        args.larder.clone(),
-        work.path().join("larder"),
-    )?];
-    if !args.no_rclone {
-        setups.push(Setup::new(
-            System::Rclone,
-            args.rclone.clone(),
-            work.path().join("rclone"),
-        )?);
-    }
-    if !args.no_s3fs {
-        setups.push(Setup::new(
-            System::S3fs,
-            args.s3fs.clone(),
-            work.path().join("s3fs"),
-        )?);
-    }
+    let systems = [
+        (System::Larder, true, &args.larder),
+        (System::Rclone, !args.no_rclone, &args.rclone),
+        (System::S3fs, !args.no_s3fs, &args.s3fs),
+    ];
+    let setups = systems
+        .into_iter()
+        .filter(|&(_, wanted, _)| wanted)
+        .map(|(system, _, binary)| {
+            let dir = work.path().join(system.name().to_lowercase());
+            Setup::new(system, binary.clone(), dir)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     for setup in &setups {
         setup.check_installed()?;
     }

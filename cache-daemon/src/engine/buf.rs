@@ -99,10 +99,10 @@ impl AlignedBuf {
                 0,
             )
         };
-        if raw == libc::MAP_FAILED {
-            alloc::handle_alloc_error(Self::layout(capacity));
+        match NonNull::new(raw.cast::<u8>()) {
+            Some(ptr) if raw != libc::MAP_FAILED => ptr,
+            _ => alloc::handle_alloc_error(Self::layout(capacity)),
         }
-        NonNull::new(raw.cast()).unwrap_or_else(|| alloc::handle_alloc_error(Self::layout(capacity)))
     }
 
     /// A buffer holding a copy of `data`, zero-padded to the next [`ALIGN`] boundary.

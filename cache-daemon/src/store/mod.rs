@@ -402,7 +402,13 @@ impl BlockStore {
     pub fn verified(&self, id: ObjectId, index: u32) -> bool {
         let state = self.state.lock();
         let meta = state.objects.get(&id).and_then(|o| o.blocks.get(&index));
-        meta.is_some_and(|m| m.verified || !self.verify)
+        meta.is_some_and(|m| self.trusted(m))
+    }
+
+    /// Whether a block may be served without hashing it: checked in this process, or
+    /// verification is off.
+    fn trusted(&self, meta: &BlockMeta) -> bool {
+        meta.verified || !self.verify
     }
 
     /// Current space use.
@@ -470,8 +476,8 @@ impl BlockStore {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             let object = state.objects.get_mut(&id)?;
-            let complete = object.blocks.len() as u64 == count
-                && object.blocks.values().all(|meta| meta.verified || !self.verify);
+            let complete =
+                object.blocks.len() as u64 == count && object.blocks.values().all(|meta| self.trusted(meta));
             if !complete || count == 0 {
                 return None;
             }
@@ -522,8 +528,7 @@ impl BlockStore {
             let mut state = self.state.lock();
             let object = state.objects.get(&id)?;
             let meta = *object.blocks.get(&index)?;
-            let trusted = meta.verified || !self.verify;
-            if verified_only && !trusted {
+            if verified_only && !self.trusted(&meta) {
                 return None;
             }
             let files = object.files.clone();
@@ -539,7 +544,7 @@ impl BlockStore {
             }
         };
         let block_len = self.block_len(version.size, index) as usize;
-        let check = self.verify && !meta.verified;
+        let check = !self.trusted(&meta);
         // A block to check is read whole; a trusted one only where `range` lies.
         let (from, to) = if check {
             (0, block_len)
