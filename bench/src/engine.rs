@@ -13,7 +13,7 @@ use larder_cache_daemon::origin::Origin;
 use larder_cache_daemon::prefetch::{JobState, Jobs, PREFETCH_PARTS};
 use larder_cache_daemon::stats::Stats;
 use larder_cache_daemon::store::format::{Entry, RecordHeader};
-use larder_cache_daemon::store::{self, BlockStore};
+use larder_cache_daemon::store::{self, BlockStore, Lookup};
 use larder_config::{ByteSize, CacheConfig, IoEngineKind, OriginConfig};
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
@@ -180,7 +180,10 @@ async fn restart_time(config: &CacheConfig, version: &ObjectVersion) -> anyhow::
     let store = BlockStore::open(config, engine, Arc::new(Stats::default())).await?;
     let hit = store.read_block(version, version.id(), 0).await;
     let elapsed = started.elapsed();
-    anyhow::ensure!(hit.is_some(), "the synthetic cache did not serve its first block");
+    anyhow::ensure!(
+        matches!(hit, Ok(Lookup::Hit(_))),
+        "the synthetic cache did not serve its first block: {hit:?}"
+    );
     Ok((elapsed, store.usage().blocks))
 }
 

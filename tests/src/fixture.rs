@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use larder_cache_daemon::cache::{Cache, OpenObject, ReadError, Reader};
 use larder_cache_daemon::engine;
+use larder_cache_daemon::engine::fault::FaultyEngine;
 use larder_cache_daemon::origin::Origin;
 use larder_cache_daemon::stats::Stats;
 use larder_cache_daemon::store::{self, BlockStore};
@@ -50,6 +51,8 @@ pub struct CacheFixture {
     pub origin: Arc<Origin>,
     /// The cache under test.
     pub cache: Cache,
+    /// The block store's I/O engine (the configured one, wrapped): for disk faults and counts.
+    pub disk: Arc<FaultyEngine>,
     /// Its counters.
     pub stats: Arc<Stats>,
     /// The configuration it runs with.
@@ -81,14 +84,18 @@ impl CacheFixture {
             &config.origin,
             stats.clone(),
         ));
-        let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth)?;
-        let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+        let disk = FaultyEngine::new(engine::build(
+            config.cache.io_engine,
+            config.cache.io_queue_depth,
+        )?);
+        let store = Arc::new(BlockStore::open(&config.cache, disk.clone(), stats.clone()).await?);
         let cache = Cache::new(store, &config.origin, stats.clone());
         Ok(Self {
             server,
             faults,
             origin,
             cache,
+            disk,
             stats,
             config,
         })
@@ -114,9 +121,12 @@ impl CacheFixture {
         Ok(OpenObject::new(self.origin.clone(), version))
     }
 
-    /// Reads `len` bytes at `offset` of an open object.
+    /// Reads `len` bytes at `offset` of an open object through a reader of its own, as one
+    /// read on a fresh file handle.
     pub async fn read(&self, object: &Arc<OpenObject>, offset: u64, len: usize) -> Result<Bytes, ReadError> {
-        self.cache.read(object, offset, len).await
+        Reader::new(self.cache.clone(), object.clone())
+            .read(offset, len)
+            .await
     }
 
     /// Data files under the cache dir.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use larder_cache_daemon::cache::{Cache, OpenObject};
+use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
 use larder_cache_daemon::engine;
 use larder_cache_daemon::origin::{ListEntry, Origin, OriginError};
 use larder_cache_daemon::stats::Stats;
@@ -163,7 +163,7 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
     );
     let cache = Cache::new(store, &config.origin, stats);
     let object = OpenObject::new(origin, version);
-    let got = cache.read(&object, 0, size).await.expect("read");
+    let got = Reader::new(cache, object).read(0, size).await.expect("read");
     assert!(got == content(seed("local", 0), 0, size));
 }
 

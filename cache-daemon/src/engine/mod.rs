@@ -6,6 +6,8 @@
 //! and a write either writes every byte or fails.
 
 mod buf;
+#[cfg(feature = "test-util")]
+pub mod fault;
 mod psync;
 mod uring;
 

@@ -61,18 +61,33 @@ pub enum StoreError {
     /// No room could be made without evicting pinned or in-use blocks.
     #[error("no room for a {0}-byte block: the rest of the cache is pinned or in use")]
     NoSpace(u64),
+    /// A block read back from disk was short or did not match its recorded BLAKE3.
+    #[error("block {index} of object {id} on disk is {reason}")]
+    Corrupt {
+        /// The object.
+        id: ObjectId,
+        /// The block.
+        index: u32,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
 }
 
-fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
-        op,
-        path: path.to_owned(),
-        source,
-    }
+/// What a lookup of a block on disk found, when the disk answered.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The bytes asked for, checked (or trusted: see [`BlockStore::read`]).
+    Hit(Bytes),
+    /// The block is not in the store.
+    Miss,
+    /// The block was evicted or replaced while it was being read: look again.
+    LostRace,
 }
 
-/// Bytes from the origin or a peer together with their BLAKE3: the only way bytes enter the
-/// block store, so every stored block has a hash computed from exactly what is stored. The
+/// The bytes of a block together with their BLAKE3: the only way bytes enter the block store,
+/// so every stored block has a hash computed from exactly what is stored. How the hash was
+/// come by is in the constructor's name: bytes from anywhere but this node's own origin
+/// request must be checked against a hash known beforehand ([`VerifiedBlock::verify`]). The
 /// buffer is aligned for O_DIRECT and shared with the readers it was handed to: no copy.
 #[derive(Debug, Clone)]
 pub struct VerifiedBlock {
@@ -80,16 +95,44 @@ pub struct VerifiedBlock {
     hash: [u8; 32],
 }
 
+/// Bytes that did not match the hash they were expected to have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the bytes do not match their expected BLAKE3")]
+pub struct HashMismatch;
+
 impl VerifiedBlock {
-    /// Hashes a block received from the network.
-    pub fn new(buf: Arc<AlignedBuf>) -> Self {
+    /// A block this node fetched from the origin itself, hashed here. Never for bytes from a
+    /// peer or a disk: those go through [`VerifiedBlock::verify`].
+    pub fn hashed_here(buf: Arc<AlignedBuf>) -> Self {
         let hash = *blake3::hash(buf.as_ref().as_ref()).as_bytes();
         Self { buf, hash }
+    }
+
+    /// Bytes from elsewhere, accepted only if they hash to `expected`.
+    pub fn verify(buf: Arc<AlignedBuf>, expected: [u8; 32]) -> Result<Self, HashMismatch> {
+        let hash = *blake3::hash(buf.as_ref().as_ref()).as_bytes();
+        if hash != expected {
+            return Err(HashMismatch);
+        }
+        Ok(Self { buf, hash })
     }
 
     /// Length of the block.
     pub(crate) fn len(&self) -> usize {
         self.buf.len()
+    }
+
+    /// The bytes, shared with the block (no copy).
+    pub fn bytes(&self) -> Bytes {
+        AlignedBuf::shared_bytes(&self.buf)
+    }
+}
+
+fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
     }
 }
 
@@ -171,6 +214,10 @@ struct State {
     used: u64,
     reserved: u64,
     next_generation: u64,
+    /// Present blocks, and pinned objects, kept as they change so that [`BlockStore::usage`]
+    /// (every scrape) does not walk the objects.
+    blocks: usize,
+    pinned: usize,
 }
 
 impl State {
@@ -181,6 +228,8 @@ impl State {
             used: 0,
             reserved: 0,
             next_generation: 0,
+            blocks: 0,
+            pinned: 0,
         }
     }
 }
@@ -347,6 +396,7 @@ impl BlockStore {
         }
         let id = replayed.header.object_id;
         let size = replayed.header.object_size;
+        state.blocks += replayed.blocks.len();
         let mut blocks = HashMap::with_capacity(replayed.blocks.len());
         for (index, hash) in replayed.blocks {
             state.next_generation += 1;
@@ -419,8 +469,8 @@ impl BlockStore {
             reserved: state.reserved,
             capacity: self.capacity,
             objects: state.objects.len(),
-            blocks: state.objects.values().map(|o| o.blocks.len()).sum(),
-            pinned: state.objects.values().filter(|o| o.pinned).count(),
+            blocks: state.blocks,
+            pinned: state.pinned,
         }
     }
 
@@ -435,7 +485,14 @@ impl BlockStore {
             .entry(id)
             .or_insert_with(|| ObjectState::new(version.size));
         let was = object.protected();
-        object.pinned = pinned;
+        if object.pinned != pinned {
+            object.pinned = pinned;
+            if pinned {
+                state.pinned += 1;
+            } else {
+                state.pinned -= 1;
+            }
+        }
         self.reprotect(state, id, was);
         if let Some(object) = state.objects.get(&id)
             && !object.protected()
@@ -493,56 +550,74 @@ impl BlockStore {
         Some((file, lease))
     }
 
-    /// Reads block `index` of `version` from disk. `None` is a miss: absent, evicted while being
-    /// read, unreadable, or corrupt (then it is also dropped, so the caller refetches it). A
-    /// block is hashed on its first read in this process; once verified it is trusted, as
-    /// passthrough trusts it.
-    pub async fn read_block(&self, version: &ObjectVersion, id: ObjectId, index: u32) -> Option<Bytes> {
+    /// Reads block `index` of `version` whole (see [`BlockStore::read`]).
+    pub async fn read_block(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+    ) -> Result<Lookup, StoreError> {
         let len = self.block_len(version.size, index) as usize;
-        self.read_in_block(version, id, index, 0..len, false).await
+        self.read(version, id, index, 0..len).await
     }
 
-    /// Bytes `range` of block `index`, reading only the 4 KiB pages that hold them, when the
-    /// block was verified in this process; `None` otherwise (then read the whole block).
-    pub async fn read_verified_part(
+    /// Reads bytes `range` of block `index` of `version` from disk. A block not yet checked in
+    /// this process is read whole and checked against its recorded BLAKE3, then trusted until
+    /// the daemon stops (as passthrough trusts it); a trusted block is read only in the 4 KiB
+    /// pages that hold `range`, so a small read costs a small disk read.
+    ///
+    /// An error means the disk failed (`Io`) or gave bytes that are short or do not match the
+    /// record (`Corrupt`); the block has then been dropped from the store, so the caller
+    /// fetches it elsewhere and the next write replaces it.
+    pub async fn read(
         &self,
         version: &ObjectVersion,
         id: ObjectId,
         index: u32,
         range: Range<usize>,
-    ) -> Option<Bytes> {
-        self.read_in_block(version, id, index, range, true).await
-    }
-
-    /// Reads `range` of block `index`: the whole block when it must be verified first (and
-    /// `verified_only` is false), else just the aligned pages around `range`.
-    async fn read_in_block(
-        &self,
-        version: &ObjectVersion,
-        id: ObjectId,
-        index: u32,
-        range: Range<usize>,
-        verified_only: bool,
-    ) -> Option<Bytes> {
+    ) -> Result<Lookup, StoreError> {
         let (meta, files) = {
-            let mut state = self.state.lock();
-            let object = state.objects.get(&id)?;
-            let meta = *object.blocks.get(&index)?;
-            if verified_only && !self.trusted(&meta) {
-                return None;
-            }
-            let files = object.files.clone();
-            state.policy.touch(&(id, index));
-            (meta, files)
+            let state = self.state.lock();
+            let Some(object) = state.objects.get(&id) else {
+                return Ok(Lookup::Miss);
+            };
+            let Some(&meta) = object.blocks.get(&index) else {
+                return Ok(Lookup::Miss);
+            };
+            (meta, object.files.clone())
         };
-        let files = match self.files(version, &files, false).await {
-            Ok(files) => files,
-            Err(error) => {
-                add(&self.stats.cache_read_errors, 1);
-                tracing::warn!(%error, "cache read failed; refetching");
-                return None;
-            }
+        let read = self.read_checked(version, id, index, range, meta, &files).await;
+        if read.is_err() {
+            self.remove_block(id, index, meta.generation).await;
+            return read;
+        }
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let current = state
+            .objects
+            .get_mut(&id)
+            .and_then(|o| o.blocks.get_mut(&index))
+            .filter(|m| m.generation == meta.generation);
+        let Some(current) = current else {
+            return Ok(Lookup::LostRace);
         };
+        current.verified |= self.verify;
+        // Only a read that served bytes counts as a use for the eviction policy.
+        state.policy.touch(&(id, index));
+        read
+    }
+
+    /// The disk read of [`BlockStore::read`], and the check of a block not yet trusted.
+    async fn read_checked(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+        meta: BlockMeta,
+        files: &OnceCell<Arc<ObjectFiles>>,
+    ) -> Result<Lookup, StoreError> {
+        let files = self.files(version, files, false).await?;
         let block_len = self.block_len(version.size, index) as usize;
         let check = !self.trusted(&meta);
         // A block to check is read whole; a trusted one only where `range` lies.
@@ -556,29 +631,21 @@ impl BlockStore {
             .engine
             .read(files.data.clone(), offset, AlignedBuf::new(to - from))
             .await;
-        let corrupt = match result {
-            Ok(n) if n < to - from => true,
-            Ok(_) => check && *blake3::hash(&buf.as_ref()[..block_len]).as_bytes() != meta.hash,
-            Err(error) => {
-                add(&self.stats.cache_read_errors, 1);
-                tracing::warn!(%error, "cache read failed; refetching");
-                return None;
-            }
-        };
-        if corrupt {
-            add(&self.stats.lookup_corrupt, 1);
-            tracing::warn!(object = %id, index, "cached block does not match its record; dropping it");
-            self.remove_block(id, index, meta.generation).await;
-            return None;
+        let (data_path, _) = self.paths(id);
+        let done = result.map_err(io_error("read", &data_path))?;
+        let corrupt = |reason| StoreError::Corrupt { id, index, reason };
+        if done < to - from {
+            return Err(corrupt("shorter than recorded"));
         }
-        let mut state = self.state.lock();
-        let current = state
-            .objects
-            .get_mut(&id)
-            .and_then(|o| o.blocks.get_mut(&index))
-            .filter(|m| m.generation == meta.generation)?;
-        current.verified |= self.verify;
-        Some(Bytes::from_owner(buf).slice(range.start - from..range.end - from))
+        if check {
+            let block = VerifiedBlock::verify(Arc::new(buf), meta.hash)
+                .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
+            let bytes = AlignedBuf::shared_bytes(&block.buf);
+            return Ok(Lookup::Hit(bytes.slice(range)));
+        }
+        Ok(Lookup::Hit(
+            Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+        ))
     }
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
@@ -623,6 +690,7 @@ impl BlockStore {
         if written.is_ok() {
             object.on_disk = true;
             state.next_generation += 1;
+            state.blocks += 1;
             object.blocks.insert(
                 index,
                 BlockMeta {
@@ -716,6 +784,7 @@ impl BlockStore {
             if object.blocks.remove(&victim.index).is_none() {
                 continue;
             }
+            state.blocks -= 1;
             let freed = align_up(self.block_len(object.size, victim.index));
             state.used -= freed;
             add(&self.stats.evicted_blocks, 1);
@@ -777,6 +846,7 @@ impl BlockStore {
                 return;
             }
             object.blocks.remove(&index);
+            state.blocks -= 1;
             state.used -= align_up(self.block_len(object.size, index));
             state.policy.remove(&(id, index));
             Victim {

@@ -1,0 +1,254 @@
+//! Fills: fetching a run of missing blocks from the tiers behind the block store, handing each
+//! block to its waiters as it completes, and writing it to the store in the background.
+//!
+//! A run is registered in the in-flight map before its task starts, one shared future per
+//! block, so every reader of a block in the run joins it (single-flight). The task asks each
+//! [`BlockSource`] in turn for what is still missing of the run: a source that fails part-way
+//! leaves the rest to the next one, from the first block it did not complete. The last
+//! source's error is every remaining waiter's.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+
+use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
+use crate::engine::AlignedBuf;
+use crate::store::{StoreError, VerifiedBlock};
+
+/// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
+/// that owns the run, then the origin. Bytes go into the [`Run`], in order from the first byte
+/// of `range`; an error says why the source could not supply the rest.
+pub trait BlockSource: Send + Sync + std::fmt::Debug {
+    /// What the bytes it supplies count as.
+    fn kind(&self) -> Source;
+
+    /// Fetches `range` (block-aligned at its start) of `object` into `run`.
+    fn fetch<'a>(
+        &'a self,
+        object: &'a OpenObject,
+        range: Range<u64>,
+        run: &'a mut Run<'_>,
+    ) -> BoxFuture<'a, Result<(), ReadError>>;
+}
+
+/// The object store, through the object's own origin: ranged GETs pinned to its version,
+/// at most `concurrency` fills at a time.
+#[derive(Debug)]
+pub struct OriginSource {
+    permits: Arc<Semaphore>,
+}
+
+impl OriginSource {
+    /// An origin tier allowing `concurrency` fills at once.
+    pub fn new(concurrency: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(concurrency)),
+        }
+    }
+}
+
+impl BlockSource for OriginSource {
+    fn kind(&self) -> Source {
+        Source::Origin
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        object: &'a OpenObject,
+        range: Range<u64>,
+        run: &'a mut Run<'_>,
+    ) -> BoxFuture<'a, Result<(), ReadError>> {
+        async move {
+            let _permit = self.permits.acquire().await.map_err(|_| ReadError::Abandoned)?;
+            let mut sink = |chunk: Bytes| run.push_from_origin(chunk);
+            object
+                .origin
+                .read_range(&object.version, range, &mut sink)
+                .await
+                .map_err(|e| ReadError::Origin(Arc::new(e)))
+        }
+        .boxed()
+    }
+}
+
+/// The blocks of a fill still to come: the bytes of the block being assembled, and the waiters
+/// and write-behind permits of the blocks not yet complete.
+#[derive(Debug)]
+pub struct Run<'a> {
+    cache: &'a Cache,
+    object: &'a Arc<OpenObject>,
+    /// The block being assembled.
+    next: u32,
+    buf: Option<AlignedBuf>,
+    waiters: std::vec::IntoIter<oneshot::Sender<FillResult>>,
+    writes: OwnedSemaphorePermit,
+}
+
+impl Run<'_> {
+    /// Bytes this node fetched from the origin: each block they complete is hashed here,
+    /// delivered and written.
+    fn push_from_origin(&mut self, mut chunk: Bytes) {
+        let store = &self.cache.inner.store;
+        while !chunk.is_empty() && !self.waiters.as_slice().is_empty() {
+            let block_len = store.block_len(self.object.version.size, self.next) as usize;
+            let block = self.buf.get_or_insert_with(|| AlignedBuf::new(block_len));
+            let take = (block_len - block.len()).min(chunk.len());
+            block.extend_from_slice(&chunk.split_to(take));
+            if block.len() == block_len
+                && let Some(full) = self.buf.take()
+            {
+                let block = VerifiedBlock::hashed_here(Arc::new(full));
+                let waiter = self.waiters.next();
+                let write = self.writes.split(1);
+                self.cache
+                    .deliver(self.object, self.next, block, Source::Origin, waiter, write);
+                self.next += 1;
+            }
+        }
+    }
+
+    /// The bytes still missing, from the start of the first incomplete block.
+    fn remaining(&self) -> Range<u64> {
+        let block_size = self.cache.inner.store.block_size();
+        let start = u64::from(self.next) * block_size;
+        let end = (start + self.waiters.len() as u64 * block_size).min(self.object.version.size);
+        start..end
+    }
+}
+
+impl Cache {
+    /// Registers and spawns a fill from block `first` to the end of its origin part, stopping
+    /// before any block already present or in flight. Returns the blocks it covers.
+    pub(super) fn start_fill(
+        &self,
+        object: &Arc<OpenObject>,
+        first: u32,
+        inflight: &mut HashMap<BlockKey, SharedFill>,
+    ) -> Range<u32> {
+        let part_blocks = self.inner.part_blocks;
+        let part_end = ((first / part_blocks + 1) * part_blocks).min(self.block_count(object));
+        let mut end = first + 1;
+        while end < part_end
+            && !inflight.contains_key(&(object.id, end))
+            && !self.inner.store.contains(object.id, end)
+        {
+            end += 1;
+        }
+        let mut waiters = Vec::with_capacity((end - first) as usize);
+        for index in first..end {
+            let (tx, rx) = oneshot::channel::<FillResult>();
+            let fill = rx
+                .map(|r| r.unwrap_or(Err(ReadError::Abandoned)))
+                .boxed()
+                .shared();
+            inflight.insert((object.id, index), fill);
+            waiters.push(tx);
+        }
+        let cache = self.clone();
+        let object = object.clone();
+        self.inner
+            .tasks
+            .spawn(async move { cache.run_fill(object, first, waiters).await });
+        first..end
+    }
+
+    /// The body of a fill task: the run from each source in turn until it is complete.
+    async fn run_fill(self, object: Arc<OpenObject>, first: u32, waiters: Vec<oneshot::Sender<FillResult>>) {
+        let started = Instant::now();
+        // Write-behind first, so a slow disk holds fills back instead of piling up memory.
+        let writes = self
+            .inner
+            .write_permits
+            .clone()
+            .acquire_many_owned(waiters.len() as u32)
+            .await;
+        let mut waiters = waiters.into_iter();
+        let mut next = first;
+        let mut result = Err(ReadError::Abandoned);
+        if let Ok(writes) = writes {
+            let mut run = Run {
+                cache: &self,
+                object: &object,
+                next: first,
+                buf: None,
+                waiters,
+                writes,
+            };
+            for source in &self.inner.sources {
+                let range = run.remaining();
+                if range.is_empty() {
+                    break;
+                }
+                run.buf = None;
+                result = source.fetch(&object, range, &mut run).await;
+                match &result {
+                    Ok(()) => {
+                        if source.kind() == Source::Origin {
+                            self.inner.stats.latency.fill_origin.observe(started.elapsed());
+                        }
+                        break;
+                    }
+                    Err(error) => tracing::warn!(source = ?source.kind(), %error, "fill failed"),
+                }
+            }
+            next = run.next;
+            waiters = run.waiters;
+        }
+        // Blocks no source supplied: their waiters get the last error, and later reads may
+        // try again.
+        let error = result.err().unwrap_or(ReadError::Abandoned);
+        let mut inflight = self.inner.inflight.lock();
+        for (offset, tx) in waiters.enumerate() {
+            inflight.remove(&(object.id, next + offset as u32));
+            let _ = tx.send(Err(error.clone()));
+        }
+    }
+
+    /// Hands a completed block to its waiter, then writes it to disk in the background,
+    /// holding `write_permit` (one block of the write-behind budget) until the write is done.
+    fn deliver(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        block: VerifiedBlock,
+        source: Source,
+        waiter: Option<oneshot::Sender<FillResult>>,
+        write_permit: Option<OwnedSemaphorePermit>,
+    ) {
+        if let Some(tx) = waiter {
+            let _ = tx.send(Ok(Block {
+                bytes: block.bytes(),
+                start: self.block_start(index),
+                source,
+            }));
+        }
+        let cache = self.clone();
+        let object = object.clone();
+        self.inner.tasks.spawn(async move {
+            let _write_permit = write_permit;
+            if let Err(error) = cache
+                .inner
+                .store
+                .write_block(&object.version, index, &block)
+                .await
+            {
+                let stats = &cache.inner.stats;
+                match error {
+                    StoreError::NoSpace(_) => crate::stats::add(&stats.cache_writes_skipped, 1),
+                    _ => {
+                        crate::stats::add(&stats.cache_write_failures, 1);
+                        tracing::warn!(%error, "cache write failed; the block was served from memory");
+                    }
+                }
+            }
+            cache.inner.inflight.lock().remove(&(object.id, index));
+            cache.inner.written.notify_waiters();
+        });
+    }
+}

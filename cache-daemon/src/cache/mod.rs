@@ -1,0 +1,377 @@
+//! The read path below a file handle: a block of a pinned object version comes from the first
+//! tier that has it.
+//!
+//! 1. NVMe (the [`BlockStore`]) → serve. A lookup says hit, miss, lost race (evicted while
+//!    read: look again, a bounded number of times) or error (the disk failed or the block was
+//!    corrupt: the store dropped it, and the read goes on to the next tier at once).
+//! 2. Join the fill in flight for the block, if there is one (single-flight).
+//! 3. Otherwise start a fill ([`fill`]): a run from this block to the end of its origin part
+//!    (stopping at blocks already present or in flight), fetched from the [`fill::BlockSource`]s
+//!    in order (the rack peer that owns the run, next issue; then the origin), run as its own
+//!    task so it survives the cancellation of any reader.
+//! 4. Each block goes to its waiters as soon as its last byte arrives, then is written to the
+//!    block store in the background. A block stays joinable until its write has finished, so
+//!    no reader refetches a block that is on its way to disk. A failed write is counted and
+//!    logged; it never fails a read.
+//!
+//! [`Reader`] (one per file handle) adds the sequential detector ([`readahead`]) and holds the
+//! blocks around its position.
+//!
+//! Lock order, where two are held at once: a reader's state → [`Cache`]'s held-blocks map or
+//! its in-flight map → the block store's state. None is held across an `.await`.
+
+pub mod fill;
+pub mod readahead;
+mod reader;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared, WeakShared};
+use larder_config::OriginConfig;
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use crate::object::{ObjectId, ObjectVersion};
+use crate::origin::{Origin, OriginError};
+use crate::stats::{Stats, add};
+use crate::store::{BlockStore, Lookup, StoreError};
+use fill::{BlockSource, OriginSource};
+pub use reader::Reader;
+
+/// Why a read failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The origin could not supply a missing block; shared by every waiter of the fill.
+    #[error(transparent)]
+    Origin(Arc<OriginError>),
+    /// The fill was dropped before it finished (the daemon is shutting down).
+    #[error("the fill was abandoned before it finished")]
+    Abandoned,
+    /// The block was fetched but could not be written to the cache (no space that is not
+    /// pinned, or a disk error). Only [`Cache::fill`] reports it; reads are served anyway.
+    #[error("the block was fetched but could not be stored in the cache")]
+    NotStored,
+}
+
+/// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
+const WRITE_BEHIND_BYTES: u64 = 512 << 20;
+
+/// Disk lookups of one block that may find it evicted or replaced while being read before the
+/// read goes to a fill instead.
+const LOOKUP_ATTEMPTS: u32 = 3;
+
+/// What a fill hands its waiters: a block's bytes, and the tier they came from.
+type FillResult = Result<Block, ReadError>;
+type SharedFill = Shared<BoxFuture<'static, FillResult>>;
+type SharedBlock = Shared<BoxFuture<'static, Result<Block, ReadError>>>;
+
+/// Where bytes came from, for the bytes-served counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The node's block store.
+    Nvme,
+    /// The object store.
+    Origin,
+}
+
+/// Bytes of one block (the whole block, or the part a read wanted), where they start in the
+/// object, and their source.
+#[derive(Debug, Clone)]
+struct Block {
+    bytes: Bytes,
+    start: u64,
+    source: Source,
+}
+type BlockKey = (ObjectId, u32);
+
+/// A pinned object version and the origin it comes from: what a file handle holds.
+#[derive(Debug)]
+pub struct OpenObject {
+    origin: Arc<Origin>,
+    version: ObjectVersion,
+    id: ObjectId,
+}
+
+impl OpenObject {
+    /// Pins `version` of an object of `origin`.
+    pub fn new(origin: Arc<Origin>, version: ObjectVersion) -> Arc<Self> {
+        let id = version.id();
+        Arc::new(Self { origin, version, id })
+    }
+
+    /// The pinned version.
+    pub fn version(&self) -> &ObjectVersion {
+        &self.version
+    }
+}
+
+/// The block cache's read API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<BlockStore>,
+    /// The tiers a missing run is fetched from, in order.
+    sources: Vec<Arc<dyn BlockSource>>,
+    inflight: Mutex<HashMap<BlockKey, SharedFill>>,
+    /// Blocks fetched but not yet written: bounds the memory a fast origin and a slow disk
+    /// can pile up.
+    write_permits: Arc<Semaphore>,
+    part_blocks: u32,
+    readahead: Range<u64>,
+    stats: Arc<Stats>,
+    tasks: TaskTracker,
+    /// Woken after each cache write ends, written or not.
+    written: tokio::sync::Notify,
+    /// Blocks some reader holds: another reader of the same version near the same place
+    /// shares them instead of reading them again.
+    held: Mutex<HeldBlocks>,
+    /// Readers in a sequential run (a window open): they share [`reader::BLOCKS_AHEAD`].
+    runs: AtomicUsize,
+}
+
+/// Weak references to the blocks readers hold, swept of dead entries as the map grows.
+#[derive(Debug)]
+struct HeldBlocks {
+    blocks: HashMap<BlockKey, WeakShared<BoxFuture<'static, Result<Block, ReadError>>>>,
+    sweep_at: usize,
+}
+
+/// Size of the held-blocks map at which dead entries are first swept.
+const HELD_SWEEP_MIN: usize = 1024;
+
+impl Cache {
+    /// A cache over `store`, fetching with the origin settings of `config`.
+    pub fn new(store: Arc<BlockStore>, config: &OriginConfig, stats: Arc<Stats>) -> Self {
+        let part_blocks = (config.part_size.as_u64() / store.block_size()).max(1) as u32;
+        let write_behind = (WRITE_BEHIND_BYTES / store.block_size()).max(2 * u64::from(part_blocks));
+        let origin = OriginSource::new(config.concurrency.max(1));
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                sources: vec![Arc::new(origin)],
+                inflight: Mutex::new(HashMap::new()),
+                write_permits: Arc::new(Semaphore::new(write_behind as usize)),
+                part_blocks,
+                readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
+                stats,
+                tasks: TaskTracker::new(),
+                written: tokio::sync::Notify::new(),
+                held: Mutex::new(HeldBlocks {
+                    blocks: HashMap::new(),
+                    sweep_at: HELD_SWEEP_MIN,
+                }),
+                runs: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The block store underneath.
+    pub fn store(&self) -> &Arc<BlockStore> {
+        &self.inner.store
+    }
+
+    /// Blocks in one origin part.
+    pub fn part_blocks(&self) -> u32 {
+        self.inner.part_blocks
+    }
+
+    /// Blocks with a fill or a cache write in flight.
+    pub fn in_flight(&self) -> usize {
+        self.inner.inflight.lock().len()
+    }
+
+    /// Waits for every fill and cache write started so far (shutdown, tests).
+    pub async fn flush(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.tasks.reopen();
+    }
+
+    /// Where block `index` starts in its object.
+    fn block_start(&self, index: u32) -> u64 {
+        u64::from(index) * self.inner.store.block_size()
+    }
+
+    fn block_count(&self, object: &OpenObject) -> u32 {
+        object.version.size.div_ceil(self.inner.store.block_size()) as u32
+    }
+
+    /// Block `index`, fetched by a task of its own so that it proceeds whether or not anyone
+    /// is polling yet; the result can be awaited by several callers. While any reader holds
+    /// it, other readers of the version get the same block rather than a read of their own.
+    fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedBlock {
+        let key = (object.id, index);
+        let mut held = self.inner.held.lock();
+        if let Some(block) = held
+            .blocks
+            .get(&key)
+            .and_then(WeakShared::upgrade)
+            .filter(|block| !matches!(block.peek(), Some(Err(_))))
+        {
+            return block;
+        }
+        let (cache, object) = (self.clone(), object.clone());
+        let block = tokio::spawn(async move { cache.block(&object, index, None).await })
+            .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
+            .boxed()
+            .shared();
+        if held.blocks.len() >= held.sweep_at {
+            held.blocks.retain(|_, weak| weak.upgrade().is_some());
+            held.sweep_at = (2 * held.blocks.len()).max(HELD_SWEEP_MIN);
+        }
+        if let Some(weak) = block.downgrade() {
+            held.blocks.insert(key, weak);
+        }
+        block
+    }
+
+    /// Starts fills for the missing blocks of `range` without waiting for them.
+    pub fn prefetch(&self, object: &Arc<OpenObject>, range: Range<u64>) {
+        let end = object.version.size.min(range.end);
+        if range.start >= end {
+            return;
+        }
+        let block_size = self.inner.store.block_size();
+        let last = ((end - 1) / block_size) as u32;
+        let mut index = (range.start / block_size) as u32;
+        let mut inflight = self.inner.inflight.lock();
+        while index <= last {
+            if inflight.contains_key(&(object.id, index)) || self.inner.store.contains(object.id, index) {
+                index += 1;
+            } else {
+                index = self.start_fill(object, index, &mut inflight).end;
+            }
+        }
+    }
+
+    /// Makes sure block `index` is in the block store and verified: a block present but not
+    /// yet checked by this process is read back and checked; a missing one (or one that fails
+    /// the check) is fetched, or its fill in flight joined, and waited for until its write has
+    /// landed. No bytes count as served: this is the prefetch path. Returns whether it was
+    /// fetched.
+    pub async fn fill(&self, object: &Arc<OpenObject>, index: u32) -> Result<bool, ReadError> {
+        let inner = &self.inner;
+        let key = (object.id, index);
+        if inner.store.contains(object.id, index) && !inner.store.verified(object.id, index) {
+            match inner.store.read_block(&object.version, object.id, index).await {
+                Ok(Lookup::Hit(_)) => return Ok(false),
+                Ok(Lookup::Miss | Lookup::LostRace) => {}
+                Err(error) => self.dropped(&error),
+            }
+        }
+        let fill = {
+            let mut inflight = inner.inflight.lock();
+            match inflight.get(&key) {
+                Some(fill) => fill.clone(),
+                None if inner.store.contains(object.id, index) => return Ok(false),
+                None => {
+                    self.start_fill(object, index, &mut inflight);
+                    inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?
+                }
+            }
+        };
+        fill.await?;
+        loop {
+            let written = inner.written.notified();
+            tokio::pin!(written);
+            // Registered before the checks, so a write ending between them still wakes us.
+            written.as_mut().enable();
+            if inner.store.contains(object.id, index) {
+                return Ok(true);
+            }
+            if !inner.inflight.lock().contains_key(&key) {
+                return Err(ReadError::NotStored);
+            }
+            written.await;
+        }
+    }
+
+    /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or
+    /// `None` when the disk does not have it. A block evicted while being read is looked up
+    /// again, a bounded number of times; a disk error or a corrupt block (which the store has
+    /// dropped) is counted and logged here, and is a miss.
+    async fn lookup(&self, object: &OpenObject, index: u32, part: Option<Range<usize>>) -> Option<Block> {
+        let store = &self.inner.store;
+        let stats = &self.inner.stats;
+        let whole = 0..store.block_len(object.version.size, index) as usize;
+        let range = part.unwrap_or(whole);
+        let started = Instant::now();
+        for _ in 0..LOOKUP_ATTEMPTS {
+            match store.read(&object.version, object.id, index, range.clone()).await {
+                Ok(Lookup::Hit(bytes)) => {
+                    stats.latency.fill_nvme.observe(started.elapsed());
+                    add(&stats.lookup_hit, 1);
+                    return Some(Block {
+                        bytes,
+                        start: self.block_start(index) + range.start as u64,
+                        source: Source::Nvme,
+                    });
+                }
+                Ok(Lookup::Miss) => return None,
+                Ok(Lookup::LostRace) => continue,
+                Err(error) => {
+                    self.dropped(&error);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Counts and logs a block the store dropped because its read failed: a miss, never a
+    /// failed read.
+    fn dropped(&self, error: &StoreError) {
+        let stats = &self.inner.stats;
+        match error {
+            StoreError::Corrupt { .. } => add(&stats.lookup_corrupt, 1),
+            StoreError::Io { .. } | StoreError::Locked(_) | StoreError::NoSpace(_) => {
+                add(&stats.cache_read_errors, 1)
+            }
+        }
+        tracing::warn!(%error, "cached block dropped; fetching it again");
+    }
+
+    /// Bytes `part` of block `index` (the whole block with `None`): from disk, else from a
+    /// fill in flight or a new one (which always fetch the whole block).
+    async fn block(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        part: Option<Range<usize>>,
+    ) -> Result<Block, ReadError> {
+        let stats = &self.inner.stats;
+        let key = (object.id, index);
+        let mut attempts = 0;
+        let fill = loop {
+            if let Some(block) = self.lookup(object, index, part.clone()).await {
+                return Ok(block);
+            }
+            attempts += 1;
+            let mut inflight = self.inner.inflight.lock();
+            if let Some(fill) = inflight.get(&key) {
+                add(&stats.lookup_joined, 1);
+                break fill.clone();
+            }
+            // Written since the lookup: read it from disk rather than fetch it again, unless
+            // the disk keeps losing it.
+            if attempts < LOOKUP_ATTEMPTS && self.inner.store.contains(object.id, index) {
+                continue;
+            }
+            add(&stats.lookup_miss, 1);
+            self.start_fill(object, index, &mut inflight);
+            break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
+        };
+        fill.await
+    }
+}

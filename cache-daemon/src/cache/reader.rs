@@ -1,0 +1,204 @@
+//! A reader of one open object (one file handle): what a read waits for, given what the
+//! sequential detector says of it.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+
+use super::readahead::Readahead;
+use super::{Block, Cache, OpenObject, ReadError, SharedBlock, Source};
+use crate::stats::{Stats, add};
+
+/// Whole blocks the sequential readers keep fetched ahead of themselves, in memory, shared
+/// among them (at least one each): this is what keeps several disk reads in flight on a warm
+/// read (cold blocks are covered by the fills the readahead window starts), without many
+/// readers each holding as many.
+pub(super) const BLOCKS_AHEAD: u32 = 8;
+
+/// Whole blocks a reader keeps behind its position, for reads that arrive a little out of
+/// order.
+const BLOCKS_BEHIND: u32 = 2;
+
+type BlockFuture = BoxFuture<'static, Result<Block, ReadError>>;
+
+/// A reader of one open object: keeps a growing readahead window of fills in flight ahead of
+/// it while reads are sequential, and holds the blocks around its position so that small
+/// reads inside one block cost one block read. A read that is not sequential reads only the
+/// pages it wants of a block on disk (the whole block, once, if it was not checked yet).
+///
+/// Reads may come concurrently and slightly out of order (the kernel's readahead sends several
+/// at once); the reader's state is locked only to plan a read, never while waiting for blocks.
+#[derive(Debug)]
+pub struct Reader {
+    cache: Cache,
+    object: Arc<OpenObject>,
+    state: Mutex<ReaderState>,
+}
+
+#[derive(Debug)]
+struct ReaderState {
+    readahead: Readahead,
+    blocks: BTreeMap<u32, SharedBlock>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if self.state.get_mut().readahead.window() > 0 {
+            self.cache.inner.runs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Reader {
+    /// A reader of `object` through `cache`.
+    pub fn new(cache: Cache, object: Arc<OpenObject>) -> Self {
+        let readahead = Readahead::new(cache.inner.readahead.clone());
+        Self {
+            cache,
+            object,
+            state: Mutex::new(ReaderState {
+                readahead,
+                blocks: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// Reads up to `len` bytes at `offset` of the pinned version; short only at its end.
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
+        let block_size = self.cache.inner.store.block_size();
+        let Some(span) = Span::new(&self.object, block_size, offset, len) else {
+            return Ok(Bytes::new());
+        };
+        let wanted = self.plan(&span);
+        let result = futures::future::try_join_all(wanted).await;
+        if result.is_err() {
+            // Do not keep failures: the next read tries again.
+            self.state
+                .lock()
+                .blocks
+                .retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
+        }
+        Ok(span.assemble(&result?, &self.cache.inner.stats))
+    }
+
+    /// Feeds the sequential detector, starts readahead, and returns what to wait for, one
+    /// future per block of the read.
+    fn plan(&self, span: &Span) -> Vec<BlockFuture> {
+        let cache = &self.cache;
+        let block_size = cache.inner.store.block_size();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let step = state
+            .readahead
+            .on_read(span.offset..span.end, self.object.version.size);
+        let runs = &cache.inner.runs;
+        if step.started {
+            runs.fetch_add(1, Ordering::Relaxed);
+        } else if step.ended {
+            runs.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(ahead) = step.prefetch {
+            cache.prefetch(&self.object, ahead);
+        }
+        let blocks_ahead = if step.sequential {
+            let share = BLOCKS_AHEAD / (runs.load(Ordering::Relaxed) as u32).max(1);
+            (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
+        } else {
+            0
+        };
+        let block_count = cache.block_count(&self.object);
+        // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
+        let low = span.first.saturating_sub(BLOCKS_BEHIND);
+        let high = span.last.saturating_add(2 * BLOCKS_AHEAD);
+        state.blocks.retain(|index, _| (low..=high).contains(index));
+        let ahead = span.last + 1..=(span.last + blocks_ahead).min(block_count - 1);
+        for index in ahead {
+            state
+                .blocks
+                .entry(index)
+                .or_insert_with(|| cache.spawn_block(&self.object, index));
+        }
+        span.blocks()
+            .map(|index| {
+                if let Some(block) = state.blocks.get(&index) {
+                    return block.clone().boxed();
+                }
+                if !step.sequential {
+                    let (cache, object) = (cache.clone(), self.object.clone());
+                    let part = span.within(index, block_size);
+                    return async move { cache.block(&object, index, Some(part)).await }.boxed();
+                }
+                state
+                    .blocks
+                    .entry(index)
+                    .or_insert_with(|| cache.spawn_block(&self.object, index))
+                    .clone()
+                    .boxed()
+            })
+            .collect()
+    }
+}
+
+/// The blocks a read covers, and how to cut the read out of them.
+struct Span {
+    offset: u64,
+    end: u64,
+    first: u32,
+    last: u32,
+}
+
+impl Span {
+    /// `None` when the read is empty or starts at or past the end of the object.
+    fn new(object: &OpenObject, block_size: u64, offset: u64, len: usize) -> Option<Self> {
+        let end = object.version.size.min(offset.saturating_add(len as u64));
+        (offset < end).then(|| Self {
+            offset,
+            end,
+            first: (offset / block_size) as u32,
+            last: ((end - 1) / block_size) as u32,
+        })
+    }
+
+    fn blocks(&self) -> std::ops::RangeInclusive<u32> {
+        self.first..=self.last
+    }
+
+    /// The part of block `index` (of `block_size` bytes) the read covers, as offsets within it.
+    fn within(&self, index: u32, block_size: u64) -> Range<usize> {
+        let block_start = u64::from(index) * block_size;
+        let from = self.offset.saturating_sub(block_start);
+        let to = (self.end - block_start).min(block_size);
+        from as usize..to as usize
+    }
+
+    /// The requested bytes out of the blocks `first..=last`, each whole or the part the read
+    /// covers (a slice when one block holds them all, one copy otherwise); counts the bytes
+    /// served by source.
+    fn assemble(&self, blocks: &[Block], stats: &Stats) -> Bytes {
+        let slice = |block: &Block| {
+            let from = self.offset.saturating_sub(block.start) as usize;
+            let to = ((self.end - block.start) as usize).min(block.bytes.len());
+            let bytes = block.bytes.slice(from.min(to)..to);
+            let counter = match block.source {
+                Source::Nvme => &stats.served_nvme_bytes,
+                Source::Origin => &stats.served_origin_bytes,
+            };
+            add(counter, bytes.len() as u64);
+            bytes
+        };
+        if let [block] = blocks {
+            return slice(block);
+        }
+        let mut out = BytesMut::with_capacity((self.end - self.offset) as usize);
+        for block in blocks {
+            out.extend_from_slice(&slice(block));
+        }
+        out.freeze()
+    }
+}
