@@ -439,10 +439,9 @@ impl Cache {
                     .origin
                     .read_range(&object.version, start..end, &mut sink)
                     .await
-                    .map_err(|e| {
-                        tracing::warn!(error = %e, "origin fill failed");
-                        ReadError::Origin(Arc::new(e))
-                    })
+                    // Not logged here: a reader's error is logged once, where the mount
+                    // answers it; a job's, in the job's report.
+                    .map_err(|e| ReadError::Origin(Arc::new(e)))
             }
         };
         match result {
