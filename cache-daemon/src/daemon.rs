@@ -5,7 +5,8 @@
 //! until the daemon stops; an address it cannot bind stops the daemon from starting.
 //!
 //! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
-//! with EIO until it comes back, and cached data is served meanwhile); a stale mount left at the
+//! with EIO until it comes back, and cached data is served meanwhile), but a `file://` source
+//! whose directory is missing is refused by config validation; a stale mount left at the
 //! mount point by a killed daemon is detached first; a live mount there is an error.
 
 use std::io;
