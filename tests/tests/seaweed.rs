@@ -43,9 +43,10 @@ fn weed_sockets() -> Vec<PathBuf> {
 async fn two_instances_run_side_by_side_and_leave_nothing_behind() {
     let sockets_before = weed_sockets();
     let limit = Duration::from_secs(90);
-    let (first, second) = tokio::task::spawn_blocking(move || (start("first", limit), start("second", limit)))
-        .await
-        .expect("join");
+    let (first, second) =
+        tokio::task::spawn_blocking(move || (start("first", limit), start("second", limit)))
+            .await
+            .expect("join");
     assert_ne!(first.endpoint, second.endpoint);
     for (server, key) in [(&first, "one.bin"), (&second, "two.bin")] {
         let client = server.client().expect("client");
@@ -54,13 +55,22 @@ async fn two_instances_run_side_by_side_and_leave_nothing_behind() {
             .await
             .expect("put");
         assert_eq!(
-            client.get(&Path::from(key)).await.expect("get").bytes().await.expect("body"),
+            client
+                .get(&Path::from(key))
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("body"),
             "hello"
         );
     }
     // Each bucket is its own server's: the other's object is not there.
     let missing = first.client().expect("client").head(&Path::from("two.bin")).await;
-    assert!(matches!(missing, Err(object_store::Error::NotFound { .. })), "{missing:?}");
+    assert!(
+        matches!(missing, Err(object_store::Error::NotFound { .. })),
+        "{missing:?}"
+    );
 
     tokio::task::spawn_blocking(move || {
         drop(first);
