@@ -37,20 +37,6 @@ pub enum FsErrorKind {
 }
 
 impl FsErrorKind {
-    /// Every kind, for tests that walk them all.
-    pub const ALL: [Self; 10] = [
-        Self::NotFound,
-        Self::PermissionDenied,
-        Self::Stale,
-        Self::Io,
-        Self::ReadOnly,
-        Self::NotADirectory,
-        Self::IsADirectory,
-        Self::BadHandle,
-        Self::InvalidName,
-        Self::TimedOut,
-    ];
-
     /// The errno the kernel gets. Exhaustive: a new kind must choose its errno here.
     pub const fn errno(self) -> i32 {
         match self {
@@ -108,11 +94,6 @@ impl FsError {
     pub fn with_level(mut self, level: Level) -> Self {
         self.level = level;
         self
-    }
-
-    /// Its kind.
-    pub fn kind(&self) -> FsErrorKind {
-        self.kind
     }
 
     /// The errno the kernel gets.
@@ -185,9 +166,7 @@ mod tests {
             (FsErrorKind::InvalidName, libc::ENAMETOOLONG, Level::DEBUG),
             (FsErrorKind::TimedOut, libc::ETIMEDOUT, Level::WARN),
         ];
-        assert_eq!(expected.len(), FsErrorKind::ALL.len());
-        for (kind, (listed, errno, level)) in FsErrorKind::ALL.into_iter().zip(expected) {
-            assert_eq!(kind, listed);
+        for (kind, errno, level) in expected {
             assert_eq!((kind.errno(), kind.level()), (errno, level), "{kind:?}");
             let error = FsError::from(kind);
             assert_eq!((error.errno(), error.level()), (errno, level), "{kind:?}");
