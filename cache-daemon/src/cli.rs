@@ -14,7 +14,7 @@ use crate::control::{self, Served, Status};
 use crate::prefetch::{JobReport, JobState};
 
 /// Where the daemon listens for control requests unless told otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/larder/control.sock";
+pub const DEFAULT_SOCKET: &str = larder_config::DEFAULT_CONTROL_SOCKET;
 
 /// How often `--wait` asks for progress.
 const POLL: Duration = Duration::from_millis(250);
@@ -37,8 +37,8 @@ pub struct PrefetchArgs {
     /// A TOML plan: `targets = ["..."]` and optionally `pin = true`.
     #[arg(long)]
     pub plan: Option<PathBuf>,
-    /// Paths under the mount (`/models/llama/...`), `SOURCE:PREFIX`, or URLs of configured
-    /// sources; a prefix means every object under it.
+    /// Paths under the mount (`/models/llama/...`, or relative to the current directory),
+    /// `SOURCE:PREFIX`, or URLs of configured sources; a prefix means every object under it.
     pub targets: Vec<String>,
 }
 
@@ -69,7 +69,9 @@ async fn call(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> anyhow::Result<serde_json::Value> {
-    let (status, value) = control::call(socket, method, path, body).await?;
+    let (status, value) = control::call(socket, method, path, body)
+        .await
+        .map_err(|error| unreachable_daemon(socket, error))?;
     if status.is_success() {
         return Ok(value);
     }
@@ -78,6 +80,63 @@ async fn call(
         StatusCode::INSUFFICIENT_STORAGE => bail!("refused: {message}"),
         _ => bail!("the daemon answered {status}: {message}"),
     }
+}
+
+/// The error of a failed call, with a hint where no daemon listens on `socket`.
+fn unreachable_daemon(socket: &Path, error: anyhow::Error) -> anyhow::Error {
+    let refused = error.chain().find_map(|cause| {
+        cause.downcast_ref::<std::io::Error>().filter(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            )
+        })
+    });
+    match refused {
+        Some(io) => anyhow::anyhow!(
+            "no daemon answers on {} ({io}): start one with `larder daemon`, or name its \
+             socket with --socket PATH (or LARDER_CONTROL_SOCKET)",
+            socket.display()
+        ),
+        None => error,
+    }
+}
+
+/// A target as the daemon takes it: a path relative to the current directory becomes absolute
+/// (lexically: `.` and `..` are resolved here, symlinks are not followed). URLs (`s3://...`)
+/// and `SOURCE:PREFIX` pass as they are; a relative path with a colon is written `./a:b`.
+fn absolute_target(target: String, cwd: &Path) -> String {
+    let relative = target.starts_with("./") || target.starts_with("../") || target == "." || target == "..";
+    if target.starts_with('/') || (!relative && target.contains(':')) {
+        return target;
+    }
+    let mut path = cwd.to_path_buf();
+    for component in Path::new(&target).components() {
+        match component {
+            std::path::Component::ParentDir => {
+                path.pop();
+            }
+            std::path::Component::Normal(part) => path.push(part),
+            std::path::Component::CurDir
+            | std::path::Component::RootDir
+            | std::path::Component::Prefix(_) => {}
+        }
+    }
+    // A trailing slash means "everything under this prefix": keep it.
+    let mut text = path.display().to_string();
+    if target.ends_with('/') && !text.ends_with('/') {
+        text.push('/');
+    }
+    text
+}
+
+/// Targets with relative paths made absolute against the current directory.
+fn absolute_targets(targets: Vec<String>) -> anyhow::Result<Vec<String>> {
+    let cwd = std::env::current_dir().context("finding the current directory for relative targets")?;
+    Ok(targets
+        .into_iter()
+        .map(|target| absolute_target(target, &cwd))
+        .collect())
 }
 
 /// Runs `larder prefetch`.
@@ -92,6 +151,7 @@ pub async fn prefetch(args: PrefetchArgs) -> anyhow::Result<ExitCode> {
         pin |= plan.pin;
     }
     targets.extend(args.targets);
+    let targets = absolute_targets(targets)?;
     if targets.is_empty() {
         bail!("nothing to prefetch: give targets or --plan FILE");
     }
@@ -262,8 +322,46 @@ pub struct UnpinArgs {
 
 /// Runs `larder unpin`.
 pub async fn unpin(args: UnpinArgs) -> anyhow::Result<()> {
-    let body = serde_json::json!({ "targets": args.targets });
+    let body = serde_json::json!({ "targets": absolute_targets(args.targets)? });
     let answer = call(&args.socket, Method::POST, "/v1/unpin", Some(body)).await?;
     println!("unpinned {} objects", answer["unpinned"]);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_targets_become_absolute_and_others_pass() {
+        let cwd = Path::new("/models/llama");
+        for (target, expected) in [
+            ("model.safetensors", "/models/llama/model.safetensors"),
+            ("./shards/", "/models/llama/shards/"),
+            ("../datasets/x", "/models/datasets/x"),
+            (".", "/models/llama"),
+            ("./a:b", "/models/llama/a:b"),
+            ("/models/other", "/models/other"),
+            ("models:llama/", "models:llama/"),
+            ("s3://bucket/models", "s3://bucket/models"),
+        ] {
+            assert_eq!(absolute_target(target.to_owned(), cwd), expected, "{target}");
+        }
+    }
+
+    #[test]
+    fn a_missing_socket_gets_a_hint() {
+        let socket = Path::new("/run/nowhere/control.sock");
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let error = unreachable_daemon(socket, anyhow::Error::new(io).context("connecting"));
+        let text = format!("{error:#}");
+        assert!(
+            text.contains("/run/nowhere/control.sock")
+                && text.contains("larder daemon")
+                && text.contains("--socket"),
+            "{text}"
+        );
+        let other = unreachable_daemon(socket, anyhow::anyhow!("the daemon answered 500"));
+        assert_eq!(other.to_string(), "the daemon answered 500");
+    }
 }

@@ -5,7 +5,8 @@
 //! until the daemon stops; an address it cannot bind stops the daemon from starting.
 //!
 //! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
-//! with EIO until it comes back, and cached data is served meanwhile); a stale mount left at the
+//! with EIO until it comes back, and cached data is served meanwhile), but a `file://` source
+//! whose directory is missing is refused by config validation; a stale mount left at the
 //! mount point by a killed daemon is detached first; a live mount there is an error.
 
 use std::io;
@@ -30,13 +31,7 @@ use crate::store::{BlockStore, StoreError};
 /// Arguments of `larder daemon`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DaemonArgs {
-    /// Where to mount the tree of sources.
-    #[arg(long, env = "LARDER_MOUNT", default_value = "/models", help_heading = "Mount")]
-    pub mount: PathBuf,
-    /// Unix socket for `larder prefetch` and `larder status` (created 0600).
-    #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = crate::cli::DEFAULT_SOCKET)]
-    pub control_socket: PathBuf,
-    /// Configuration: file, cache, origin and sources.
+    /// Configuration: file, mount, cache, origin and sources.
     #[command(flatten)]
     pub config: ConfigArgs,
 }
@@ -100,7 +95,8 @@ pub enum DaemonError {
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let config = args.config.load()?;
-    let mountpoint = prepare_mountpoint(&args.mount)?;
+    let control_socket = config.control.socket.clone();
+    let mountpoint = prepare_mountpoint(&config.mount.path)?;
     let stats = Arc::new(Stats::default());
     let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth).map_err(|source| {
         DaemonError::Io {
@@ -136,8 +132,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .collect(),
     };
     let control = Arc::new(Control::new(jobs, stats.clone(), cache.store().clone(), settings));
-    let listener = control::bind(&args.control_socket).map_err(|source| DaemonError::ControlSocket {
-        path: args.control_socket.clone(),
+    let listener = control::bind(&control_socket).map_err(|source| DaemonError::ControlSocket {
+        path: control_socket.clone(),
         source,
     })?;
     let control_tasks = [
@@ -167,7 +163,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         cache = %config.cache.dir.display(),
         capacity = %config.cache.capacity,
         sources = config.sources.len(),
-        control = %args.control_socket.display(),
+        control = %control_socket.display(),
         "larder is serving"
     );
 
@@ -179,7 +175,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for task in control_tasks {
         task.abort();
     }
-    let _ = std::fs::remove_file(&args.control_socket);
+    let _ = std::fs::remove_file(&control_socket);
     let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
     cache.flush().await;
     if let Some(task) = metrics_task {

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod control;
 pub mod daemon;
 pub mod engine;
+pub mod fs_error;
 pub mod metrics;
 pub mod namespace;
 pub mod object;

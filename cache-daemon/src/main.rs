@@ -24,7 +24,7 @@ enum Command {
     Status(StatusArgs),
 }
 
-fn main() -> anyhow::Result<std::process::ExitCode> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG").unwrap_or_else(|_| "info".into()),
@@ -33,6 +33,17 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(error) => {
+            // One line with its causes; a backtrace helps nobody who ran a command.
+            eprintln!("larder: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let ok = std::process::ExitCode::SUCCESS;
     match cli.command {

@@ -30,11 +30,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::future::Either;
-use larder_fuse_mount::{Attr, DirEntry, FileTree, FsError, FsStats, NodeKind, Opened, ROOT_INO};
+use larder_fuse_mount::{
+    Attr, DirEntry, FileTree, FsError, FsErrorKind, FsStats, NodeKind, Opened, ROOT_INO,
+};
 use object_store::path::PathPart;
 use parking_lot::Mutex;
 
-use crate::cache::{Cache, OpenObject, ReadError, Reader};
+use crate::cache::{Cache, OpenObject, Reader};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
 use crate::store::Lease;
@@ -221,27 +223,6 @@ struct Handle {
     _lease: Option<Lease>,
 }
 
-/// What a daemon error means to a reader of the mount.
-fn fs_error(error: &OriginError) -> FsError {
-    match error {
-        OriginError::NotFound { .. } => FsError::NotFound,
-        OriginError::PermissionDenied { .. } => FsError::PermissionDenied,
-        OriginError::VersionChanged { .. } => FsError::Stale,
-        OriginError::RetriesExhausted { .. }
-        | OriginError::DeadlineExceeded { .. }
-        | OriginError::Rejected { .. }
-        | OriginError::Config { .. } => FsError::Io,
-    }
-}
-
-fn log_origin_error(error: OriginError) -> FsError {
-    let mapped = fs_error(&error);
-    if mapped == FsError::Io {
-        tracing::warn!(%error, "origin request failed");
-    }
-    mapped
-}
-
 /// The last segment of a path.
 fn leaf(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
@@ -321,7 +302,7 @@ impl Namespace {
             .by_ino
             .get(&ino)
             .map(|(node, _)| node.clone())
-            .ok_or(FsError::NotFound)
+            .ok_or_else(|| FsErrorKind::NotFound.into())
     }
 
     fn fresh(&self, source: usize, since: Instant) -> bool {
@@ -363,7 +344,7 @@ impl Namespace {
             (Ok(true), _) => Some(Entry::Dir),
             (Ok(false), Some(Ok(version))) => Some(Entry::File(version, Some(Instant::now()))),
             (Ok(false), Some(Err(OriginError::NotFound { .. })) | None) => None,
-            (Err(error), _) | (_, Some(Err(error))) => return Err(log_origin_error(error)),
+            (Err(error), _) | (_, Some(Err(error))) => return Err(error.into()),
         };
         self.remember_name(source, path, entry.clone());
         Ok(entry)
@@ -383,7 +364,7 @@ impl Namespace {
             .origin
             .list_page(dir, key.2.as_ref())
             .await
-            .map_err(log_origin_error)?;
+            .map_err(FsError::from)?;
         let prefixes: HashSet<&str> = listing
             .entries
             .iter()
@@ -434,21 +415,21 @@ impl Namespace {
 
 impl FileTree for Namespace {
     async fn lookup(&self, parent: u64, name: &OsStr) -> Result<Attr, FsError> {
-        let name = name.to_str().ok_or(FsError::NotFound)?;
+        let name = name.to_str().ok_or(FsErrorKind::NotFound)?;
         if name.len() > NAME_MAX {
-            return Err(FsError::InvalidName);
+            return Err(FsErrorKind::InvalidName.into());
         }
         // A name no key can have (a control character) is simply not there.
-        PathPart::parse(name).map_err(|_| FsError::NotFound)?;
+        PathPart::parse(name).map_err(|_| FsErrorKind::NotFound)?;
         let dir = self.node(parent)?;
         if dir.kind != NodeKind::Directory {
-            return Err(FsError::NotADirectory);
+            return Err(FsErrorKind::NotADirectory.into());
         }
         let node = match dir.source {
             None => {
                 let source = self.sources.iter().position(|(n, _)| n == name);
                 Self::dir_node(
-                    Some(source.ok_or(FsError::NotFound)?),
+                    Some(source.ok_or(FsErrorKind::NotFound)?),
                     String::new(),
                     self.mounted_at,
                 )
@@ -458,7 +439,7 @@ impl FileTree for Namespace {
                 let entry = self
                     .resolve(source, path.clone())
                     .await?
-                    .ok_or(FsError::NotFound)?;
+                    .ok_or(FsErrorKind::NotFound)?;
                 self.entry_node(source, path, entry)
             }
         };
@@ -477,7 +458,7 @@ impl FileTree for Namespace {
     async fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         let dir = self.node(ino)?;
         if dir.kind != NodeKind::Directory {
-            return Err(FsError::NotADirectory);
+            return Err(FsErrorKind::NotADirectory.into());
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let stream = DirStream {
@@ -492,7 +473,7 @@ impl FileTree for Namespace {
     }
 
     async fn readdir(&self, fh: u64, offset: u64) -> Result<Vec<DirEntry>, FsError> {
-        let stream = self.dirs.lock().get(&fh).cloned().ok_or(FsError::BadHandle)?;
+        let stream = self.dirs.lock().get(&fh).cloned().ok_or(FsErrorKind::BadHandle)?;
         let mut stream = stream.lock().await;
         let Some(source) = stream.dir.source else {
             return Ok(self.source_entries().skip(offset as usize).collect());
@@ -538,13 +519,13 @@ impl FileTree for Namespace {
     async fn open(&self, ino: u64) -> Result<Opened, FsError> {
         let node = self.node(ino)?;
         let (Some(source), NodeKind::File) = (node.source, node.kind) else {
-            return Err(FsError::IsADirectory);
+            return Err(FsErrorKind::IsADirectory.into());
         };
         let origin = self.sources[source].1.origin.clone();
         let (version, checked) = match (&node.version, node.checked) {
             (Some(version), Some(checked)) if self.fresh(source, checked) => (version.clone(), checked),
             _ => {
-                let version = origin.head(&node.path).await.map_err(log_origin_error)?;
+                let version = origin.head(&node.path).await.map_err(FsError::from)?;
                 let checked = Instant::now();
                 let entry = Entry::File(version.clone(), Some(checked));
                 self.remember_name(source, node.path.clone(), Some(entry));
@@ -553,7 +534,7 @@ impl FileTree for Namespace {
         };
         let keep_cache = {
             let mut inodes = self.inodes.lock();
-            let (node, _) = inodes.by_ino.get_mut(&ino).ok_or(FsError::NotFound)?;
+            let (node, _) = inodes.by_ino.get_mut(&ino).ok_or(FsErrorKind::NotFound)?;
             let keep = node.last_opened == Some(version.id());
             node.last_opened = Some(version.id());
             node.size = version.size;
@@ -587,14 +568,8 @@ impl FileTree for Namespace {
             .lock()
             .get(&fh)
             .map(|h| h.reader.clone())
-            .ok_or(FsError::BadHandle)?;
-        reader
-            .read(offset, size as usize)
-            .await
-            .map_err(|error| match error {
-                ReadError::Origin(error) => fs_error(&error),
-                ReadError::Abandoned | ReadError::NotStored => FsError::Io,
-            })
+            .ok_or(FsErrorKind::BadHandle)?;
+        reader.read(offset, size as usize).await.map_err(FsError::from)
     }
 
     async fn release(&self, fh: u64) {

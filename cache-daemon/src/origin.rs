@@ -9,6 +9,7 @@
 use std::fmt;
 use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
@@ -241,6 +242,8 @@ pub struct Origin {
     request_timeout: Duration,
     deadline: Duration,
     stats: Arc<Stats>,
+    /// Whether the first denied request was logged: later ones only reach the debug log.
+    denied_logged: AtomicBool,
 }
 
 impl fmt::Debug for Origin {
@@ -429,6 +432,7 @@ impl Origin {
             request_timeout: config.request_timeout,
             deadline: config.read_deadline,
             stats,
+            denied_logged: AtomicBool::new(false),
         }
     }
 
@@ -787,6 +791,21 @@ impl Origin {
         }
     }
 
+    /// Warns, once per source, that the origin denied access: without it a reader sees only
+    /// `EACCES` (each denied request is also logged at debug where the mount answers it). The
+    /// credentials themselves are never logged.
+    fn denied(&self, key: &str) {
+        if !self.denied_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                source = %self.name,
+                key,
+                "the origin denied access (HTTP 401/403): check the credentials it is given \
+                 (AWS_*, GOOGLE_*, AZURE_*) and its access policy; reads of this source fail with \
+                 EACCES meanwhile (logged once per source)"
+            );
+        }
+    }
+
     fn classify(&self, key: &str, error: object_store::Error) -> Failure {
         let source_name = self.name.clone();
         let key = key.to_owned();
@@ -807,6 +826,7 @@ impl Origin {
             error @ (object_store::Error::PermissionDenied { .. }
             | object_store::Error::Unauthenticated { .. }) => {
                 add(&stats.origin_errors_permission, 1);
+                self.denied(&key);
                 Failure::Final(OriginError::PermissionDenied {
                     source_name,
                     key,
@@ -815,6 +835,7 @@ impl Origin {
             }
             error @ object_store::Error::Generic { .. } if refused_credentials(&error) => {
                 add(&stats.origin_errors_permission, 1);
+                self.denied(&key);
                 Failure::Final(OriginError::PermissionDenied {
                     source_name,
                     key,

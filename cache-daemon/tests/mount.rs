@@ -33,7 +33,7 @@ fn seaweed(bucket: &str) -> Seaweed {
     let weed = Seaweed::installed_binary();
     assert!(
         weed.exists(),
-        "{} is missing: run bench/setup (scripts/test does)",
+        "{} is missing: run scripts/test (it installs SeaweedFS)",
         weed.display()
     );
     Seaweed::start(&weed, bucket).expect("weed mini")

@@ -36,9 +36,10 @@ pub enum ConfigError {
 
     /// A setting has an unacceptable value.
     ///
-    /// `key` is a dotted config key (`cache.block_size`, `source[1].name`)
-    /// or, for values given on the command line or in the environment, the
-    /// flag and variable (`--block-size / LARDER_BLOCK_SIZE`).
+    /// `key` names the setting where its value came from: the dotted config
+    /// key (`cache.block_size`, `source[1].name`) for the file, the flag
+    /// (`--block-size`) for the command line, the variable
+    /// (`LARDER_BLOCK_SIZE`) for the environment.
     #[error("invalid {key} = {value:?}: {reason}")]
     Invalid {
         /// Which setting.
@@ -59,6 +60,21 @@ pub enum ConfigError {
         /// toml's description of the problem.
         message: String,
     },
+}
+
+impl ConfigError {
+    /// Renames the key of an [`ConfigError::Invalid`] through `names` (config key → the flag
+    /// or variable its value came from); other errors and unlisted keys are left as they are.
+    pub(crate) fn named_by(self, names: &std::collections::HashMap<String, String>) -> Self {
+        match self {
+            Self::Invalid { key, value, reason } => Self::Invalid {
+                key: names.get(&key).cloned().unwrap_or(key),
+                value,
+                reason,
+            },
+            other => other,
+        }
+    }
 }
 
 /// " file PATH at KEY", leaving out the parts that are unknown.

@@ -19,4 +19,7 @@ mod validate;
 pub use args::ConfigArgs;
 pub use bytesize::{ByteSize, ParseByteSizeError};
 pub use error::ConfigError;
-pub use schema::{CacheConfig, Config, IoEngineKind, MetricsConfig, OriginConfig, SourceConfig};
+pub use schema::{
+    CacheConfig, Config, ControlConfig, DEFAULT_CONTROL_SOCKET, IoEngineKind, MetricsConfig, MountConfig,
+    OriginConfig, SourceConfig,
+};

@@ -30,6 +30,12 @@
 //! [metrics]
 //! listen = "127.0.0.1:9464"  # or "off"
 //!
+//! [mount]
+//! path = "/models"
+//!
+//! [control]
+//! socket = "/run/larder/control.sock"
+//!
 //! [[source]]
 //! name = "datasets"
 //! url = "s3://bucket/prefix"
@@ -60,6 +66,10 @@ pub struct Config {
     pub origin: OriginConfig,
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
+    /// Where the sources are mounted.
+    pub mount: MountConfig,
+    /// The control socket of `larder prefetch` and `larder status`.
+    pub control: ControlConfig,
     /// The object stores served; written as `[[source]]` tables in TOML.
     /// At least one is required by [`Config::validate`].
     #[serde(rename = "source", skip_serializing_if = "Vec::is_empty")]
@@ -258,6 +268,43 @@ mod listen_serde {
     }
 }
 
+/// Where the daemon mounts the tree of sources (`[mount]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MountConfig {
+    /// The mount point: an existing directory. Default `/models`.
+    pub path: PathBuf,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("/models"),
+        }
+    }
+}
+
+/// Where the daemon listens for control requests when nothing else is configured; the
+/// clients (`larder prefetch`, `larder status`) look there too.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/larder/control.sock";
+
+/// The control socket (`[control]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlConfig {
+    /// Unix socket for `larder prefetch` and `larder status`, created 0600. Default
+    /// `/run/larder/control.sock`.
+    pub socket: PathBuf,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(DEFAULT_CONTROL_SOCKET),
+        }
+    }
+}
+
 /// One object store served by the daemon (`[[source]]`).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -394,6 +441,12 @@ mod tests {
         [metrics]
         listen = "[::]:9100"
 
+        [mount]
+        path = "/mnt/models"
+
+        [control]
+        socket = "/run/larder-test.sock"
+
         [[source]]
         name = "datasets"
         url = "s3://training-data/datasets"
@@ -418,6 +471,8 @@ mod tests {
         assert_eq!(config.origin.backoff_base, Duration::from_millis(50));
         assert_eq!(config.origin.readahead_max, ByteSize::mib(256));
         assert_eq!(config.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(config.mount.path, Path::new("/models"));
+        assert_eq!(config.control.socket, Path::new("/run/larder/control.sock"));
     }
 
     #[test]
@@ -449,6 +504,12 @@ mod tests {
             },
             metrics: MetricsConfig {
                 listen: Some("[::]:9100".parse().unwrap()),
+            },
+            mount: MountConfig {
+                path: PathBuf::from("/mnt/models"),
+            },
+            control: ControlConfig {
+                socket: PathBuf::from("/run/larder-test.sock"),
             },
             sources: vec![
                 SourceConfig {
@@ -504,13 +565,13 @@ mod tests {
 
     #[test]
     fn missing_sections_and_keys_take_defaults() {
-        let config = Config::from_toml_str("[[source]]\nname = \"a\"\nurl = \"file:///data\"\n").unwrap();
+        let config = Config::from_toml_str("[[source]]\nname = \"a\"\nurl = \"file:///\"\n").unwrap();
         assert_eq!(config.cache, CacheConfig::default());
         assert_eq!(config.origin, OriginConfig::default());
         assert_eq!(config.metrics, MetricsConfig::default());
-        assert_eq!(config.sources, vec![SourceConfig::new("a", "file:///data")]);
+        assert_eq!(config.sources, vec![SourceConfig::new("a", "file:///")]);
         let config = Config::from_toml_str(
-            "[cache]\nblock_size = 2097152\n[[source]]\nname = \"a\"\nurl = \"file:///data\"\n",
+            "[cache]\nblock_size = 2097152\n[[source]]\nname = \"a\"\nurl = \"file:///\"\n",
         )
         .unwrap();
         assert_eq!(config.cache.block_size, ByteSize::mib(2));
@@ -519,7 +580,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected_everywhere() {
-        let source = "[[source]]\nname = \"a\"\nurl = \"file:///data\"\n";
+        let source = "[[source]]\nname = \"a\"\nurl = \"file:///\"\n";
         for (text, key) in [
             (format!("colour = 1\n{source}"), "colour"),
             (format!("[cache]\nblocksize = \"4MiB\"\n{source}"), "blocksize"),
@@ -545,14 +606,14 @@ mod tests {
             ("capacity", "-1"),
             ("io_engine", "\"aio\""),
         ] {
-            let text = format!("[cache]\n{key} = {value}\n[[source]]\nname = \"a\"\nurl = \"file:///d\"\n");
+            let text = format!("[cache]\n{key} = {value}\n[[source]]\nname = \"a\"\nurl = \"file:///\"\n");
             let err = Config::from_toml_str(&text).unwrap_err().to_string();
             assert!(
                 err.contains(&format!("at cache.{key}:")) && err.contains(value),
                 "{err}"
             );
         }
-        let text = "[origin]\nrequest_timeout = \"soon\"\n[[source]]\nname = \"a\"\nurl = \"file:///d\"\n";
+        let text = "[origin]\nrequest_timeout = \"soon\"\n[[source]]\nname = \"a\"\nurl = \"file:///\"\n";
         let err = Config::from_toml_str(text).unwrap_err().to_string();
         assert!(
             err.contains("at origin.request_timeout:") && err.contains("\"soon\""),
@@ -591,7 +652,7 @@ mod tests {
 
     #[test]
     fn metrics_listen_is_an_address_or_off() {
-        let source = "[[source]]\nname = \"a\"\nurl = \"file:///d\"\n";
+        let source = "[[source]]\nname = \"a\"\nurl = \"file:///\"\n";
         let parse = |value: &str| Config::from_toml_str(&format!("[metrics]\nlisten = {value}\n{source}"));
         assert_eq!(parse("\"off\"").unwrap().metrics.listen, None);
         assert_eq!(

@@ -46,6 +46,12 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_cache(&self.cache)?;
         validate_origin(&self.origin, self.cache.block_size)?;
+        if self.mount.path.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("mount.path", "", "must not be empty"));
+        }
+        if self.control.socket.as_os_str().is_empty() {
+            return Err(ConfigError::invalid("control.socket", "", "must not be empty"));
+        }
         validate_sources(&self.sources)
     }
 }
@@ -211,6 +217,18 @@ fn check_source_url(index: usize, text: &str) -> Result<(), ConfigError> {
         return fail(format!(
             "a {scheme}:// URL needs a bucket, container or host after the \"//\""
         ));
+    }
+    if scheme == "file" {
+        // A local directory is not an origin that comes back later: a missing one is a
+        // mistake in the configuration, said plainly at start rather than as EIO on reads.
+        let Ok(path) = url.to_file_path() else {
+            return fail("a file:// URL needs an absolute local path, e.g. \"file:///data/models\"".into());
+        };
+        match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.is_dir() => {}
+            Ok(_) => return fail(format!("{} is not a directory", path.display())),
+            Err(err) => return fail(format!("cannot use directory {}: {err}", path.display())),
+        }
     }
     Ok(())
 }
@@ -459,7 +477,7 @@ mod tests {
             "abfs://fs@account.dfs.core.windows.net/p",
             "abfss://fs@account.dfs.core.windows.net",
             "adl://account.azuredatalakestore.net/p",
-            "file:///data/objects",
+            "file:///",
             "http://localhost:9000/bucket",
             "https://storage.example.com/b",
         ];

@@ -17,9 +17,9 @@ use fuser::{
 };
 use tokio::runtime::Handle;
 use tokio::sync::Semaphore;
-use tracing::Instrument;
+use tracing::{Instrument, Level};
 
-use crate::{Attr, FileTree, FsError, NodeKind};
+use crate::{Attr, FileTree, FsError, FsErrorKind, NodeKind};
 
 /// The kinds of request the adapter passes to the tree, a closed set: what an [`Observer`] is
 /// told about.
@@ -269,14 +269,74 @@ fn file_attr(attr: &Attr) -> FileAttr {
     }
 }
 
-fn errno(error: FsError) -> Errno {
+fn errno(error: &FsError) -> Errno {
     Errno::from_i32(error.errno())
 }
 
+/// What a request was about, for its log line.
+#[derive(Debug, Clone)]
+struct Call {
+    op: Operation,
+    ino: u64,
+    /// The handle, for requests on an open file or directory.
+    fh: Option<u64>,
+    /// The name looked up.
+    name: Option<String>,
+}
+
+impl Call {
+    fn new(op: Operation, ino: u64) -> Self {
+        Self {
+            op,
+            ino,
+            fh: None,
+            name: None,
+        }
+    }
+
+    fn fh(mut self, fh: u64) -> Self {
+        self.fh = Some(fh);
+        self
+    }
+
+    fn name(mut self, name: &OsStr) -> Self {
+        self.name = Some(name.to_string_lossy().into_owned());
+        self
+    }
+
+    /// Logs a failed request: the one place a tree's error is logged, at its level, with the
+    /// operation, the node and the whole cause chain.
+    fn failed(&self, error: &FsError) {
+        macro_rules! failed {
+            ($level:expr) => {
+                tracing::event!(
+                    $level,
+                    op = self.op.name(),
+                    ino = self.ino,
+                    fh = self.fh,
+                    name = self.name.as_deref(),
+                    errno = error.errno(),
+                    error = %error,
+                    cause = %error.cause_chain(),
+                    "request failed"
+                )
+            };
+        }
+        match error.level() {
+            Level::ERROR => failed!(Level::ERROR),
+            Level::WARN => failed!(Level::WARN),
+            Level::INFO => failed!(Level::INFO),
+            Level::DEBUG => failed!(Level::DEBUG),
+            Level::TRACE => failed!(Level::TRACE),
+        }
+    }
+}
+
 impl<T: FileTree> Adapter<T> {
-    /// Runs `work` as a task under the in-flight bound and the deadline, and hands its result
-    /// to `respond`, which replies. Returns at once: the dispatch loop never waits.
-    fn dispatch<V, W, F>(&self, op: Operation, ino: u64, work: W, respond: F)
+    /// Runs `work` as a task under the in-flight bound and the deadline, logs its failure once,
+    /// and hands its result to `respond`, which replies. Returns at once: the dispatch loop
+    /// never waits.
+    fn dispatch<V, W, F>(&self, call: Call, work: W, respond: F)
     where
         V: Send + 'static,
         W: Future<Output = Result<V, FsError>> + Send + 'static,
@@ -286,21 +346,24 @@ impl<T: FileTree> Adapter<T> {
         let permits = self.permits.clone();
         let deadline = self.options.deadline;
         let observer = self.options.observer.clone();
-        let span = tracing::debug_span!("fuse", op = op.name(), ino);
+        let span = tracing::debug_span!("fuse", op = call.op.name(), ino = call.ino);
         self.runtime.spawn(
             async move {
                 let result = match permits.acquire_owned().await {
-                    Ok(_permit) => tokio::time::timeout(deadline, work)
-                        .await
-                        .unwrap_or(Err(FsError::TimedOut)),
-                    Err(_) => Err(FsError::Io),
+                    Ok(_permit) => tokio::time::timeout(deadline, work).await.unwrap_or_else(|_| {
+                        Err(FsError::new(
+                            FsErrorKind::TimedOut,
+                            format!("no reply within the mount's deadline of {deadline:?}"),
+                        ))
+                    }),
+                    Err(_) => Err(FsError::new(FsErrorKind::Io, "the mount is shutting down")),
                 };
                 if let Err(error) = &result {
-                    tracing::debug!(%error, "request failed");
+                    call.failed(error);
                 }
                 respond(result);
                 if let Some(observe) = observer {
-                    observe(op, arrived.elapsed());
+                    observe(call.op, arrived.elapsed());
                 }
             }
             .instrument(span),
@@ -330,13 +393,13 @@ impl<T: FileTree> Filesystem for Adapter<T> {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (tree, name, ttl) = (self.tree.clone(), name.to_owned(), self.options.attr_ttl);
+        let call = Call::new(Operation::Lookup, parent.0).name(&name);
         self.dispatch(
-            Operation::Lookup,
-            parent.0,
+            call,
             async move { tree.lookup(parent.0, &name).await },
             move |r| match r {
                 Ok(attr) => reply.entry(&ttl, &file_attr(&attr), fuser::Generation(0)),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(&e)),
             },
         );
     }
@@ -344,54 +407,56 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (tree, ttl) = (self.tree.clone(), self.options.attr_ttl);
         self.dispatch(
-            Operation::Getattr,
-            ino.0,
+            Call::new(Operation::Getattr, ino.0),
             async move { tree.getattr(ino.0).await },
             move |r| match r {
                 Ok(attr) => reply.attr(&ttl, &file_attr(&attr)),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(&e)),
             },
         );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            reply.error(errno(FsError::ReadOnly));
+            let error = FsError::from(FsErrorKind::ReadOnly);
+            Call::new(Operation::Open, ino.0).failed(&error);
+            reply.error(errno(&error));
             return;
         }
         let (tree, backings, passthrough) = (self.tree.clone(), self.backings.clone(), self.passthrough);
-        self.dispatch(
-            Operation::Open,
-            ino.0,
-            async move { tree.open(ino.0).await },
-            move |r| match r {
-                Ok(opened) => {
-                    let flags = if opened.keep_cache {
-                        FopenFlags::FOPEN_KEEP_CACHE
-                    } else {
-                        FopenFlags::empty()
-                    };
-                    let fh = FileHandle(opened.fh);
-                    if !passthrough {
-                        reply.opened(fh, flags);
-                        return;
-                    }
-                    let mut backings = backings.lock().unwrap_or_else(PoisonError::into_inner);
-                    match backings.open(&reply, ino.0, opened.fh, opened.backing.as_ref()) {
-                        Mode::Cached => reply.opened(fh, flags),
-                        Mode::Direct => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
-                        Mode::Passthrough => match backings.by_ino.get(&ino.0) {
-                            // The kernel reads the backing file's page cache; asking it to
-                            // keep the inode's own as well makes later passthrough opens of
-                            // the inode fail (EIO), seen on 6.18.
-                            Some(backing) => reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id),
-                            None => reply.error(errno(FsError::Io)),
-                        },
-                    }
+        let call = Call::new(Operation::Open, ino.0);
+        let failed = call.clone();
+        self.dispatch(call, async move { tree.open(ino.0).await }, move |r| match r {
+            Ok(opened) => {
+                let flags = if opened.keep_cache {
+                    FopenFlags::FOPEN_KEEP_CACHE
+                } else {
+                    FopenFlags::empty()
+                };
+                let fh = FileHandle(opened.fh);
+                if !passthrough {
+                    reply.opened(fh, flags);
+                    return;
                 }
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+                let mut backings = backings.lock().unwrap_or_else(PoisonError::into_inner);
+                match backings.open(&reply, ino.0, opened.fh, opened.backing.as_ref()) {
+                    Mode::Cached => reply.opened(fh, flags),
+                    Mode::Direct => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
+                    Mode::Passthrough => match backings.by_ino.get(&ino.0) {
+                        // The kernel reads the backing file's page cache; asking it to
+                        // keep the inode's own as well makes later passthrough opens of
+                        // the inode fail (EIO), seen on 6.18.
+                        Some(backing) => reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id),
+                        None => {
+                            let error = FsError::new(FsErrorKind::Io, "the backing file was not registered");
+                            failed.failed(&error);
+                            reply.error(errno(&error));
+                        }
+                    },
+                }
+            }
+            Err(e) => reply.error(errno(&e)),
+        });
     }
 
     fn read(
@@ -407,12 +472,11 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     ) {
         let tree = self.tree.clone();
         self.dispatch(
-            Operation::Read,
-            ino.0,
+            Call::new(Operation::Read, ino.0).fh(fh.0),
             async move { tree.read(fh.0, offset, size).await },
             move |r| match r {
                 Ok(bytes) => reply.data(&bytes),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(&e)),
             },
         );
     }
@@ -429,8 +493,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     ) {
         let (tree, backings) = (self.tree.clone(), self.backings.clone());
         self.dispatch(
-            Operation::Release,
-            ino.0,
+            Call::new(Operation::Release, ino.0).fh(fh.0),
             async move {
                 tree.release(fh.0).await;
                 Ok(())
@@ -455,12 +518,11 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let tree = self.tree.clone();
         self.dispatch(
-            Operation::Opendir,
-            ino.0,
+            Call::new(Operation::Opendir, ino.0),
             async move { tree.opendir(ino.0).await },
             move |r| match r {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(&e)),
             },
         );
     }
@@ -468,8 +530,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn releasedir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         let tree = self.tree.clone();
         self.dispatch(
-            Operation::Releasedir,
-            ino.0,
+            Call::new(Operation::Releasedir, ino.0).fh(fh.0),
             async move {
                 tree.releasedir(fh.0).await;
                 Ok(())
@@ -499,17 +560,21 @@ impl<T: FileTree> Filesystem for Adapter<T> {
             }
             Ok(entries)
         };
-        self.dispatch(Operation::Readdir, ino.0, work, move |r| match r {
-            Ok(entries) => {
-                for (ino, kind, name, next) in entries {
-                    if reply.add(INodeNo(ino), next, kind, &name) {
-                        break;
+        self.dispatch(
+            Call::new(Operation::Readdir, ino.0).fh(fh.0),
+            work,
+            move |r| match r {
+                Ok(entries) => {
+                    for (ino, kind, name, next) in entries {
+                        if reply.add(INodeNo(ino), next, kind, &name) {
+                            break;
+                        }
                     }
+                    reply.ok();
                 }
-                reply.ok();
-            }
-            Err(e) => reply.error(errno(e)),
-        });
+                Err(e) => reply.error(errno(&e)),
+            },
+        );
     }
 
     fn flush(
@@ -551,8 +616,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let tree = self.tree.clone();
         self.dispatch(
-            Operation::Statfs,
-            0,
+            Call::new(Operation::Statfs, 0),
             async move { tree.statfs().await },
             move |r| match r {
                 Ok(stats) => {
@@ -560,7 +624,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                     let (total, free) = (stats.total / block, stats.free / block);
                     reply.statfs(total, free, free, 0, 0, MAX_REQUEST, 255, MAX_REQUEST);
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(errno(&e)),
             },
         );
     }

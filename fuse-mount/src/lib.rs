@@ -2,13 +2,14 @@
 //!
 //! [`FileTree`] is the narrow, async, read-only file tree the mount serves, in plain typed
 //! values; [`mount`] puts a tree on a mount point through `fuser`. Nothing of `fuser` leaves this
-//! crate, and nothing of caches or object stores enters it. Errors become errno values in one
-//! place, [`FsError::errno`].
+//! crate, and nothing of caches or object stores enters it. A tree's errors are [`FsError`]s:
+//! an errno ([`FsErrorKind`]), a log level and the cause, logged once by the adapter with the
+//! operation and the node.
 
 mod adapter;
 mod error;
 mod tree;
 
 pub use adapter::{MountOptions, Mounted, Observer, Operation, mount};
-pub use error::FsError;
+pub use error::{FsError, FsErrorKind};
 pub use tree::{Attr, DirEntry, FileTree, FsStats, NodeKind, Opened, ROOT_INO};

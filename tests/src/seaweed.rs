@@ -1,7 +1,13 @@
 //! SeaweedFS (`weed mini`) on loopback: a production object store for end-to-end tests and
-//! benchmarks. `bench/setup` installs it.
+//! benchmarks. `scripts/test` and `bench/setup` install it.
+//!
+//! Every instance has ports of its own (master, volume, filer, S3, each with its gRPC port) and
+//! its files in a temporary directory removed on drop, so instances started by different
+//! tests, or a SeaweedFS someone else runs on the machine, never meet. `weed mini` creates the
+//! bucket itself (`-bucket`); nothing talks to a master by a fixed address.
 
-use std::net::TcpListener;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,107 +15,169 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use tempfile::TempDir;
 
-/// A running `weed mini`, killed (by its PID) when dropped. Instances on one machine take
-/// turns.
+/// The listeners of one instance.
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    master: u16,
+    master_grpc: u16,
+    volume: u16,
+    volume_grpc: u16,
+    filer: u16,
+    filer_grpc: u16,
+    s3: u16,
+    s3_grpc: u16,
+    admin: u16,
+    admin_grpc: u16,
+}
+
+impl Ports {
+    /// Ten ports the kernel has just handed out, held together so that no two are the same.
+    fn free() -> anyhow::Result<Self> {
+        let listeners = (0..10)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let port = |i: usize| -> anyhow::Result<u16> { Ok(listeners[i].local_addr()?.port()) };
+        Ok(Self {
+            master: port(0)?,
+            master_grpc: port(1)?,
+            volume: port(2)?,
+            volume_grpc: port(3)?,
+            filer: port(4)?,
+            filer_grpc: port(5)?,
+            s3: port(6)?,
+            s3_grpc: port(7)?,
+            admin: port(8)?,
+            admin_grpc: port(9)?,
+        })
+    }
+
+    /// The `weed mini` flags that set every port.
+    fn flags(&self) -> Vec<String> {
+        [
+            ("master.port", self.master),
+            ("master.port.grpc", self.master_grpc),
+            ("volume.port", self.volume),
+            ("volume.port.grpc", self.volume_grpc),
+            ("filer.port", self.filer),
+            ("filer.port.grpc", self.filer_grpc),
+            ("s3.port", self.s3),
+            ("s3.port.grpc", self.s3_grpc),
+            ("admin.port", self.admin),
+            ("admin.port.grpc", self.admin_grpc),
+            // The Iceberg and Lance catalogs are off.
+            ("s3.port.iceberg", 0),
+            ("s3.port.lance", 0),
+        ]
+        .iter()
+        .map(|(flag, port)| format!("-{flag}={port}"))
+        .collect()
+    }
+
+    /// The gRPC servers by role and port: `weed` puts a Unix socket for each in /tmp, named
+    /// by both.
+    fn grpc(&self) -> [(&'static str, u16); 5] {
+        [
+            ("master", self.master_grpc),
+            ("volume", self.volume_grpc),
+            ("filer", self.filer_grpc),
+            ("s3", self.s3_grpc),
+            ("admin", self.admin_grpc),
+        ]
+    }
+}
+
+/// A running `weed mini`, stopped (by its PID) and its files removed when dropped.
 #[derive(Debug)]
 pub struct Seaweed {
     child: Child,
     /// `http://127.0.0.1:<s3 port>`.
     pub endpoint: String,
     bucket: String,
+    ports: Ports,
     _dir: TempDir,
-    /// `weed mini` always takes the master's port 9333: one instance at a time per machine.
-    _turn: std::fs::File,
-}
-
-/// Waits for the machine-wide turn to run `weed mini`; the turn ends when the file closes.
-fn wait_for_turn() -> anyhow::Result<std::fs::File> {
-    let path = std::env::temp_dir().join("larder-weed-mini.lock");
-    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    // SAFETY: flock on a descriptor this function owns; no memory is touched.
-    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("locking the weed mini turn");
-    }
-    Ok(file)
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Seaweed {
-    /// Starts `weed mini` with its data on tmpfs (`/dev/shm`) where there is one, so the
-    /// server's disk reads do not compete with the cache's; creates `bucket`.
+    /// Starts `weed mini` on ports of its own with its data on tmpfs (`/dev/shm`) where there
+    /// is one, so the server's disk reads do not compete with the cache's, and with `bucket`
+    /// created.
     pub fn start(weed: &Path, bucket: &str) -> anyhow::Result<Self> {
-        let turn = wait_for_turn()?;
         let shm = PathBuf::from("/dev/shm");
         let dir = if shm.is_dir() {
-            tempfile::tempdir_in(shm)?
+            tempfile::Builder::new().prefix("larder-weed").tempdir_in(shm)?
         } else {
-            tempfile::tempdir()?
+            tempfile::Builder::new().prefix("larder-weed").tempdir()?
         };
         let identities = format!(
             r#"{{"identities":[{{"name":"bench","credentials":[{{"accessKey":"{}","secretKey":"{}"}}],"actions":["Admin","Read","Write","List"]}}]}}"#,
             crate::ACCESS_KEY,
             crate::SECRET_KEY
         );
-        std::fs::write(dir.path().join("s3.json"), identities)?;
-        let port = free_port()?;
+        let root = dir.path().to_owned();
+        let path = |name: &str| root.join(name).display().to_string();
+        std::fs::write(path("s3.json"), identities)?;
+        let ports = Ports::free()?;
         let child = Command::new(weed)
             .arg("mini")
-            .arg(format!("-dir={}", dir.path().join("data").display()))
-            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false"])
-            .arg(format!("-s3.port={port}"))
-            .arg(format!("-s3.config={}", dir.path().join("s3.json").display()))
+            .arg(format!("-dir={}", path("data")))
+            .args([
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                "-admin.ui=false",
+                "-webdav=false",
+            ])
+            .arg("-master.telemetry=false")
+            .args(ports.flags())
+            .arg(format!("-filer.localSocket={}", path("filer.sock")))
+            .arg(format!("-s3.localSocket={}", path("s3.sock")))
+            .arg(format!("-s3.config={}", path("s3.json")))
+            .arg(format!("-bucket={bucket}"))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("weed.log"))?)
+            .stderr(std::fs::File::create(path("weed.log"))?)
             .spawn()
             .with_context(|| format!("starting {}", weed.display()))?;
-        let server = Self {
+        let mut server = Self {
             child,
-            endpoint: format!("http://127.0.0.1:{port}"),
+            endpoint: format!("http://127.0.0.1:{}", ports.s3),
             bucket: bucket.to_owned(),
+            ports,
             _dir: dir,
-            _turn: turn,
         };
         let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if started.elapsed() > Duration::from_secs(30) {
-                bail!("weed mini did not open its S3 port within 30s");
+        while TcpStream::connect(("127.0.0.1", ports.s3)).is_err() || !server.has_bucket() {
+            if let Some(status) = server.child.try_wait()? {
+                bail!(
+                    "weed mini exited ({status}) before serving bucket {bucket}: see {}",
+                    path("weed.log")
+                );
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("weed mini did not serve bucket {bucket} within 60s");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        // The master's shell creates buckets; retry while the cluster settles.
-        loop {
-            let mut shell = Command::new(weed)
-                .args(["shell", "-master=127.0.0.1:9333"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()?;
-            if let Some(mut stdin) = shell.stdin.take() {
-                std::io::Write::write_all(
-                    &mut stdin,
-                    format!("s3.bucket.create -name {bucket}\n").as_bytes(),
-                )?;
-            }
-            let output = shell.wait_with_output()?;
-            if String::from_utf8_lossy(&output.stdout).contains("created bucket") {
-                return Ok(server);
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                bail!(
-                    "could not create bucket {bucket}: {}",
-                    String::from_utf8_lossy(&output.stdout)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
+        Ok(server)
     }
-}
 
-impl Seaweed {
-    /// The binary `bench/setup` installs, from a crate of this workspace.
+    /// Whether the filer holds the bucket's directory yet (`weed mini -bucket` creates it
+    /// once the cluster is up).
+    fn has_bucket(&self) -> bool {
+        let ask = || -> std::io::Result<bool> {
+            let mut stream = TcpStream::connect(("127.0.0.1", self.ports.filer))?;
+            stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+            write!(
+                stream,
+                "HEAD /buckets/{}/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                self.bucket
+            )?;
+            let mut head = [0; 12];
+            stream.read_exact(&mut head)?;
+            Ok(head.ends_with(b"200"))
+        };
+        ask().unwrap_or(false)
+    }
+
+    /// The binary `scripts/test` and `bench/setup` install, from a crate of this workspace.
     pub fn installed_binary() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/.venv/bin/weed")
     }
@@ -127,7 +195,20 @@ impl Seaweed {
 
 impl Drop for Seaweed {
     fn drop(&mut self) {
+        // SIGTERM lets weed remove its sockets; SIGKILL if it does not stop in time.
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child's PID, which `wait` has not reaped yet.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let asked = Instant::now();
+        while matches!(self.child.try_wait(), Ok(None)) && asked.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // What a killed weed leaves in /tmp: a gRPC socket per port, named by port number.
+        for (role, port) in self.ports.grpc() {
+            let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{role}-grpc-{port}.sock"));
+        }
     }
 }

@@ -194,7 +194,9 @@ impl Cache {
                         }
                         break;
                     }
-                    Err(error) => tracing::warn!(source = ?source.kind(), %error, "fill failed"),
+                    // Not logged above debug here: a reader's error is logged once, where the
+                    // mount answers it; a job's, in the job's report.
+                    Err(error) => tracing::debug!(source = ?source.kind(), %error, "fill failed"),
                 }
             }
             next = run.next;

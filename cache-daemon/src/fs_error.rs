@@ -1,0 +1,174 @@
+//! What the daemon's errors mean to a reader of the mount: the one mapping from the typed
+//! errors of the read path to [`FsError`] (errno, log level, cause).
+//!
+//! Each `match` is exhaustive and has no `_` arm: a new error variant does not compile until it
+//! has chosen its errno and level here. The adapter logs every failed request once, with the
+//! operation and the node; the layers below return their errors without logging them.
+
+use std::sync::Arc;
+
+use larder_fuse_mount::{FsError, FsErrorKind};
+use tracing::Level;
+
+use crate::cache::ReadError;
+use crate::origin::OriginError;
+
+/// The kind and level of an origin error.
+fn classify(error: &OriginError) -> (FsErrorKind, Level) {
+    match error {
+        OriginError::NotFound { .. } => (FsErrorKind::NotFound, Level::DEBUG),
+        // The origin warns once per source (see `Origin`); every denied request after that
+        // is the same news.
+        OriginError::PermissionDenied { .. } => (FsErrorKind::PermissionDenied, Level::DEBUG),
+        OriginError::VersionChanged { .. } => (FsErrorKind::Stale, Level::INFO),
+        OriginError::RetriesExhausted { .. } | OriginError::DeadlineExceeded { .. } => {
+            (FsErrorKind::Io, Level::WARN)
+        }
+        // A key the store refuses or a source that cannot be built: not a passing fault.
+        OriginError::Rejected { .. } | OriginError::Config { .. } => (FsErrorKind::Io, Level::ERROR),
+    }
+}
+
+impl From<OriginError> for FsError {
+    fn from(error: OriginError) -> Self {
+        let (kind, level) = classify(&error);
+        FsError::new(kind, error).with_level(level)
+    }
+}
+
+impl From<ReadError> for FsError {
+    fn from(error: ReadError) -> Self {
+        match error {
+            ReadError::Origin(origin) => {
+                let (kind, level) = classify(&origin);
+                FsError::new(kind, Arc::clone(&origin)).with_level(level)
+            }
+            error @ ReadError::Abandoned => FsError::new(FsErrorKind::Io, error),
+            // Reads are served when a block cannot be stored; a fill job reports it itself.
+            error @ ReadError::NotStored => FsError::new(FsErrorKind::Io, error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::origin::TransientError;
+
+    fn store_error() -> object_store::Error {
+        object_store::Error::Generic {
+            store: "test",
+            source: "HTTP 403 Forbidden".into(),
+        }
+    }
+
+    /// One of every origin error, with the errno and level a reader's log gets.
+    fn origin_errors() -> Vec<(OriginError, i32, Level)> {
+        let (source_name, key) = ("models".to_owned(), "llama/model.bin".to_owned());
+        vec![
+            (
+                OriginError::NotFound {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                },
+                libc::ENOENT,
+                Level::DEBUG,
+            ),
+            (
+                OriginError::PermissionDenied {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                    source: store_error(),
+                },
+                libc::EACCES,
+                Level::DEBUG,
+            ),
+            (
+                OriginError::VersionChanged {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                    expected: "\"etag\"".into(),
+                },
+                libc::ESTALE,
+                Level::INFO,
+            ),
+            (
+                OriginError::RetriesExhausted {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                    attempts: 5,
+                    source: TransientError::Timeout(Duration::from_secs(10)),
+                },
+                libc::EIO,
+                Level::WARN,
+            ),
+            (
+                OriginError::DeadlineExceeded {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                    deadline: Duration::from_secs(30),
+                },
+                libc::EIO,
+                Level::WARN,
+            ),
+            (
+                OriginError::Rejected {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                    source: store_error(),
+                },
+                libc::EIO,
+                Level::ERROR,
+            ),
+            (
+                OriginError::Config {
+                    source_name,
+                    url: "s3://bucket".into(),
+                    message: "bad".into(),
+                },
+                libc::EIO,
+                Level::ERROR,
+            ),
+        ]
+    }
+
+    #[test]
+    fn origin_errors_map_to_errno_and_level_with_their_cause() {
+        for (error, errno, level) in origin_errors() {
+            let text = error.to_string();
+            let mapped = FsError::from(error);
+            assert_eq!((mapped.errno(), mapped.level()), (errno, level), "{text}");
+            assert!(
+                mapped.cause_chain().starts_with(&text),
+                "{}",
+                mapped.cause_chain()
+            );
+        }
+    }
+
+    #[test]
+    fn read_errors_map_like_their_origin_error() {
+        for (error, errno, level) in origin_errors() {
+            let text = error.to_string();
+            let mapped = FsError::from(ReadError::Origin(Arc::new(error)));
+            assert_eq!((mapped.errno(), mapped.level()), (errno, level), "{text}");
+            assert!(
+                mapped.cause_chain().starts_with(&text),
+                "{}",
+                mapped.cause_chain()
+            );
+        }
+        for error in [ReadError::Abandoned, ReadError::NotStored] {
+            let text = error.to_string();
+            let mapped = FsError::from(error);
+            assert_eq!(
+                (mapped.errno(), mapped.level()),
+                (libc::EIO, Level::WARN),
+                "{text}"
+            );
+            assert_eq!(mapped.cause_chain(), text);
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The `larder` command as a newcomer meets it: what it says when no daemon runs, and paths
+//! given relative to the current directory.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use larder_tests::daemon::DaemonProcess;
+use larder_tests::{S3Server, seed};
+
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// With no daemon: one line naming the socket and what to do, no backtrace, exit 1.
+#[test]
+fn status_without_a_daemon_says_so_in_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("control.sock");
+    for command in [&["status"][..], &["prefetch", "models:x"], &["unpin", "models:x"]] {
+        let output = Command::new(BIN)
+            .args(command)
+            .arg("--socket")
+            .arg(&socket)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("LARDER_CONTROL_SOCKET")
+            .output()
+            .expect("run larder");
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{command:?}: {text}");
+        assert_eq!(text.lines().count(), 1, "{command:?}: not one line:\n{text}");
+        assert!(
+            text.contains(&socket.display().to_string())
+                && text.contains("larder daemon")
+                && text.contains("--socket"),
+            "{command:?}: {text}"
+        );
+        assert!(!text.to_lowercase().contains("backtrace"), "{text}");
+    }
+}
+
+/// `larder prefetch` run inside the mount takes paths relative to the current directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_takes_paths_relative_to_the_current_directory() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for (key, size) in [
+        ("llama/a.bin", 3 << 20),
+        ("llama/b.bin", 5 << 20),
+        ("other/c.bin", 1 << 20),
+    ] {
+        server.put(key, seed(key, 0), size).await.expect("put");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let output = tokio::task::spawn_blocking(move || {
+        let output = Command::new(BIN)
+            .args(["prefetch", "--wait", "a.bin", "./b.bin"])
+            .current_dir(daemon.mount.join("llama"))
+            .env("LARDER_CONTROL_SOCKET", &daemon.socket)
+            .output()
+            .expect("run larder");
+        drop(daemon);
+        output
+    })
+    .await
+    .expect("join");
+    let text = stderr(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("2 objects") && text.contains("done"), "{text}");
+}

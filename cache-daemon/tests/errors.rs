@@ -1,0 +1,205 @@
+//! Errors are logged once, where the mount answers them, with the operation, the node, the
+//! errno and the cause; a denied origin is named in one warning. The log is captured by a
+//! subscriber of this test binary (its own process, so the capture is global).
+
+use std::fmt::Write as _;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use larder_cache_daemon::namespace::{Namespace, Source};
+use larder_cache_daemon::origin::Origin;
+use larder_cache_daemon::stats::Stats;
+use larder_config::IoEngineKind;
+use larder_fuse_mount::MountOptions;
+use larder_tests::fixture::{CacheFixture, test_config};
+use larder_tests::{FaultPlan, S3Server, s3_client_with_secret, seed};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+/// One captured event: its level and every field, message included, as `name=value` text.
+#[derive(Debug, Clone)]
+struct Event {
+    level: tracing::Level,
+    text: String,
+}
+
+struct Capture(Arc<Mutex<Vec<Event>>>);
+
+struct Fields(String);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let _ = write!(self.0, " {}={value:?}", field.name());
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let _ = write!(self.0, " {}={value}", field.name());
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        let captured = Event {
+            level: *event.metadata().level(),
+            text: fields.0,
+        };
+        self.0.lock().expect("log").push(captured);
+    }
+}
+
+/// Every event of the process at any level, from the first call on.
+fn log() -> Arc<Mutex<Vec<Event>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<Event>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let subscriber = tracing_subscriber::registry().with(Capture(events.clone()));
+        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
+        events
+    })
+    .clone()
+}
+
+fn events_containing(needle: &str) -> Vec<Event> {
+    log()
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|event| event.text.contains(needle))
+        .cloned()
+        .collect()
+}
+
+/// A page-aligned buffer for O_DIRECT reads.
+#[repr(align(4096))]
+struct Page([u8; 4096]);
+
+/// A read through the kernel whose fill fails (the origin answers 503 to everything) is logged
+/// once: by the mount, at warn, with the operation, the inode, the errno and the whole cause
+/// chain; nothing below it logs the same error again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_read_is_logged_once_with_its_cause() {
+    let log = log();
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    let key = "llama/failing.bin";
+    server.put(key, seed(key, 0), 3 << 20).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(
+        &dir.path().join("cache"),
+        1 << 20,
+        IoEngineKind::Psync,
+        &server.url(),
+    );
+    config.origin.max_attempts = 2;
+    let fixture = CacheFixture::open(server, config).await.expect("cache");
+    let source = Source {
+        origin: fixture.origin.clone(),
+        ttl: None,
+    };
+    let namespace = Arc::new(Namespace::new(
+        vec![("models".into(), source)],
+        fixture.cache.clone(),
+        false,
+    ));
+    let mountpoint = dir.path().join("mnt");
+    std::fs::create_dir(&mountpoint).expect("mkdir");
+    let mounted = larder_fuse_mount::mount(
+        namespace,
+        &mountpoint,
+        &MountOptions::default(),
+        tokio::runtime::Handle::current(),
+    )
+    .expect("mount");
+
+    let path = mountpoint.join(key);
+    let faults = fixture.faults.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .expect("open");
+        faults.set_plan(FaultPlan {
+            unavailable: 1.0,
+            ..FaultPlan::default()
+        });
+        let mut page = Box::new(Page([0; 4096]));
+        file.read_at(&mut page.0, 0)
+    })
+    .await
+    .expect("join");
+    let error = result.expect_err("the read should fail");
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    tokio::task::spawn_blocking(move || mounted.unmount())
+        .await
+        .expect("join")
+        .expect("unmount");
+
+    // The final error of the fill: RetriesExhausted's text.
+    let final_error = "gave up after";
+    let about_it = events_containing(final_error);
+    assert_eq!(
+        about_it.len(),
+        1,
+        "logged {} times: {about_it:#?}",
+        about_it.len()
+    );
+    let event = &about_it[0];
+    assert_eq!(event.level, tracing::Level::WARN, "{event:?}");
+    for field in [
+        "op=read",
+        "errno=5",
+        "injected 503 Slow Down",
+        key,
+        "message=request failed",
+    ] {
+        assert!(event.text.contains(field), "{field} missing: {event:?}");
+    }
+    assert!(event.text.contains(" ino="), "{event:?}");
+    // Every failed request of the mount was logged with its cause.
+    let failed: Vec<_> = log
+        .lock()
+        .expect("log")
+        .iter()
+        .filter(|e| e.text.contains("message=request failed") && e.text.contains("op=read"))
+        .cloned()
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:#?}");
+}
+
+/// An origin that refuses the credentials: one warning naming the source, however many
+/// requests it denies, and never the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_origin_is_named_in_one_warning() {
+    log();
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    server.put("a.bin", seed("a.bin", 0), 1024).await.expect("put");
+    let secret = "not-the-secret-0123456789";
+    let client = s3_client_with_secret(&server.endpoint(), "larder-test", secret).expect("client");
+    let origin = Origin::new(
+        "denied-src",
+        &server.url(),
+        client,
+        Default::default(),
+        &larder_config::OriginConfig::default(),
+        Arc::new(Stats::default()),
+    );
+    for _ in 0..3 {
+        let error = origin.head("a.bin").await.expect_err("denied");
+        assert!(
+            matches!(
+                error,
+                larder_cache_daemon::origin::OriginError::PermissionDenied { .. }
+            ),
+            "{error}"
+        );
+    }
+    let warnings: Vec<_> = events_containing("denied-src")
+        .into_iter()
+        .filter(|e| e.level == tracing::Level::WARN)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert!(warnings[0].text.contains("denied access"), "{warnings:?}");
+    assert!(events_containing(secret).is_empty(), "the secret was logged");
+}
