@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 use crate::cache::{Cache, OpenObject, ReadError, Reader};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
+use crate::stats::add;
 use crate::store::Lease;
 
 /// Longest name a directory entry may have.
@@ -566,6 +567,12 @@ impl FileTree for Namespace {
             .passthrough
             .then(|| self.cache.store().lease_complete(&version))
             .flatten();
+        if leased.is_some() {
+            // Its reads go from the kernel to the data file: all the daemon sees of them.
+            let stats = self.cache.stats();
+            add(&stats.passthrough_opens, 1);
+            add(&stats.passthrough_open_bytes, version.size);
+        }
         let (backing, lease) = leased.unzip();
         let reader = Arc::new(Reader::new(self.cache.clone(), OpenObject::new(origin, version)));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
