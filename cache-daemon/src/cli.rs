@@ -230,9 +230,12 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         percent(&status.served_recent)
     );
     println!(
-        "served through the daemon: {} from nvme, {} from origin; passthrough: {} opens, {} (sizes of the files, read by the kernel from the cache disk)",
+        "served through the daemon: {} from nvme, {} from origin",
         HumanBytes(status.served.nvme_bytes),
-        HumanBytes(status.served.origin_bytes),
+        HumanBytes(status.served.origin_bytes)
+    );
+    println!(
+        "opened in passthrough: {} files, {} (read by the kernel from the cache disk; at most this much was read)",
         status.served.passthrough_opens,
         HumanBytes(status.served.passthrough_bytes)
     );

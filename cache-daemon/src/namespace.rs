@@ -218,6 +218,8 @@ pub struct Namespace {
 #[derive(Debug)]
 struct Handle {
     reader: Arc<Reader>,
+    /// The size of the version it reads.
+    size: u64,
     /// Held while the kernel may read the data file directly (passthrough).
     _lease: Option<Lease>,
 }
@@ -567,17 +569,13 @@ impl FileTree for Namespace {
             .passthrough
             .then(|| self.cache.store().lease_complete(&version))
             .flatten();
-        if leased.is_some() {
-            // Its reads go from the kernel to the data file: all the daemon sees of them.
-            let stats = self.cache.stats();
-            add(&stats.passthrough_opens, 1);
-            add(&stats.passthrough_open_bytes, version.size);
-        }
         let (backing, lease) = leased.unzip();
+        let size = version.size;
         let reader = Arc::new(Reader::new(self.cache.clone(), OpenObject::new(origin, version)));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             reader,
+            size,
             _lease: lease,
         };
         self.handles.lock().insert(fh, handle);
@@ -602,6 +600,17 @@ impl FileTree for Namespace {
                 ReadError::Origin(error) => fs_error(&error),
                 ReadError::Abandoned | ReadError::NotStored => FsError::Io,
             })
+    }
+
+    fn passed_through(&self, fh: u64) {
+        // The reads of this handle go from the kernel to the data file: all the daemon sees
+        // of them is this open.
+        let Some(size) = self.handles.lock().get(&fh).map(|h| h.size) else {
+            return;
+        };
+        let stats = self.cache.stats();
+        add(&stats.passthrough_opens, 1);
+        add(&stats.passthrough_open_bytes, size);
     }
 
     async fn release(&self, fh: u64) {

@@ -42,6 +42,14 @@ fn served(daemon: &DaemonProcess) -> u64 {
     served["nvme_bytes"].as_u64().expect("nvme") + served["origin_bytes"].as_u64().expect("origin")
 }
 
+/// Opens the daemon has seen taken in passthrough.
+fn passthrough_opens(daemon: &DaemonProcess) -> u64 {
+    let status = larder(daemon, &["status", "--json"]);
+    status["served"]["passthrough_opens"]
+        .as_u64()
+        .expect("passthrough opens")
+}
+
 fn drop_page_cache() {
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (needs root)");
 }
@@ -80,6 +88,11 @@ async fn a_complete_file_is_read_by_the_kernel_directly() {
                 served(&daemon) > before,
                 "read beside a cached handle"
             );
+            assert_eq!(
+                passthrough_opens(&daemon),
+                0,
+                "an open served through the daemon was counted as passed through"
+            );
             cold.seek(SeekFrom::Start(0)).expect("seek");
             let mut all = Vec::new();
             cold.read_to_end(&mut all).expect("read the rest");
@@ -95,7 +108,9 @@ async fn a_complete_file_is_read_by_the_kernel_directly() {
             let through_daemon = served(&daemon) - before;
             if passthrough {
                 assert_eq!(through_daemon, 0, "a complete file was read through the daemon");
+                assert_eq!(passthrough_opens(&daemon), 3);
             } else {
+                assert_eq!(passthrough_opens(&daemon), 0);
                 assert!(through_daemon >= SIZE as u64, "{through_daemon} bytes served");
             }
         })

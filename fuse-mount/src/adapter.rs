@@ -360,6 +360,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
             return;
         }
         let (tree, backings, passthrough) = (self.tree.clone(), self.backings.clone(), self.passthrough);
+        let told = tree.clone();
         self.dispatch(
             Operation::Open,
             ino.0,
@@ -384,7 +385,10 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                             // The kernel reads the backing file's page cache; asking it to
                             // keep the inode's own as well makes later passthrough opens of
                             // the inode fail (EIO), seen on 6.18.
-                            Some(backing) => reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id),
+                            Some(backing) => {
+                                told.passed_through(opened.fh);
+                                reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id);
+                            }
                             None => reply.error(errno(FsError::Io)),
                         },
                     }
