@@ -15,7 +15,8 @@
 //!   Idle sockets therefore never keep a request out: a scrape that sends its request gets in.
 //! - The request body is read whole, at most `max_body` bytes (else 413), within
 //!   `read_timeout` (else 408), before the service sees the request.
-//! - The service must produce its response within `request_deadline` (else 503).
+//! - The service must produce its response within `request_deadline` (else 503); a service
+//!   that panics is logged and answers 500, and the listener keeps serving.
 //!
 //! Errors the helper answers itself are JSON: `{"error": "..."}`.
 //!
@@ -28,11 +29,13 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
@@ -175,9 +178,12 @@ pub async fn serve<L: Listener, S: Service>(
         };
         let (service, connections, cancel) = (service.clone(), connections.clone(), cancel.clone());
         tracker.spawn(async move {
-            let id = admitted.id;
+            // Gives the connection's room back however it ends, a panic included.
+            let _registered = Registered {
+                connections,
+                id: admitted.id,
+            };
             connection(io, service, limits, admitted, cancel).await;
-            connections.lock().remove(id);
         });
     }
     tracker.close();
@@ -246,8 +252,14 @@ async fn answer<S: Service>(request: Request<Incoming>, service: &S, limits: &Li
         }
     };
     let deadline = limits.request_deadline;
-    match tokio::time::timeout(deadline, service.call(Request::from_parts(parts, body))).await {
-        Ok(response) => response,
+    let call = AssertUnwindSafe(service.call(Request::from_parts(parts, body))).catch_unwind();
+    match tokio::time::timeout(deadline, call).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(_)) => {
+            // The panic's message was printed by the panic hook.
+            tracing::error!("a request handler panicked");
+            error(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+        }
         Err(_) => error(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!("no answer within {deadline:?}"),
@@ -268,6 +280,18 @@ impl Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Removes a connection from its listener's [`Connections`] when dropped.
+struct Registered {
+    connections: Arc<Mutex<Connections>>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.connections.lock().remove(self.id);
     }
 }
 
@@ -360,10 +384,12 @@ mod tests {
         max_body: 16,
     };
 
-    /// A service that echoes the length of the body, or sleeps on `/slow`.
+    /// A service that echoes the length of the body, sleeps on `/slow`, panics on `/panic`.
     async fn echo(request: Request<Bytes>) -> Response<Body> {
-        if request.uri().path() == "/slow" {
-            tokio::time::sleep(Duration::from_secs(60)).await;
+        match request.uri().path() {
+            "/slow" => tokio::time::sleep(Duration::from_secs(60)).await,
+            "/panic" => panic!("a handler bug"),
+            _ => {}
         }
         full(StatusCode::OK, "text/plain", request.body().len().to_string())
     }
@@ -395,6 +421,9 @@ mod tests {
         let slow = client.get(format!("{url}/slow")).send().await.unwrap();
         assert_eq!(slow.status(), 503);
         assert!(started.elapsed() < Duration::from_secs(3));
+        let panicked = client.get(format!("{url}/panic")).send().await.unwrap();
+        assert_eq!(panicked.status(), 500);
+        assert_eq!(post("after").await.unwrap().status(), 200);
     }
 
     #[tokio::test]
