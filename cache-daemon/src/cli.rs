@@ -1,4 +1,5 @@
-//! `larder prefetch` and `larder status`: clients of the daemon's control socket.
+//! `larder prefetch`, `unpin` and `status`: clients of the daemon's control socket. They speak
+//! the wire types of [`crate::control_api`] and nothing else of the daemon.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -6,12 +7,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use hyper::{Method, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
-use crate::control::{self, Served, Status};
-use crate::prefetch::{JobReport, JobState};
+use crate::control_api::{self, ErrorBody, JobReport, JobState, Served, Status, TargetsRequest, Unpinned};
 
 /// Where the daemon listens for control requests unless told otherwise.
 pub const DEFAULT_SOCKET: &str = larder_config::DEFAULT_CONTROL_SOCKET;
@@ -62,24 +66,57 @@ struct Plan {
     pin: bool,
 }
 
-/// The JSON body of an answer, or the daemon's error message as an error.
-async fn call(
+/// Sends one request to the control socket at `socket`; the answer's JSON body as `T`, or the
+/// daemon's error message as an error.
+async fn call<T: DeserializeOwned>(
     socket: &Path,
     method: Method,
     path: &str,
-    body: Option<serde_json::Value>,
-) -> anyhow::Result<serde_json::Value> {
-    let (status, value) = control::call(socket, method, path, body)
+    body: Option<&TargetsRequest>,
+) -> anyhow::Result<T> {
+    let (status, bytes) = exchange(socket, method, path, body)
         .await
         .map_err(|error| unreachable_daemon(socket, error))?;
     if status.is_success() {
-        return Ok(value);
+        return serde_json::from_slice(&bytes)
+            .with_context(|| format!("the daemon answered {status} with a body this client does not read"));
     }
-    let message = value["error"].as_str().unwrap_or("no message");
+    let message = serde_json::from_slice::<ErrorBody>(&bytes).map_or_else(
+        |_| String::from_utf8_lossy(&bytes).into_owned(),
+        |body| body.error,
+    );
     match status {
         StatusCode::INSUFFICIENT_STORAGE => bail!("refused: {message}"),
         _ => bail!("the daemon answered {status}: {message}"),
     }
+}
+
+/// One request on the control socket: the answer's status and body.
+async fn exchange(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: Option<&TargetsRequest>,
+) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("connecting to the daemon's control socket {}", socket.display()))?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let body = match body {
+        Some(body) => serde_json::to_vec(body)?,
+        None => Vec::new(),
+    };
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "larder")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((status, bytes))
 }
 
 /// The error of a failed call, with a hint where no daemon listens on `socket`.
@@ -155,9 +192,8 @@ pub async fn prefetch(args: PrefetchArgs) -> anyhow::Result<ExitCode> {
     if targets.is_empty() {
         bail!("nothing to prefetch: give targets or --plan FILE");
     }
-    let body = serde_json::json!({ "targets": targets, "pin": pin });
-    let job: JobReport =
-        serde_json::from_value(call(&args.socket, Method::POST, "/v1/prefetch", Some(body)).await?)?;
+    let body = TargetsRequest { targets, pin };
+    let job: JobReport = call(&args.socket, Method::POST, control_api::PREFETCH, Some(&body)).await?;
     eprintln!(
         "job {}: {} objects, {} planned{}",
         job.id,
@@ -209,14 +245,12 @@ async fn wait(socket: &Path, mut job: JobReport) -> anyhow::Result<JobReport> {
         bar
     });
     let mut last_line = Instant::now();
-    let path = format!("/v1/jobs/{}", job.id);
+    let path = control_api::job(job.id);
     while job.state == JobState::Running {
         tokio::time::sleep(POLL).await;
-        job = serde_json::from_value(
-            call(socket, Method::GET, &path, None)
-                .await
-                .context("the daemon stopped answering; run the same command again to resume")?,
-        )?;
+        job = call(socket, Method::GET, &path, None)
+            .await
+            .context("the daemon stopped answering; run the same command again to resume")?;
         match &bar {
             Some(bar) => bar.set_position(job.done_bytes),
             None if last_line.elapsed() >= PLAIN_EVERY => {
@@ -246,12 +280,11 @@ fn percent(served: &Served) -> String {
 
 /// Runs `larder status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let value = call(&args.socket, Method::GET, "/v1/status", None).await?;
+    let status: Status = call(&args.socket, Method::GET, control_api::STATUS, None).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        println!("{}", serde_json::to_string_pretty(&status)?);
         return Ok(());
     }
-    let status: Status = serde_json::from_value(value)?;
     let errors = &status.origin_errors;
     println!(
         "up {}; cache {} of {} ({} objects, {} pinned, {} blocks)",
@@ -268,9 +301,19 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         percent(&status.served_recent)
     );
     println!(
-        "served: {} from nvme, {} from origin",
+        "served through the daemon: {} from nvme, {} from origin",
         HumanBytes(status.served.nvme_bytes),
         HumanBytes(status.served.origin_bytes)
+    );
+    println!(
+        "opened in passthrough: {} files, {} (read by the kernel from the cache disk; at most this much was read)",
+        status.served.passthrough_opens,
+        HumanBytes(status.served.passthrough_bytes)
+    );
+    let lookups = &status.lookups;
+    println!(
+        "block lookups: {} hit, {} miss (started a fill), {} joined (waited for a fill under way), {} corrupt; readahead started {} block fills",
+        lookups.hit, lookups.miss, lookups.joined, lookups.corrupt, lookups.readahead
     );
     println!(
         "evicted: {} blocks ({}); cache writes failed or skipped: {}",
@@ -322,9 +365,12 @@ pub struct UnpinArgs {
 
 /// Runs `larder unpin`.
 pub async fn unpin(args: UnpinArgs) -> anyhow::Result<()> {
-    let body = serde_json::json!({ "targets": absolute_targets(args.targets)? });
-    let answer = call(&args.socket, Method::POST, "/v1/unpin", Some(body)).await?;
-    println!("unpinned {} objects", answer["unpinned"]);
+    let body = TargetsRequest {
+        targets: absolute_targets(args.targets)?,
+        pin: false,
+    };
+    let answer: Unpinned = call(&args.socket, Method::POST, control_api::UNPIN, Some(&body)).await?;
+    println!("unpinned {} objects", answer.unpinned);
     Ok(())
 }
 

@@ -1,18 +1,6 @@
-//! The control API: HTTP/JSON on a Unix socket (mode 0600) for `larder prefetch` and
-//! `larder status`.
-//!
-//! | request | answer |
-//! |---|---|
-//! | `GET /v1/status` | [`Status`] |
-//! | `POST /v1/prefetch` `{"targets": [..], "pin": false}` | 202 and the job's [`JobReport`] |
-//! | `GET /v1/jobs` | every job's report |
-//! | `GET /v1/jobs/{id}` | the job's report |
-//! | `DELETE /v1/jobs/{id}` | cancels the job; its report |
-//! | `POST /v1/unpin` `{"targets": [..]}` | `{"unpinned": n}` |
-//!
-//! Errors are `{"error": "..."}` with 400 (malformed request, bad target), 404 (no such job or
-//! target), 405, 413 (body over 1 MiB), 502 (the origin failed), 507 (the plan does not fit).
-//! A connection's failure is logged and never reaches the daemon.
+//! The control API's server: HTTP/JSON on a Unix socket (mode 0600) for `larder prefetch`,
+//! `unpin` and `status`, served by [`crate::http::serve`] under [`LIMITS`]. The routes and
+//! their bodies are in [`crate::control_api`].
 
 use std::collections::VecDeque;
 use std::io;
@@ -22,20 +10,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::net::UnixListener;
 
-use crate::prefetch::{JobReport, Jobs, PrefetchError};
+use crate::control_api::{Lookups, OriginErrors, Served, Settings, Status, TargetsRequest, Unpinned};
+use crate::http::{self, Body, Limits};
+use crate::prefetch::{Jobs, PrefetchError};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::BlockStore;
 
-/// Largest request body accepted.
-const MAX_BODY: usize = 1 << 20;
+/// The limits of the control socket. Its one client is this node (the socket is 0600); starting
+/// a prefetch lists and HEADs every object of the plan before it answers, hence the long
+/// deadline; idle connections are cut after 2 s and make room for new ones.
+pub const LIMITS: Limits = Limits {
+    max_connections: 64,
+    max_per_client: 64,
+    read_timeout: Duration::from_secs(2),
+    request_deadline: Duration::from_secs(600),
+    max_body: 1 << 20,
+};
 
 /// How often the counters are sampled for the windowed hit rate.
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -43,99 +38,14 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 /// The window of the recent hit rate.
 const RECENT: Duration = Duration::from_secs(300);
 
-/// A body of `POST /v1/prefetch` or `POST /v1/unpin`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TargetsRequest {
-    targets: Vec<String>,
-    #[serde(default)]
-    pin: bool,
-}
-
-/// Bytes served, by where they came from.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct Served {
-    /// From the NVMe block store.
-    pub nvme_bytes: u64,
-    /// From origins.
-    pub origin_bytes: u64,
-    /// `nvme / (nvme + origin)`; `None` before any byte was served.
-    pub hit_rate: Option<f64>,
-}
-
-impl Served {
-    fn between(old: &StatsSnapshot, new: &StatsSnapshot) -> Self {
-        let nvme = new.served_nvme_bytes - old.served_nvme_bytes;
-        let origin = new.served_origin_bytes - old.served_origin_bytes;
-        Self {
-            nvme_bytes: nvme,
-            origin_bytes: origin,
-            hit_rate: (nvme + origin > 0).then(|| nvme as f64 / (nvme + origin) as f64),
-        }
-    }
-}
-
-/// The configuration values `larder status` shows.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Settings {
-    /// The mount point.
-    pub mount: String,
-    /// The cache directory.
-    pub cache_dir: String,
-    /// Block size in bytes.
-    pub block_size: u64,
-    /// Sources as `name = url`.
-    pub sources: Vec<String>,
-}
-
-/// What `GET /v1/status` answers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Status {
-    /// Seconds since the daemon started.
-    pub uptime_seconds: u64,
-    /// Capacity in bytes.
-    pub capacity_bytes: u64,
-    /// Bytes of cached blocks.
-    pub used_bytes: u64,
-    /// Objects with cached blocks.
-    pub objects: usize,
-    /// Objects pinned by prefetch jobs.
-    pub pinned_objects: usize,
-    /// Cached blocks.
-    pub blocks: usize,
-    /// Served since start.
-    pub served: Served,
-    /// Served over the last five minutes (or since start, if shorter).
-    pub served_recent: Served,
-    /// Blocks evicted since start.
-    pub evicted_blocks: u64,
-    /// Bytes evicted since start.
-    pub evicted_bytes: u64,
-    /// Origin requests since start: ranged GETs, HEADs, LISTs.
-    pub origin_requests: u64,
-    /// Origin errors since start, by kind.
-    pub origin_errors: OriginErrors,
-    /// Cache writes that failed or were skipped for lack of space.
-    pub cache_write_failures: u64,
-    /// Prefetch jobs.
-    pub jobs: Vec<JobReport>,
-    /// Key settings.
-    pub settings: Settings,
-}
-
-/// Origin errors by kind.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct OriginErrors {
-    /// Not found.
-    pub not_found: u64,
-    /// Denied access.
-    pub permission: u64,
-    /// The object changed under an open handle.
-    pub version_changed: u64,
-    /// 5xx, resets, timeouts.
-    pub transient: u64,
-    /// Anything else.
-    pub other: u64,
+/// What was served between two snapshots.
+fn served_between(old: &StatsSnapshot, new: &StatsSnapshot) -> Served {
+    Served::new(
+        new.served_nvme_bytes - old.served_nvme_bytes,
+        new.served_origin_bytes - old.served_origin_bytes,
+        new.passthrough_opens - old.passthrough_opens,
+        new.passthrough_open_bytes - old.passthrough_open_bytes,
+    )
 }
 
 /// What the control API serves from.
@@ -193,8 +103,15 @@ impl Control {
             objects: usage.objects,
             pinned_objects: usage.pinned,
             blocks: usage.blocks,
-            served: Served::between(&StatsSnapshot::default(), &now),
-            served_recent: Served::between(&oldest, &now),
+            served: served_between(&StatsSnapshot::default(), &now),
+            served_recent: served_between(&oldest, &now),
+            lookups: Lookups {
+                hit: now.lookup_hit,
+                miss: now.lookup_miss,
+                joined: now.lookup_joined,
+                corrupt: now.lookup_corrupt,
+                readahead: now.readahead_blocks,
+            },
             evicted_blocks: now.evicted_blocks,
             evicted_bytes: now.evicted_bytes,
             origin_requests: now.origin_get_requests + now.origin_head_requests + now.origin_list_requests,
@@ -211,7 +128,7 @@ impl Control {
         }
     }
 
-    async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn handle(&self, request: Request<Bytes>) -> Response<Body> {
         let (parts, body) = request.into_parts();
         let path: Vec<&str> = parts.uri.path().trim_matches('/').split('/').collect();
         match (&parts.method, path.as_slice()) {
@@ -232,9 +149,9 @@ impl Control {
                 }
             }
             (&Method::POST, ["v1", action @ ("prefetch" | "unpin")]) => {
-                let request = match read_json::<TargetsRequest>(body).await {
+                let request: TargetsRequest = match serde_json::from_slice(&body) {
                     Ok(request) => request,
-                    Err(response) => return response,
+                    Err(e) => return error(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
                 };
                 if *action == "prefetch" {
                     match self.jobs.start(request.targets, request.pin).await {
@@ -243,7 +160,7 @@ impl Control {
                     }
                 } else {
                     match self.jobs.unpin(&request.targets).await {
-                        Ok(n) => json(StatusCode::OK, &serde_json::json!({ "unpinned": n })),
+                        Ok(unpinned) => json(StatusCode::OK, &Unpinned { unpinned }),
                         Err(e) => prefetch_error(&e),
                     }
                 }
@@ -260,22 +177,24 @@ impl Control {
     }
 }
 
-fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+/// The service answering the control API, for [`crate::http::serve`].
+pub fn service(control: Arc<Control>) -> impl http::Service {
+    move |request: Request<Bytes>| {
+        let control = control.clone();
+        async move { control.handle(request).await }
+    }
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     let body = serde_json::to_vec_pretty(value).unwrap_or_default();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    response
+    http::full(status, "application/json", body)
 }
 
-fn error(status: StatusCode, message: String) -> Response<Full<Bytes>> {
-    json(status, &serde_json::json!({ "error": message }))
+fn error(status: StatusCode, message: String) -> Response<Body> {
+    http::error(status, &message)
 }
 
-fn prefetch_error(e: &PrefetchError) -> Response<Full<Bytes>> {
+fn prefetch_error(e: &PrefetchError) -> Response<Body> {
     let status = match e {
         PrefetchError::BadTarget { .. } => StatusCode::BAD_REQUEST,
         PrefetchError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -283,20 +202,6 @@ fn prefetch_error(e: &PrefetchError) -> Response<Full<Bytes>> {
         PrefetchError::Origin(_) => StatusCode::BAD_GATEWAY,
     };
     error(status, e.to_string())
-}
-
-async fn read_json<T: serde::de::DeserializeOwned>(body: Incoming) -> Result<T, Response<Full<Bytes>>> {
-    let bytes = match Limited::new(body, MAX_BODY).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is over {MAX_BODY} bytes"),
-            ));
-        }
-        Err(e) => return Err(error(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))),
-    };
-    serde_json::from_slice(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")))
 }
 
 /// Binds the control socket at `path`, mode 0600. A socket file nobody listens on (left by a
@@ -317,60 +222,4 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(listener)
-}
-
-/// Serves the API on `listener` until the task is dropped.
-pub async fn serve(listener: UnixListener, control: Arc<Control>) {
-    loop {
-        let socket = match listener.accept().await {
-            Ok((socket, _)) => socket,
-            Err(error) => {
-                tracing::warn!(%error, "control socket accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let control = control.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let control = control.clone();
-                async move { Ok::<_, std::convert::Infallible>(control.handle(request).await) }
-            });
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(socket), service)
-                .await
-            {
-                tracing::debug!(%error, "control connection failed");
-            }
-        });
-    }
-}
-
-/// Sends one request to the control socket at `socket` and returns the status and the JSON
-/// body.
-pub async fn call(
-    socket: &Path,
-    method: Method,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> anyhow::Result<(StatusCode, serde_json::Value)> {
-    use anyhow::Context;
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .with_context(|| format!("connecting to the daemon's control socket {}", socket.display()))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(hyper::header::HOST, "larder")
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))?;
-    let response = sender.send_request(request).await?;
-    let status = response.status();
-    let bytes = response.into_body().collect().await?.to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .with_context(|| format!("the daemon answered {status} with a body that is not JSON"))?;
-    Ok((status, value))
 }

@@ -17,11 +17,15 @@ use std::time::Duration;
 
 use larder_config::{Config, ConfigArgs, ConfigError};
 use larder_fuse_mount::MountOptions;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
-use crate::control::{self, Control, Settings};
+use crate::control::{self, Control};
+use crate::control_api::Settings;
 use crate::engine;
-use crate::metrics;
+use crate::http;
+use crate::metrics::{self, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
 use crate::prefetch::Jobs;
@@ -105,8 +109,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
     })?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+    // Stops the HTTP servers.
+    let stop = CancellationToken::new();
     let metrics_task = match config.metrics.listen {
-        Some(address) => Some(serve_metrics(address, &stats, &store).await?),
+        Some(address) => Some(serve_metrics(address, &stats, &store, stop.clone()).await?),
         None => None,
     };
     let cache = Cache::new(store, &config.origin, stats.clone());
@@ -136,10 +142,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         path: control_socket.clone(),
         source,
     })?;
-    let control_tasks = [
-        tokio::spawn(control::serve(listener, control.clone())),
-        tokio::spawn(control.sample()),
-    ];
+    let control_task = tokio::spawn(http::serve(
+        listener,
+        control::service(control.clone()),
+        control::LIMITS,
+        stop.clone(),
+    ));
+    let sample_task = tokio::spawn(control.sample());
     let passthrough = config.cache.passthrough;
     let namespace = Arc::new(Namespace::new(sources, cache.clone(), passthrough));
     let fuse_stats = stats.clone();
@@ -172,14 +181,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         source,
     })?;
     tracing::info!("stopping: unmounting");
-    for task in control_tasks {
-        task.abort();
-    }
+    stop.cancel();
+    sample_task.abort();
+    let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
     cache.flush().await;
     if let Some(task) = metrics_task {
-        task.abort();
+        let _ = task.await;
     }
     match unmounted {
         Ok(Ok(())) => Ok(()),
@@ -194,21 +203,28 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
 }
 
-/// Binds the metrics listener and serves it on a task of its own.
+/// Binds the metrics listener and serves it on a task of its own until `stop`.
 async fn serve_metrics(
     address: SocketAddr,
     stats: &Arc<Stats>,
     store: &Arc<BlockStore>,
-) -> Result<tokio::task::JoinHandle<()>, DaemonError> {
+    stop: CancellationToken,
+) -> Result<JoinHandle<()>, DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| DaemonError::MetricsListen { address, source })?;
     let bound = listener.local_addr().unwrap_or(address);
     tracing::info!(address = %bound, "serving metrics at /metrics");
-    Ok(tokio::spawn(metrics::serve(
+    let (stats, store) = (stats.clone(), store.clone());
+    let snapshot = move || Snapshot {
+        stats: stats.snapshot(),
+        usage: store.usage(),
+    };
+    Ok(tokio::spawn(http::serve(
         listener,
-        stats.clone(),
-        store.clone(),
+        metrics::service(snapshot),
+        metrics::LIMITS,
+        stop,
     )))
 }
 

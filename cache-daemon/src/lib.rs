@@ -8,9 +8,11 @@
 pub mod cache;
 pub mod cli;
 pub mod control;
+pub mod control_api;
 pub mod daemon;
 pub mod engine;
 pub mod fs_error;
+pub mod http;
 pub mod metrics;
 pub mod namespace;
 pub mod object;

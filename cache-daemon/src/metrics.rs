@@ -1,107 +1,41 @@
-//! The Prometheus endpoint: a lock-free [`Histogram`], [`render`] of the daemon's [`Stats`] and
-//! block store [`Usage`] in the text exposition format (version 0.0.4), and [`serve`], a small
-//! HTTP server answering `GET /metrics`.
+//! The Prometheus endpoint: [`render`] of a [`Snapshot`] (the daemon's counters and the block
+//! store's usage) in the text exposition format (version 0.0.4), and the [`service`] answering
+//! `GET /metrics`, served by [`crate::http::serve`] under [`LIMITS`].
 //!
-//! Every metric name, its type, unit and labels are written out in [`render`], in one place;
-//! `docs/METRICS.md` describes each. Labels only take values from small closed sets (sources,
-//! lookup results, request kinds, FUSE operations), never keys, paths or addresses.
+//! The endpoint is given a function that takes a snapshot, not the parts of the daemon it
+//! reads. Every metric name, its type, unit and labels are written out in [`render`], in one
+//! place; `docs/METRICS.md` describes each. Labels only take values from small closed sets
+//! (sources, lookup results, request kinds, FUSE operations), never keys, paths or addresses.
 
-use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use bytes::Bytes;
+use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use larder_fuse_mount::Operation;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
-use crate::stats::{Stats, StatsSnapshot};
-use crate::store::{BlockStore, Usage};
+use crate::http::{self, Body, Limits};
+use crate::stats::{HistogramSnapshot, StatsSnapshot};
+use crate::store::Usage;
 
-/// Upper bounds of the histogram buckets: in nanoseconds, and as Prometheus writes them in
-/// seconds (`le`). From 100µs to 30s in steps of 1, 2.5, 5; anything slower lands in `+Inf`.
-const BUCKETS: [(u64, &str); 17] = [
-    (100_000, "0.0001"),
-    (250_000, "0.00025"),
-    (500_000, "0.0005"),
-    (1_000_000, "0.001"),
-    (2_500_000, "0.0025"),
-    (5_000_000, "0.005"),
-    (10_000_000, "0.01"),
-    (25_000_000, "0.025"),
-    (50_000_000, "0.05"),
-    (100_000_000, "0.1"),
-    (250_000_000, "0.25"),
-    (500_000_000, "0.5"),
-    (1_000_000_000, "1"),
-    (2_500_000_000, "2.5"),
-    (5_000_000_000, "5"),
-    (10_000_000_000, "10"),
-    (30_000_000_000, "30"),
-];
+/// The limits of the metrics listener: scrapes are small and quick; a client (an IP address)
+/// holds at most 16 connections, and idle ones make room for a scrape.
+pub const LIMITS: Limits = Limits {
+    max_connections: 64,
+    max_per_client: 16,
+    read_timeout: Duration::from_secs(2),
+    request_deadline: Duration::from_secs(10),
+    max_body: 64 << 10,
+};
 
-/// The bucket counts plus one for what is slower than the last bound.
-const SLOTS: usize = BUCKETS.len() + 1;
-
-/// A latency histogram with fixed buckets ([`BUCKETS`]), updated with relaxed atomics only.
-///
-/// Each observation goes to exactly one slot; the total count is the sum of the slots, so a
-/// scrape's `_count` always equals its `+Inf` bucket. The sum is kept in nanoseconds.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    slots: [AtomicU64; SLOTS],
-    sum_nanos: AtomicU64,
-}
-
-impl Histogram {
-    /// Records one duration.
-    pub fn observe(&self, elapsed: Duration) {
-        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        // The first bucket whose bound is at least `nanos`: Prometheus buckets are `<= le`.
-        let slot = BUCKETS.partition_point(|&(bound, _)| bound < nanos);
-        self.slots[slot].fetch_add(1, Ordering::Relaxed);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-    }
-
-    /// Reads the histogram.
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        HistogramSnapshot {
-            slots: std::array::from_fn(|i| self.slots[i].load(Ordering::Relaxed)),
-            sum_nanos: self.sum_nanos.load(Ordering::Relaxed),
-        }
-    }
-}
-
-/// A copy of a [`Histogram`] at one instant.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct HistogramSnapshot {
-    slots: [u64; SLOTS],
-    sum_nanos: u64,
-}
-
-impl HistogramSnapshot {
-    /// Observations recorded.
-    pub fn count(&self) -> u64 {
-        self.slots.iter().sum()
-    }
-
-    /// Sum of the observed durations.
-    pub fn sum(&self) -> Duration {
-        Duration::from_nanos(self.sum_nanos)
-    }
-
-    /// `(le, observations <= le)` for every finite bucket, in increasing order.
-    fn cumulative(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        BUCKETS.iter().zip(&self.slots).scan(0, |total, (&(_, le), &n)| {
-            *total += n;
-            Some((le, *total))
-        })
-    }
+/// What one scrape shows, read when the scrape arrives.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The daemon's counters and histograms.
+    pub stats: StatsSnapshot,
+    /// The block store's usage.
+    pub usage: Usage,
 }
 
 /// Renders every metric in the Prometheus text format, version 0.0.4.
@@ -128,7 +62,7 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
     out.family(
         "larder_block_lookups_total",
         "counter",
-        "Block lookups by result: hit (block store), miss (started a fill), joined (a fill in flight), corrupt (checksum mismatch on disk, refetched).",
+        "Block lookups of reads through the daemon by result: hit (in the block store), miss (nothing was fetching it: this read started its fill), joined (a fill was already fetching it: readahead, an earlier block of the same part, another reader or a prefetch), corrupt (checksum mismatch on disk, refetched).",
     );
     for (result, n) in [
         ("hit", s.lookup_hit),
@@ -138,6 +72,21 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
     ] {
         out.sample("larder_block_lookups_total", Some(("result", result)), n);
     }
+    out.counter(
+        "larder_readahead_blocks_total",
+        "Blocks whose fill the readahead started before a read asked for them (a read of such a block then counts as joined, or as a hit once written).",
+        s.readahead_blocks,
+    );
+    out.counter(
+        "larder_passthrough_opens_total",
+        "Opens of complete files handed to the kernel (FUSE passthrough); their reads never reach the daemon.",
+        s.passthrough_opens,
+    );
+    out.counter(
+        "larder_passthrough_open_bytes_total",
+        "Sizes of the files opened in passthrough, summed: an upper bound on the bytes read from the cache that way.",
+        s.passthrough_open_bytes,
+    );
     out.counter(
         "larder_cache_read_errors_total",
         "Block reads from disk that failed with an I/O error and were treated as misses.",
@@ -314,137 +263,38 @@ impl Exposition {
     }
 }
 
-/// Scrapes served at once; more wait for a slot.
-const MAX_CONNECTIONS: usize = 16;
-/// Longest a connection may stay open: a slow or idle client is cut off.
-const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
-
-/// Serves `GET /metrics` on `listener` until the task is dropped. Other paths get 404 and
-/// other methods 405. A failed connection is logged and dropped; nothing here stops the daemon.
-pub async fn serve(listener: TcpListener, stats: Arc<Stats>, store: Arc<BlockStore>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let (socket, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Usually out of file descriptors: wait rather than spin.
-                tracing::warn!(%error, "metrics: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (stats, store) = (stats.clone(), store.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                std::future::ready(Ok::<_, Infallible>(answer(&request, &stats, &store)))
-            });
-            let connection = hyper::server::conn::http1::Builder::new()
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(socket), service);
-            match tokio::time::timeout(CONNECTION_DEADLINE, connection).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::debug!(%error, %peer, "metrics: connection failed"),
-                Err(_) => tracing::debug!(%peer, "metrics: connection cut off after its deadline"),
-            }
-        });
-    }
+/// The service answering `GET /metrics` (and `HEAD`) with a fresh [`Snapshot`]; other paths
+/// get 404, other methods 405.
+pub fn service(snapshot: impl Fn() -> Snapshot + Send + Sync + 'static) -> impl http::Service {
+    move |request: Request<Bytes>| std::future::ready(answer(&request, &snapshot))
 }
 
-fn answer(request: &Request<Incoming>, stats: &Stats, store: &BlockStore) -> Response<String> {
+fn answer(request: &Request<Bytes>, snapshot: impl Fn() -> Snapshot) -> Response<Body> {
     if request.uri().path() != "/metrics" {
-        return plain(
-            StatusCode::NOT_FOUND,
-            "not found: metrics are at /metrics\n".into(),
-        );
+        return plain(StatusCode::NOT_FOUND, "not found: metrics are at /metrics\n");
     }
     if !matches!(*request.method(), Method::GET | Method::HEAD) {
-        let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n".into());
+        let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         response
             .headers_mut()
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
-    let mut response = plain(StatusCode::OK, render(&stats.snapshot(), &store.usage()));
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-    );
-    response
+    let Snapshot { stats, usage } = snapshot();
+    http::full(
+        StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        render(&stats, &usage),
+    )
 }
 
-fn plain(status: StatusCode, body: String) -> Response<String> {
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
+fn plain(status: StatusCode, body: &'static str) -> Response<Body> {
+    http::full(status, "text/plain; charset=utf-8", body)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn observations_land_in_the_first_bucket_that_holds_them() {
-        let histogram = Histogram::default();
-        for micros in [0, 100, 101, 999, 1_000, 30_000_000, 30_000_001, u64::MAX / 1000] {
-            histogram.observe(Duration::from_micros(micros));
-        }
-        histogram.observe(Duration::MAX);
-        let snapshot = histogram.snapshot();
-        assert_eq!(snapshot.count(), 9);
-        let cumulative: Vec<_> = snapshot.cumulative().collect();
-        assert_eq!(cumulative[0], ("0.0001", 2), "0 and exactly 100µs are <= 0.0001");
-        assert_eq!(cumulative[1], ("0.00025", 3));
-        assert_eq!(cumulative[3], ("0.001", 5), "999µs and 1ms are <= 0.001");
-        assert_eq!(
-            *cumulative.last().unwrap(),
-            ("30", 6),
-            "30s is in the last bucket"
-        );
-        // The bounds are increasing and their text is the same number of seconds.
-        for pair in BUCKETS.windows(2) {
-            assert!(pair[0].0 < pair[1].0);
-        }
-        for (nanos, le) in BUCKETS {
-            assert_eq!(le.parse::<f64>().unwrap(), nanos as f64 / 1e9);
-        }
-    }
-
-    #[test]
-    fn the_sum_is_kept_in_nanoseconds() {
-        let histogram = Histogram::default();
-        histogram.observe(Duration::from_nanos(1));
-        histogram.observe(Duration::from_millis(1500));
-        assert_eq!(histogram.snapshot().sum(), Duration::from_nanos(1_500_000_001));
-    }
-
-    #[test]
-    fn concurrent_observers_lose_nothing() {
-        let histogram = Histogram::default();
-        std::thread::scope(|scope| {
-            for t in 0..4u64 {
-                let histogram = &histogram;
-                scope.spawn(move || {
-                    for i in 0..10_000u64 {
-                        histogram.observe(Duration::from_micros(t * 1000 + i % 7));
-                    }
-                });
-            }
-        });
-        let snapshot = histogram.snapshot();
-        assert_eq!(snapshot.count(), 40_000);
-        let expected: u64 = (0..4u64)
-            .map(|t| (0..10_000u64).map(|i| (t * 1000 + i % 7) * 1000).sum::<u64>())
-            .sum();
-        assert_eq!(snapshot.sum(), Duration::from_nanos(expected));
-    }
+    use crate::stats::Stats;
 
     fn usage() -> Usage {
         Usage {
@@ -465,6 +315,8 @@ mod tests {
         crate::stats::add(&stats.lookup_joined, 4);
         crate::stats::add(&stats.origin_errors_version_changed, 5);
         crate::stats::add(&stats.prefetch_done_bytes, 6);
+        crate::stats::add(&stats.passthrough_opens, 2);
+        crate::stats::add(&stats.passthrough_open_bytes, 7);
         stats.latency.fill_origin.observe(Duration::from_millis(20));
         stats
             .latency
@@ -480,6 +332,9 @@ mod tests {
             "larder_block_lookups_total{result=\"hit\"} 0",
             "larder_origin_errors_total{kind=\"version_changed\"} 5",
             "larder_prefetch_done_bytes_total 6",
+            "larder_passthrough_opens_total 2",
+            "larder_passthrough_open_bytes_total 7",
+            "larder_readahead_blocks_total 0",
             "larder_prefetch_planned_bytes_total 0",
             "# TYPE larder_cache_bytes gauge",
             "larder_cache_bytes 8388608",
@@ -528,7 +383,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 22);
+        assert_eq!(families.len(), 25);
     }
 
     #[test]

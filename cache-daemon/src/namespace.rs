@@ -39,6 +39,7 @@ use parking_lot::Mutex;
 use crate::cache::{Cache, OpenObject, Reader};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
+use crate::stats::add;
 use crate::store::Lease;
 
 /// Longest name a directory entry may have.
@@ -219,6 +220,8 @@ pub struct Namespace {
 #[derive(Debug)]
 struct Handle {
     reader: Arc<Reader>,
+    /// The size of the version it reads.
+    size: u64,
     /// Held while the kernel may read the data file directly (passthrough).
     _lease: Option<Lease>,
 }
@@ -548,10 +551,12 @@ impl FileTree for Namespace {
             .then(|| self.cache.store().lease_complete(&version))
             .flatten();
         let (backing, lease) = leased.unzip();
+        let size = version.size;
         let reader = Arc::new(Reader::new(self.cache.clone(), OpenObject::new(origin, version)));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             reader,
+            size,
             _lease: lease,
         };
         self.handles.lock().insert(fh, handle);
@@ -570,6 +575,17 @@ impl FileTree for Namespace {
             .map(|h| h.reader.clone())
             .ok_or(FsErrorKind::BadHandle)?;
         reader.read(offset, size as usize).await.map_err(FsError::from)
+    }
+
+    fn passed_through(&self, fh: u64) {
+        // The reads of this handle go from the kernel to the data file: all the daemon sees
+        // of them is this open.
+        let Some(size) = self.handles.lock().get(&fh).map(|h| h.size) else {
+            return;
+        };
+        let stats = self.cache.stats();
+        add(&stats.passthrough_opens, 1);
+        add(&stats.passthrough_open_bytes, size);
     }
 
     async fn release(&self, fh: u64) {

@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{Cache, OpenObject};
+pub use crate::control_api::{JobReport, JobState};
 use crate::object::ObjectVersion;
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
@@ -70,45 +70,6 @@ pub enum PrefetchError {
     /// Listing or a HEAD failed.
     #[error(transparent)]
     Origin(#[from] Box<OriginError>),
-}
-
-/// Where a job is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum JobState {
-    /// Filling.
-    Running,
-    /// Every block of every object is cached.
-    Done,
-    /// Finished with errors: some blocks are not cached.
-    Failed,
-    /// Stopped by a cancel request.
-    Cancelled,
-}
-
-/// A job's progress, as the control API reports it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct JobReport {
-    /// The job's number.
-    pub id: u64,
-    /// Where it is.
-    pub state: JobState,
-    /// The targets as given.
-    pub targets: Vec<String>,
-    /// Whether its objects are pinned.
-    pub pin: bool,
-    /// Objects in the plan.
-    pub objects: usize,
-    /// Bytes of every object of the plan.
-    pub planned_bytes: u64,
-    /// Bytes cached so far, including those that already were.
-    pub done_bytes: u64,
-    /// Bytes this job fetched from origins.
-    pub fetched_bytes: u64,
-    /// Seconds since it started (until it ended).
-    pub elapsed_seconds: f64,
-    /// What went wrong, one line per object (at most 20).
-    pub errors: Vec<String>,
 }
 
 #[derive(Debug)]

@@ -1,12 +1,13 @@
-//! Counters kept by the daemon: bytes served by source, lookups by result, origin requests and
-//! errors, cache writes and evictions, prefetch progress; and latency histograms of fills and
-//! FUSE requests. The metrics endpoint reads them; tests assert on them.
+//! Counters kept by the daemon: bytes served by source, lookups by result, passthrough opens,
+//! origin requests and errors, cache writes and evictions, prefetch progress; and latency
+//! histograms ([`Histogram`]) of fills and FUSE requests. Every part of the daemon counts
+//! here; the metrics endpoint and `larder status` read [`StatsSnapshot`]s; tests assert on them.
+//! This module depends on nothing else in the daemon.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use larder_fuse_mount::Operation;
-
-use crate::metrics::{Histogram, HistogramSnapshot};
 
 macro_rules! counters {
     ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
@@ -47,12 +48,21 @@ counters! {
     lookup_hit,
     /// Block lookups that started a fill.
     lookup_miss,
-    /// Block lookups that joined a fill already in flight.
+    /// Block lookups that joined a fill already in flight (started by the readahead, by a fill
+    /// of an earlier block of the same part, by another reader or by a prefetch job).
     lookup_joined,
     /// Blocks read from disk whose BLAKE3 did not match the record: dropped and refetched.
     lookup_corrupt,
     /// Block reads from disk that failed with an I/O error: treated as misses.
     cache_read_errors,
+    /// Blocks whose fill the readahead started before a read asked for them.
+    readahead_blocks,
+    /// Opens of complete files handed to the kernel (FUSE passthrough): their reads never
+    /// reach the daemon.
+    passthrough_opens,
+    /// Sizes of the files opened in passthrough, summed: an upper bound on the bytes read
+    /// that way.
+    passthrough_open_bytes,
     /// Ranged GETs sent to origins (every attempt).
     origin_get_requests,
     /// HEAD requests sent to origins.
@@ -87,6 +97,87 @@ counters! {
     prefetch_planned_bytes,
     /// Bytes that prefetch jobs have brought into the cache (or found there).
     prefetch_done_bytes,
+}
+
+/// Upper bounds of the histogram buckets: in nanoseconds, and as Prometheus writes them in
+/// seconds (`le`). From 100µs to 30s in steps of 1, 2.5, 5; anything slower lands in `+Inf`.
+const BUCKETS: [(u64, &str); 17] = [
+    (100_000, "0.0001"),
+    (250_000, "0.00025"),
+    (500_000, "0.0005"),
+    (1_000_000, "0.001"),
+    (2_500_000, "0.0025"),
+    (5_000_000, "0.005"),
+    (10_000_000, "0.01"),
+    (25_000_000, "0.025"),
+    (50_000_000, "0.05"),
+    (100_000_000, "0.1"),
+    (250_000_000, "0.25"),
+    (500_000_000, "0.5"),
+    (1_000_000_000, "1"),
+    (2_500_000_000, "2.5"),
+    (5_000_000_000, "5"),
+    (10_000_000_000, "10"),
+    (30_000_000_000, "30"),
+];
+
+/// The bucket counts plus one for what is slower than the last bound.
+const SLOTS: usize = BUCKETS.len() + 1;
+
+/// A latency histogram with fixed buckets ([`BUCKETS`]), updated with relaxed atomics only.
+///
+/// Each observation goes to exactly one slot; the total count is the sum of the slots, so a
+/// scrape's `_count` always equals its `+Inf` bucket. The sum is kept in nanoseconds.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    slots: [AtomicU64; SLOTS],
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    pub fn observe(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        // The first bucket whose bound is at least `nanos`: Prometheus buckets are `<= le`.
+        let slot = BUCKETS.partition_point(|&(bound, _)| bound < nanos);
+        self.slots[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Reads the histogram.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            slots: std::array::from_fn(|i| self.slots[i].load(Ordering::Relaxed)),
+            sum_nanos: self.sum_nanos.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A copy of a [`Histogram`] at one instant.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    slots: [u64; SLOTS],
+    sum_nanos: u64,
+}
+
+impl HistogramSnapshot {
+    /// Observations recorded.
+    pub fn count(&self) -> u64 {
+        self.slots.iter().sum()
+    }
+
+    /// Sum of the observed durations.
+    pub fn sum(&self) -> Duration {
+        Duration::from_nanos(self.sum_nanos)
+    }
+
+    /// `(le, observations <= le)` for every finite bucket, in increasing order.
+    pub fn cumulative(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        BUCKETS.iter().zip(&self.slots).scan(0, |total, (&(_, le), &n)| {
+            *total += n;
+            Some((le, *total))
+        })
+    }
 }
 
 /// How long fills and FUSE requests take.
@@ -136,4 +227,65 @@ impl LatencySnapshot {
 /// Adds `n` to a counter.
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observations_land_in_the_first_bucket_that_holds_them() {
+        let histogram = Histogram::default();
+        for micros in [0, 100, 101, 999, 1_000, 30_000_000, 30_000_001, u64::MAX / 1000] {
+            histogram.observe(Duration::from_micros(micros));
+        }
+        histogram.observe(Duration::MAX);
+        let snapshot = histogram.snapshot();
+        assert_eq!(snapshot.count(), 9);
+        let cumulative: Vec<_> = snapshot.cumulative().collect();
+        assert_eq!(cumulative[0], ("0.0001", 2), "0 and exactly 100µs are <= 0.0001");
+        assert_eq!(cumulative[1], ("0.00025", 3));
+        assert_eq!(cumulative[3], ("0.001", 5), "999µs and 1ms are <= 0.001");
+        assert_eq!(
+            *cumulative.last().unwrap(),
+            ("30", 6),
+            "30s is in the last bucket"
+        );
+        // The bounds are increasing and their text is the same number of seconds.
+        for pair in BUCKETS.windows(2) {
+            assert!(pair[0].0 < pair[1].0);
+        }
+        for (nanos, le) in BUCKETS {
+            assert_eq!(le.parse::<f64>().unwrap(), nanos as f64 / 1e9);
+        }
+    }
+
+    #[test]
+    fn the_sum_is_kept_in_nanoseconds() {
+        let histogram = Histogram::default();
+        histogram.observe(Duration::from_nanos(1));
+        histogram.observe(Duration::from_millis(1500));
+        assert_eq!(histogram.snapshot().sum(), Duration::from_nanos(1_500_000_001));
+    }
+
+    #[test]
+    fn concurrent_observers_lose_nothing() {
+        let histogram = Histogram::default();
+        std::thread::scope(|scope| {
+            for t in 0..4u64 {
+                let histogram = &histogram;
+                scope.spawn(move || {
+                    for i in 0..10_000u64 {
+                        histogram.observe(Duration::from_micros(t * 1000 + i % 7));
+                    }
+                });
+            }
+        });
+        let snapshot = histogram.snapshot();
+        assert_eq!(snapshot.count(), 40_000);
+        let expected: u64 = (0..4u64)
+            .map(|t| (0..10_000u64).map(|i| (t * 1000 + i % 7) * 1000).sum::<u64>())
+            .sum();
+        assert_eq!(snapshot.sum(), Duration::from_nanos(expected));
+    }
 }

@@ -138,6 +138,9 @@ async fn metrics_count_the_bytes_read_cold_and_warm() {
     assert!(cold.value("larder_origin_bytes_total", None) >= cold.read_bytes("origin"));
     assert!(cold.value("larder_origin_requests_total", Some(("kind", "get"))) > 0.0);
     assert!(cold.value("larder_block_lookups_total", Some(("result", "miss"))) > 0.0);
+    // The readahead of the sequential reads fetched blocks before they were asked for.
+    assert!(cold.value("larder_readahead_blocks_total", None) > 0.0);
+    assert_eq!(cold.value("larder_passthrough_opens_total", None), 0.0);
     assert!(cold.observations("larder_fill_duration_seconds", ("source", "origin")) > 0.0);
     assert!(cold.observations("larder_fuse_request_duration_seconds", ("op", "read")) > 0.0);
     assert!(cold.observations("larder_fuse_request_duration_seconds", ("op", "lookup")) > 0.0);
@@ -159,6 +162,7 @@ async fn metrics_count_the_bytes_read_cold_and_warm() {
         "larder_fill_duration_seconds",
         "larder_fuse_request_duration_seconds",
         "larder_prefetch_planned_bytes_total",
+        "larder_passthrough_open_bytes_total",
     ] {
         assert!(cold.docs.contains_key(name), "no HELP for {name}");
     }

@@ -42,6 +42,14 @@ fn served(daemon: &DaemonProcess) -> u64 {
     served["nvme_bytes"].as_u64().expect("nvme") + served["origin_bytes"].as_u64().expect("origin")
 }
 
+/// Opens the daemon has seen taken in passthrough.
+fn passthrough_opens(daemon: &DaemonProcess) -> u64 {
+    let status = larder(daemon, &["status", "--json"]);
+    status["served"]["passthrough_opens"]
+        .as_u64()
+        .expect("passthrough opens")
+}
+
 fn drop_page_cache() {
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (needs root)");
 }
@@ -80,6 +88,11 @@ async fn a_complete_file_is_read_by_the_kernel_directly() {
                 served(&daemon) > before,
                 "read beside a cached handle"
             );
+            assert_eq!(
+                passthrough_opens(&daemon),
+                0,
+                "an open served through the daemon was counted as passed through"
+            );
             cold.seek(SeekFrom::Start(0)).expect("seek");
             let mut all = Vec::new();
             cold.read_to_end(&mut all).expect("read the rest");
@@ -95,7 +108,9 @@ async fn a_complete_file_is_read_by_the_kernel_directly() {
             let through_daemon = served(&daemon) - before;
             if passthrough {
                 assert_eq!(through_daemon, 0, "a complete file was read through the daemon");
+                assert_eq!(passthrough_opens(&daemon), 3);
             } else {
+                assert_eq!(passthrough_opens(&daemon), 0);
                 assert!(through_daemon >= SIZE as u64, "{through_daemon} bytes served");
             }
         })
@@ -195,4 +210,84 @@ async fn eviction_spares_a_file_open_in_passthrough() {
     })
     .await
     .expect("checks");
+}
+
+/// The value of the unlabelled sample `name` in a scrape of `/metrics` at `address`.
+async fn metric(address: &str, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://{address}/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("body");
+    let scrape =
+        prometheus_parse::Scrape::parse(text.lines().map(|line| Ok(line.to_owned()))).expect("parse");
+    let sample = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == name && s.labels.is_empty())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"));
+    match sample.value {
+        prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+        ref other => panic!("{name} is not a counter or gauge: {other:?}"),
+    }
+}
+
+/// After a prefetch, reads through passthrough never reach the daemon; status and the metrics
+/// still show them as served from the cache: the opens and the bytes of the files opened, and
+/// a hit rate of 100% (nothing came from the origin).
+#[tokio::test(flavor = "multi_thread")]
+async fn reads_through_passthrough_count_as_served_from_the_cache() {
+    let server = server(&[(MODEL, SIZE)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let address = format!("127.0.0.1:{}", {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    });
+    let daemon = DaemonProcess::start(
+        Path::new(BIN),
+        &server,
+        dir.path(),
+        &["--passthrough", "true", "--metrics-listen", &address],
+    )
+    .expect("daemon");
+    let (daemon, status) = tokio::task::spawn_blocking(move || {
+        larder(&daemon, &["prefetch", "--wait", &format!("models:{MODEL}")]);
+        drop_page_cache();
+        for _ in 0..2 {
+            read_checked(&daemon, MODEL, SIZE);
+        }
+        assert_eq!(served(&daemon), 0, "the reads were not passed through");
+        let status = larder(&daemon, &["status", "--json"]);
+        (daemon, status)
+    })
+    .await
+    .expect("reads");
+
+    let served = &status["served"];
+    assert_eq!(served["passthrough_opens"], 2, "{status}");
+    assert_eq!(served["passthrough_bytes"], 2 * SIZE as u64, "{status}");
+    assert_eq!(served["hit_rate"], 1.0, "{status}");
+    assert_eq!(status["served_recent"]["hit_rate"], 1.0, "{status}");
+    assert_eq!(metric(&address, "larder_passthrough_opens_total").await, 2.0);
+    assert_eq!(
+        metric(&address, "larder_passthrough_open_bytes_total").await,
+        2.0 * SIZE as f64
+    );
+
+    let text = tokio::task::spawn_blocking(move || {
+        let output = Command::new(BIN)
+            .args(["status"])
+            .env("LARDER_CONTROL_SOCKET", &daemon.socket)
+            .output()
+            .expect("run larder");
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).expect("utf-8")
+    })
+    .await
+    .expect("status");
+    assert!(
+        text.contains("hit rate (bytes): 100.0% since start, 100.0% last 5 min"),
+        "{text}"
+    );
 }

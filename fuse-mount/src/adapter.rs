@@ -424,6 +424,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
             return;
         }
         let (tree, backings, passthrough) = (self.tree.clone(), self.backings.clone(), self.passthrough);
+        let told = tree.clone();
         let call = Call::new(Operation::Open, ino.0);
         let failed = call.clone();
         self.dispatch(call, async move { tree.open(ino.0).await }, move |r| match r {
@@ -446,7 +447,10 @@ impl<T: FileTree> Filesystem for Adapter<T> {
                         // The kernel reads the backing file's page cache; asking it to
                         // keep the inode's own as well makes later passthrough opens of
                         // the inode fail (EIO), seen on 6.18.
-                        Some(backing) => reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id),
+                        Some(backing) => {
+                            told.passed_through(opened.fh);
+                            reply.opened_passthrough(fh, FopenFlags::empty(), &backing.id);
+                        }
                         None => {
                             let error = FsError::new(FsErrorKind::Io, "the backing file was not registered");
                             failed.failed(&error);

@@ -93,6 +93,14 @@ pub trait FileTree: Send + Sync + 'static {
     /// Opens a file for reading, pinning the version it reads.
     fn open(&self, ino: u64) -> impl Future<Output = Result<Opened, FsError>> + Send;
 
+    /// The kernel took handle `fh` in passthrough: it reads the backing file `open` offered
+    /// and sends no reads for it. Called at most once per handle, after `open` and before the
+    /// kernel has the handle; an offer the adapter could not use (the file is open through the
+    /// daemon already) is never told. Does nothing by default.
+    fn passed_through(&self, fh: u64) {
+        let _ = fh;
+    }
+
     /// Up to `size` bytes at `offset` of an open file; short only at its end.
     fn read(&self, fh: u64, offset: u64, size: u32) -> impl Future<Output = Result<Bytes, FsError>> + Send;
 

@@ -181,6 +181,11 @@ impl Cache {
         &self.inner.store
     }
 
+    /// The counters it adds to.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.inner.stats
+    }
+
     /// Blocks in one origin part.
     pub fn part_blocks(&self) -> u32 {
         self.inner.part_blocks
@@ -250,7 +255,9 @@ impl Cache {
             if inflight.contains_key(&(object.id, index)) || self.inner.store.contains(object.id, index) {
                 index += 1;
             } else {
-                index = self.start_fill(object, index, &mut inflight).end;
+                let started = self.start_fill(object, index, &mut inflight);
+                add(&self.inner.stats.readahead_blocks, started.len() as u64);
+                index = started.end;
             }
         }
     }

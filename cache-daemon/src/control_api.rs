@@ -1,0 +1,234 @@
+//! The control API's wire types: what `larder prefetch`, `unpin` and `status` send to the
+//! daemon's control socket and what it answers, as JSON. The server ([`crate::control`]) and
+//! the client ([`crate::cli`]) both use them; this module depends on nothing else in the
+//! daemon.
+//!
+//! | request | answer |
+//! |---|---|
+//! | `GET /v1/status` | [`Status`] |
+//! | `POST /v1/prefetch` [`TargetsRequest`] | 202 and the job's [`JobReport`] |
+//! | `GET /v1/jobs` | every job's [`JobReport`] |
+//! | `GET /v1/jobs/{id}` | the job's [`JobReport`] |
+//! | `DELETE /v1/jobs/{id}` | cancels the job; its [`JobReport`] |
+//! | `POST /v1/unpin` [`TargetsRequest`] | [`Unpinned`] |
+//!
+//! Errors are [`ErrorBody`] with 400 (malformed request, bad target), 404 (no such job or
+//! target), 405, 408 (the body came too slowly), 413 (body over 1 MiB), 502 (the origin
+//! failed), 503 (no answer in time), 507 (the plan does not fit).
+
+use serde::{Deserialize, Serialize};
+
+/// `GET`: the daemon's [`Status`].
+pub const STATUS: &str = "/v1/status";
+/// `POST`: start a prefetch job.
+pub const PREFETCH: &str = "/v1/prefetch";
+/// `POST`: unpin targets.
+pub const UNPIN: &str = "/v1/unpin";
+/// `GET`: every job.
+pub const JOBS: &str = "/v1/jobs";
+
+/// The path of job `id`: `GET` its report, `DELETE` to cancel it.
+pub fn job(id: u64) -> String {
+    format!("{JOBS}/{id}")
+}
+
+/// A body of `POST /v1/prefetch` or `POST /v1/unpin`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetsRequest {
+    /// Paths under the mount, `SOURCE:PREFIX`, or URLs of configured sources.
+    pub targets: Vec<String>,
+    /// Keep the objects in the cache until unpinned (prefetch only).
+    #[serde(default)]
+    pub pin: bool,
+}
+
+/// What `POST /v1/unpin` answers.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Unpinned {
+    /// Objects unpinned.
+    pub unpinned: usize,
+}
+
+/// What every error answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong, for a person.
+    pub error: String,
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Filling.
+    Running,
+    /// Every block of every object is cached.
+    Done,
+    /// Finished with errors: some blocks are not cached.
+    Failed,
+    /// Stopped by a cancel request.
+    Cancelled,
+}
+
+/// A job's progress.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobReport {
+    /// The job's number.
+    pub id: u64,
+    /// Where it is.
+    pub state: JobState,
+    /// The targets as given.
+    pub targets: Vec<String>,
+    /// Whether its objects are pinned.
+    pub pin: bool,
+    /// Objects in the plan.
+    pub objects: usize,
+    /// Bytes of every object of the plan.
+    pub planned_bytes: u64,
+    /// Bytes cached so far, including those that already were.
+    pub done_bytes: u64,
+    /// Bytes this job fetched from origins.
+    pub fetched_bytes: u64,
+    /// Seconds since it started (until it ended).
+    pub elapsed_seconds: f64,
+    /// What went wrong, one line per object (at most 20).
+    pub errors: Vec<String>,
+}
+
+/// What readers got, and from where, over some time.
+///
+/// Reads of files opened in FUSE passthrough go from the kernel to the cache disk and never
+/// reach the daemon: what it counts of them is the opens and the size of each file opened, an
+/// upper bound on the bytes read that way (a reader may read only part of a file).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Served {
+    /// Bytes read through the daemon from the NVMe block store.
+    pub nvme_bytes: u64,
+    /// Bytes read through the daemon from origins.
+    pub origin_bytes: u64,
+    /// Opens of complete files handed to the kernel (FUSE passthrough).
+    pub passthrough_opens: u64,
+    /// Sizes of those files, summed: an upper bound on the bytes read through passthrough.
+    pub passthrough_bytes: u64,
+    /// Bytes from the cache (`nvme + passthrough`) over all bytes (`nvme + passthrough +
+    /// origin`); `None` before any byte was served or file opened.
+    pub hit_rate: Option<f64>,
+}
+
+impl Served {
+    /// The figures with their hit rate.
+    pub fn new(nvme_bytes: u64, origin_bytes: u64, passthrough_opens: u64, passthrough_bytes: u64) -> Self {
+        let cached = nvme_bytes + passthrough_bytes;
+        let total = cached + origin_bytes;
+        Self {
+            nvme_bytes,
+            origin_bytes,
+            passthrough_opens,
+            passthrough_bytes,
+            hit_rate: (total > 0).then(|| cached as f64 / total as f64),
+        }
+    }
+}
+
+/// Block lookups of reads through the daemon, by result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lookups {
+    /// The block was in the block store.
+    pub hit: u64,
+    /// The block was not there and nothing was fetching it: this read started its fill.
+    pub miss: u64,
+    /// A fill was already fetching the block (started by the readahead, by a fill of an
+    /// earlier block of the same origin part, by another reader or by a prefetch job): the
+    /// read waited for it. A cold sequential read shows mostly these.
+    pub joined: u64,
+    /// The block on disk did not match its checksum: dropped and fetched again.
+    pub corrupt: u64,
+    /// Blocks whose fill the readahead started before a read asked for them.
+    pub readahead: u64,
+}
+
+/// The configuration values `larder status` shows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Settings {
+    /// The mount point.
+    pub mount: String,
+    /// The cache directory.
+    pub cache_dir: String,
+    /// Block size in bytes.
+    pub block_size: u64,
+    /// Sources as `name = url`.
+    pub sources: Vec<String>,
+}
+
+/// Origin errors by kind.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct OriginErrors {
+    /// Not found.
+    pub not_found: u64,
+    /// Denied access.
+    pub permission: u64,
+    /// The object changed under an open handle.
+    pub version_changed: u64,
+    /// 5xx, resets, timeouts.
+    pub transient: u64,
+    /// Anything else.
+    pub other: u64,
+}
+
+/// What `GET /v1/status` answers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Status {
+    /// Seconds since the daemon started.
+    pub uptime_seconds: u64,
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// Bytes of cached blocks.
+    pub used_bytes: u64,
+    /// Objects with cached blocks.
+    pub objects: usize,
+    /// Objects pinned by prefetch jobs.
+    pub pinned_objects: usize,
+    /// Cached blocks.
+    pub blocks: usize,
+    /// Served since start.
+    pub served: Served,
+    /// Served over the last five minutes (or since start, if shorter).
+    pub served_recent: Served,
+    /// Block lookups since start.
+    pub lookups: Lookups,
+    /// Blocks evicted since start.
+    pub evicted_blocks: u64,
+    /// Bytes evicted since start.
+    pub evicted_bytes: u64,
+    /// Origin requests since start: ranged GETs, HEADs, LISTs.
+    pub origin_requests: u64,
+    /// Origin errors since start, by kind.
+    pub origin_errors: OriginErrors,
+    /// Cache writes that failed or were skipped for lack of space.
+    pub cache_write_failures: u64,
+    /// Prefetch jobs.
+    pub jobs: Vec<JobReport>,
+    /// Key settings.
+    pub settings: Settings,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hit_rate_counts_passthrough_as_served_from_the_cache() {
+        assert_eq!(Served::new(0, 0, 0, 0).hit_rate, None);
+        assert_eq!(Served::new(0, 0, 1, 100).hit_rate, Some(1.0));
+        assert_eq!(Served::new(10, 30, 0, 0).hit_rate, Some(0.25));
+        assert_eq!(Served::new(10, 50, 2, 40).hit_rate, Some(0.5));
+    }
+
+    #[test]
+    fn a_targets_request_rejects_unknown_fields_and_defaults_pin() {
+        let request: TargetsRequest = serde_json::from_str(r#"{"targets": ["m:a"]}"#).unwrap();
+        assert!(!request.pin);
+        assert!(serde_json::from_str::<TargetsRequest>(r#"{"targets": [], "pinned": true}"#).is_err());
+    }
+}
