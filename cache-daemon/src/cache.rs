@@ -26,6 +26,7 @@ use futures::future::{BoxFuture, Shared, WeakShared};
 use larder_config::OriginConfig;
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::engine::AlignedBuf;
@@ -112,6 +113,8 @@ struct Inner {
     readahead: Range<u64>,
     stats: Arc<Stats>,
     tasks: TaskTracker,
+    /// Cancelled at shutdown: origin requests in flight stop, fills end abandoned.
+    stop: CancellationToken,
     /// Woken after each cache write ends, written or not.
     written: tokio::sync::Notify,
     /// Blocks some reader holds: another reader of the same version near the same place
@@ -146,6 +149,7 @@ impl Cache {
                 readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
                 stats,
                 tasks: TaskTracker::new(),
+                stop: CancellationToken::new(),
                 written: tokio::sync::Notify::new(),
                 held: Mutex::new(HeldBlocks {
                     blocks: HashMap::new(),
@@ -169,6 +173,12 @@ impl Cache {
     /// Blocks with a fill or a cache write in flight.
     pub fn in_flight(&self) -> usize {
         self.inner.inflight.lock().len()
+    }
+
+    /// Stops every origin request of a fill, now and from now on: their waiters get
+    /// [`ReadError::Abandoned`]; blocks already received are still written (shutdown).
+    pub fn stop_fills(&self) {
+        self.inner.stop.cancel();
     }
 
     /// Waits for every fill and cache write started so far (shutdown, tests).
@@ -435,14 +445,15 @@ impl Cache {
                         }
                     }
                 };
-                object
-                    .origin
-                    .read_range(&object.version, start..end, &mut sink)
-                    .await
-                    .map_err(|e| {
+                let read = object.origin.read_range(&object.version, start..end, &mut sink);
+                tokio::select! {
+                    biased;
+                    () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
+                    read = read => read.map_err(|e| {
                         tracing::warn!(error = %e, "origin fill failed");
                         ReadError::Origin(Arc::new(e))
-                    })
+                    }),
+                }
             }
         };
         match result {
