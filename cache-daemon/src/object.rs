@@ -252,7 +252,8 @@ pub fn canonical_source_url(written: &str) -> String {
 /// One version of one object: the unit a handle pins and the cache keys by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectVersion {
-    /// The origin's URL, as configured (`s3://bucket/prefix`).
+    /// The origin's URL, as configured (`s3://bucket/prefix`); its identity uses the
+    /// [canonical spelling](canonical_source_url).
     pub origin_url: String,
     /// Key relative to the source's prefix.
     pub key: String,
