@@ -67,7 +67,7 @@ pub enum JobState {
     Done,
     /// Finished with errors: some blocks are not cached.
     Failed,
-    /// Stopped by a cancel request.
+    /// Stopped by a cancel request or by the daemon's shutdown.
     Cancelled,
 }
 

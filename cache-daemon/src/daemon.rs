@@ -1,5 +1,6 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
-//! unmount, flush.
+//! then stop: cancel the prefetch jobs (no new fills), unmount, abandon the origin requests
+//! still in flight, wait for the cache writes of blocks already received, exit.
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
 //! until the daemon stops; an address it cannot bind stops the daemon from starting.
@@ -137,7 +138,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .map(|s| format!("{} = {}", s.name, s.url))
             .collect(),
     };
-    let control = Arc::new(Control::new(jobs, stats.clone(), cache.store().clone(), settings));
+    let control = Arc::new(Control::new(
+        jobs.clone(),
+        stats.clone(),
+        cache.store().clone(),
+        settings,
+    ));
     let listener = control::bind(&control_socket).map_err(|source| DaemonError::ControlSocket {
         path: control_socket.clone(),
         source,
@@ -180,12 +186,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         what: "waiting for signals",
         source,
     })?;
-    tracing::info!("stopping: unmounting");
+    tracing::info!("stopping: cancelling prefetch jobs, unmounting");
     stop.cancel();
     sample_task.abort();
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
+    jobs.shutdown().await;
     let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
+    cache.stop_fills();
     cache.flush().await;
     if let Some(task) = metrics_task {
         let _ = task.await;

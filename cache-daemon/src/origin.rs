@@ -11,7 +11,7 @@ use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -24,6 +24,7 @@ use object_store::{
 };
 use parking_lot::Mutex;
 use rand::Rng;
+use tokio::time::Instant;
 
 use crate::object::ObjectVersion;
 use crate::stats::{Stats, add};
@@ -165,11 +166,13 @@ impl RetryBudget {
         }
     }
 
+    /// Called once per operation, before its first attempt.
     fn deposit(&self) {
         let mut state = self.state.lock();
         state.0 = (state.0 + self.ratio).min(Self::CAP);
     }
 
+    /// Called before each retry: whether the budget allows it.
     fn withdraw(&self) -> bool {
         let mut state = self.state.lock();
         let now = Instant::now();
@@ -640,6 +643,7 @@ impl Origin {
     ) -> Result<(), OriginError> {
         let location = self.location(&version.key)?;
         let mut next = range.start;
+        self.budget.deposit();
         let attempts = async {
             let mut attempt = 0;
             loop {
@@ -723,6 +727,7 @@ impl Origin {
         F: FnMut() -> Fut,
         Fut: Future<Output = object_store::Result<T>>,
     {
+        self.budget.deposit();
         let attempts = async {
             let mut attempt = 0;
             loop {
@@ -756,9 +761,6 @@ impl Origin {
     /// Decides whether to try again after attempt number `attempt` (0-based) failed; sleeps the
     /// backoff and returns the next attempt's number, or the final error.
     async fn after_failure(&self, key: &str, attempt: u32, failure: Failure) -> Result<u32, OriginError> {
-        if attempt == 0 {
-            self.budget.deposit();
-        }
         let error = match failure {
             Failure::Final(error) => return Err(error),
             Failure::Transient(error) => {

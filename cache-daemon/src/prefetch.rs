@@ -2,9 +2,15 @@
 //! capacity before anything is fetched, objects pinned on request, and every missing block
 //! filled through the same fill path as reads (single-flight, verification, capacity rules).
 //!
-//! Background priority: a job keeps at most [`PREFETCH_PARTS`] origin parts in flight, while
-//! demand reads may use the whole origin concurrency; a job never waits for a reader, readers
-//! only share the origin permits with at most that many of its parts.
+//! Background priority: a job keeps at most [`PREFETCH_PARTS`] origin parts in flight (the
+//! blocks of one part are filled in order, so a part is one origin request at a time, whether
+//! it is a quarter of a large object or a whole small one), while demand reads may use the
+//! whole origin concurrency; a job never waits for a reader, readers only share the origin
+//! permits with at most that many of its parts.
+//!
+//! Every job's cancellation token is a child of the [`Jobs`]' own: [`Jobs::shutdown`] cancels
+//! them all (a cancelled job starts no more fills and ends `cancelled`) and waits for their
+//! tasks, which the daemon does on SIGTERM before it unmounts.
 //!
 //! A job is idempotent: blocks already cached count as done at once, so a second run of the
 //! same targets finishes without an origin request, and a run after a crash fetches only what
@@ -19,8 +25,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::cache::{Cache, OpenObject};
+use crate::cache::{Cache, OpenObject, ReadError};
 pub use crate::control_api::{JobReport, JobState};
 use crate::object::ObjectVersion;
 use crate::origin::{Origin, OriginError};
@@ -118,6 +125,10 @@ pub struct Jobs {
     stats: Arc<Stats>,
     jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
     next: AtomicU64,
+    /// Parent of every job's token: cancelled at shutdown.
+    shutdown: CancellationToken,
+    /// The jobs' tasks.
+    tasks: TaskTracker,
 }
 
 impl Jobs {
@@ -131,7 +142,17 @@ impl Jobs {
             stats,
             jobs: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// Cancels every job, running or yet to start, and waits until their tasks have ended.
+    /// Fills a job had started are the cache's to finish or abandon.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     /// The source and the path relative to it that `target` names.
@@ -272,7 +293,7 @@ impl Jobs {
             started: Instant::now(),
             outcome: Mutex::new((JobState::Running, None)),
             errors: Mutex::new(Vec::new()),
-            cancel: CancellationToken::new(),
+            cancel: self.shutdown.child_token(),
         });
         self.jobs.lock().insert(job.id, job.clone());
         add(&self.stats.prefetch_planned_bytes, planned);
@@ -285,7 +306,7 @@ impl Jobs {
         );
         let jobs = self.clone();
         let report = job.report();
-        tokio::spawn(async move { jobs.run(job, plan).await });
+        self.tasks.spawn(async move { jobs.run(job, plan).await });
         Ok(report)
     }
 
@@ -297,45 +318,33 @@ impl Jobs {
             }
         }
         let block_size = store.block_size();
-        let blocks = plan.into_iter().flat_map(|(origin, version)| {
+        let part_blocks = self.cache.part_blocks();
+        let parts = plan.into_iter().flat_map(|(origin, version)| {
             let count = version.size.div_ceil(block_size) as u32;
             let object = OpenObject::new(origin, version);
-            (0..count).map(move |index| (object.clone(), index))
+            (0..count)
+                .step_by(part_blocks as usize)
+                .map(move |first| (object.clone(), first..count.min(first + part_blocks)))
         });
-        let in_flight = (PREFETCH_PARTS * self.cache.part_blocks()) as usize;
-        let fills = futures::stream::iter(blocks)
-            .map(|(object, index)| {
-                let cache = self.cache.clone();
+        let fills = futures::stream::iter(parts)
+            .map(|(object, blocks)| {
+                let job = &job;
                 async move {
-                    let result = cache.fill(&object, index).await;
-                    (object, index, result)
+                    // In order: the first missing block's fill covers the rest of the part, and
+                    // the blocks after it join that fill.
+                    for index in blocks {
+                        let result = self.cache.fill(&object, index).await;
+                        // A failed fill fails the rest of its part too: leave it for a rerun.
+                        if !self.record(job, &object, index, result) {
+                            break;
+                        }
+                    }
                 }
             })
-            .buffer_unordered(in_flight)
-            .for_each(|(object, index, result)| {
-                let len = store.block_len(object.version().size, index);
-                match result {
-                    Ok(fetched) => {
-                        job.done.fetch_add(len, Ordering::Relaxed);
-                        add(&self.stats.prefetch_done_bytes, len);
-                        if fetched {
-                            job.fetched.fetch_add(len, Ordering::Relaxed);
-                        }
-                    }
-                    Err(error) => {
-                        let line = format!("{}: {error}", object.version().key);
-                        let mut errors = job.errors.lock();
-                        let key = object.version().key.as_str();
-                        if errors.len() < MAX_ERRORS
-                            && !errors.iter().any(|e| e.starts_with(&format!("{key}: ")))
-                        {
-                            errors.push(line);
-                        }
-                    }
-                }
-                futures::future::ready(())
-            });
+            .buffer_unordered(PREFETCH_PARTS as usize)
+            .for_each(|()| futures::future::ready(()));
         let state = tokio::select! {
+            biased;
             () = job.cancel.cancelled() => JobState::Cancelled,
             () = fills => if job.errors.lock().is_empty() { JobState::Done } else { JobState::Failed },
         };
@@ -349,6 +358,30 @@ impl Jobs {
             seconds = report.elapsed_seconds,
             "prefetch ended"
         );
+    }
+
+    /// Counts the outcome of one block's fill in its job's progress; returns whether it
+    /// succeeded.
+    fn record(&self, job: &Job, object: &OpenObject, index: u32, result: Result<bool, ReadError>) -> bool {
+        let len = self.cache.store().block_len(object.version().size, index);
+        match result {
+            Ok(fetched) => {
+                job.done.fetch_add(len, Ordering::Relaxed);
+                add(&self.stats.prefetch_done_bytes, len);
+                if fetched {
+                    job.fetched.fetch_add(len, Ordering::Relaxed);
+                }
+                true
+            }
+            Err(error) => {
+                let key = object.version().key.as_str();
+                let mut errors = job.errors.lock();
+                if errors.len() < MAX_ERRORS && !errors.iter().any(|e| e.starts_with(&format!("{key}: "))) {
+                    errors.push(format!("{key}: {error}"));
+                }
+                false
+            }
+        }
     }
 
     /// A job's progress.

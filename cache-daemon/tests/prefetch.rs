@@ -1,13 +1,18 @@
 //! End to end: `larder prefetch` and `larder status` against a daemon process, through its
-//! control socket, with a real S3 server and reads through the kernel.
+//! control socket, with a real S3 server and reads through the kernel; and the jobs' origin
+//! concurrency, in process over a fault-injecting store.
 
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use larder_tests::daemon::DaemonProcess;
-use larder_tests::{RecordingProxy, S3Server, ServedRequest, content, seed};
+use larder_cache_daemon::prefetch::{JobState, Jobs, PREFETCH_PARTS};
+use larder_config::IoEngineKind;
+use larder_tests::daemon::{DaemonProcess, is_mounted};
+use larder_tests::fixture::{CacheFixture, test_config};
+use larder_tests::{FaultPlan, RecordingProxy, S3Server, ServedRequest, content, seed};
 
 const MIB: usize = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
@@ -306,4 +311,130 @@ async fn a_prefetch_cut_by_kill_9_resumes_and_demand_reads_go_first() {
     .await
     .expect("join");
     assert!(slow.requests()[before..].iter().all(|r| r.range.is_none()));
+}
+
+/// A job keeps at most `PREFETCH_PARTS` origin requests in flight, also when every object is
+/// smaller than a part (each block its own fill), as the docs say.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetch_job_keeps_at_most_four_origin_requests_in_flight() {
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    let mut keys = Vec::new();
+    for i in 0..24 {
+        let key = format!("small/{i:02}.json");
+        server.put(&key, seed(&key, 0), 100_000).await.expect("put");
+        keys.push(key);
+    }
+    server
+        .put("small/big.bin", seed("big", 0), 8 * MIB)
+        .await
+        .expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = test_config(dir.path(), MIB as u64, IoEngineKind::Psync, &server.url());
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+    fx.faults.set_plan(FaultPlan {
+        get_delay: Duration::from_millis(50),
+        ..FaultPlan::default()
+    });
+    let jobs = Arc::new(Jobs::new(
+        fx.cache.clone(),
+        vec![("models".into(), fx.origin.clone())],
+        dir.path().join("mnt"),
+        fx.stats.clone(),
+    ));
+    let id = jobs
+        .start(vec!["models:small".into()], false)
+        .await
+        .expect("start")
+        .id;
+    let started = Instant::now();
+    let report = loop {
+        let report = jobs.report(id).expect("job");
+        if report.state != JobState::Running {
+            break report;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "{report:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(report.state, JobState::Done, "{report:?}");
+    assert_eq!(report.done_bytes, 24 * 100_000 + 8 * MIB as u64);
+    // 24 small objects and two parts of the large one.
+    assert_eq!(fx.faults.gets().len(), 26);
+    assert_eq!(fx.faults.peak_gets_in_flight(), PREFETCH_PARTS as usize);
+}
+
+/// Bytes a `Range: bytes=a-b` header asks for.
+fn range_len(header: &str) -> u64 {
+    let (from, to) = header
+        .trim_start_matches("bytes=")
+        .split_once('-')
+        .expect("a bounded range");
+    to.parse::<u64>().expect("end") + 1 - from.parse::<u64>().expect("start")
+}
+
+/// SIGTERM in the middle of a large prefetch: the job is cancelled and the origin requests in
+/// flight are abandoned, so the daemon unmounts and exits 0 within seconds instead of finishing
+/// the prefetch first. After a restart the same prefetch fetches only the blocks not cached.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_prefetch_exits_promptly_and_the_rerun_fetches_the_rest() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let key = "weights/big.bin";
+    let size = 128 * MIB;
+    let block = 4 * MIB as u64;
+    server.put(key, seed(key, 0), size).await.expect("put");
+    // Every origin request waits 5 s: a round of the job's 4 fills takes 5 s, the job 40 s.
+    let slow = RecordingProxy::with_delay(&server, Duration::from_secs(5))
+        .await
+        .expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--part-size", "4MiB"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &slow, dir.path(), &args).expect("daemon");
+    let mount = daemon.mount.clone();
+    let took = tokio::task::spawn_blocking(move || {
+        let output = larder(&daemon, &["prefetch", "models:weights"]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        // Once the first round is cached, the second is in flight.
+        let started = Instant::now();
+        while status(&daemon)["blocks"].as_u64().unwrap_or(0) < 4 {
+            assert!(started.elapsed() < Duration::from_secs(60), "no block was cached");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let job = &status(&daemon)["jobs"][0];
+        assert_eq!(job["state"], "running", "{job}");
+        let signalled = Instant::now();
+        let exit = daemon.stop().expect("stop");
+        assert!(exit.success(), "{exit}");
+        signalled.elapsed()
+    })
+    .await
+    .expect("join");
+    println!("the daemon stopped {took:?} after SIGTERM");
+    assert!(took < Duration::from_secs(3), "the daemon took {took:?} to stop");
+    assert!(!is_mounted(&mount), "the mount outlived the daemon");
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    assert!(
+        log.lines()
+            .any(|line| line.contains("prefetch ended") && line.contains("Cancelled")),
+        "{log}"
+    );
+
+    // Restarted over a fast origin, the rerun fetches exactly the blocks that were not cached.
+    let fast = RecordingProxy::start(&server).await.expect("proxy");
+    let daemon = DaemonProcess::start(Path::new(BIN), &fast, dir.path(), &args).expect("restart");
+    let cached = status(&daemon)["blocks"].as_u64().expect("blocks");
+    assert!((4..32).contains(&cached), "{cached} blocks cached");
+    tokio::task::spawn_blocking(move || {
+        let output = larder(&daemon, &["prefetch", "--wait", "models:weights"]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let bytes = std::fs::read(daemon.mount.join(key)).expect("read");
+        assert!(bytes == content(seed(key, 0), 0, size), "{key} differs");
+    })
+    .await
+    .expect("join");
+    let fetched: u64 = fast
+        .requests()
+        .iter()
+        .filter_map(|r| r.range.as_deref())
+        .map(range_len)
+        .sum();
+    assert_eq!(fetched, size as u64 - cached * block);
 }

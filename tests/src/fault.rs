@@ -3,6 +3,8 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -50,6 +52,8 @@ pub struct FaultPlan {
     pub cut_body: f64,
     /// Where a cut body stops.
     pub cut_after: u64,
+    /// How long every GET waits before it is answered (a slow origin).
+    pub get_delay: Duration,
 }
 
 /// Forwards every `ObjectStore` method to `inner`, logging it and injecting faults.
@@ -58,6 +62,18 @@ pub struct FaultStore {
     plan: Mutex<FaultPlan>,
     rng: Mutex<StdRng>,
     log: Mutex<Vec<Request>>,
+    /// GETs answered or being answered whose body has not been dropped yet.
+    gets_in_flight: Arc<AtomicUsize>,
+    peak_gets_in_flight: AtomicUsize,
+}
+
+/// Counts one GET in flight until it is dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl fmt::Debug for FaultStore {
@@ -87,7 +103,20 @@ impl FaultStore {
             plan: Mutex::new(FaultPlan::default()),
             rng: Mutex::new(StdRng::seed_from_u64(0x001a_2de2)),
             log: Mutex::new(Vec::new()),
+            gets_in_flight: Arc::new(AtomicUsize::new(0)),
+            peak_gets_in_flight: AtomicUsize::new(0),
         })
+    }
+
+    /// The most GETs in flight at once so far, from the request until its body is dropped.
+    pub fn peak_gets_in_flight(&self) -> usize {
+        self.peak_gets_in_flight.load(Ordering::Relaxed)
+    }
+
+    fn get_started(&self) -> InFlight {
+        let now = self.gets_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak_gets_in_flight.fetch_max(now, Ordering::Relaxed);
+        InFlight(self.gets_in_flight.clone())
     }
 
     /// Replaces the fault plan.
@@ -163,13 +192,31 @@ impl ObjectStore for FaultStore {
             RequestKind::Get
         };
         self.record(kind, location, range);
+        let in_flight = (kind == RequestKind::Get).then(|| self.get_started());
+        let plan = self.plan.lock().clone();
+        if kind == RequestKind::Get && !plan.get_delay.is_zero() {
+            tokio::time::sleep(plan.get_delay).await;
+        }
         self.maybe_unavailable()?;
         let mut result = self.inner.get_opts(location, options).await?;
-        let plan = self.plan.lock().clone();
         if kind == RequestKind::Get && self.roll(plan.cut_body) {
             let empty = GetResultPayload::Stream(futures::stream::empty().boxed());
             result.payload = match std::mem::replace(&mut result.payload, empty) {
                 GetResultPayload::Stream(body) => GetResultPayload::Stream(cut_after(body, plan.cut_after)),
+                file => file,
+            };
+        }
+        if let Some(in_flight) = in_flight {
+            // In flight until the body is dropped.
+            let empty = GetResultPayload::Stream(futures::stream::empty().boxed());
+            result.payload = match std::mem::replace(&mut result.payload, empty) {
+                GetResultPayload::Stream(body) => GetResultPayload::Stream(
+                    body.map(move |chunk| {
+                        let _in_flight = &in_flight;
+                        chunk
+                    })
+                    .boxed(),
+                ),
                 file => file,
             };
         }

@@ -2,6 +2,8 @@
 //! sources built from their configured URL.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
 use larder_cache_daemon::engine;
@@ -10,8 +12,10 @@ use larder_cache_daemon::stats::Stats;
 use larder_cache_daemon::store::BlockStore;
 use larder_config::{IoEngineKind, OriginConfig, SourceConfig};
 use larder_tests::fixture::test_config;
-use larder_tests::{S3Server, content, seed};
+use larder_tests::{FaultPlan, FaultStore, RequestKind, S3Server, content, seed};
+use object_store::memory::InMemory;
 use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
 
 fn origin_over(store: Arc<dyn object_store::ObjectStore>, prefix: &str) -> Origin {
     Origin::new(
@@ -176,4 +180,65 @@ fn unusable_source_urls_are_config_errors() {
         assert!(matches!(error, OriginError::Config { .. }), "{url}: {error}");
         assert!(error.to_string().contains("bad"), "{error}");
     }
+}
+
+/// The retry budget in exact tokens: it starts with one second of trickle (10), every
+/// operation's first attempt deposits `retry_budget_ratio`, every retry withdraws one, and
+/// 10 tokens a second trickle in, up to 1000. The clock is paused and the backoff is zero, so
+/// time passes only when the test advances it.
+#[tokio::test(start_paused = true)]
+async fn the_retry_budget_gets_ratio_tokens_per_first_attempt_and_a_trickle() {
+    let faults = FaultStore::new(Arc::new(InMemory::new()));
+    faults
+        .put(&Path::from("k"), PutPayload::from_static(b"x"))
+        .await
+        .expect("put");
+    let config = OriginConfig {
+        retry_budget_ratio: 0.5,
+        max_attempts: 5000,
+        backoff_base: Duration::ZERO,
+        backoff_max: Duration::ZERO,
+        ..OriginConfig::default()
+    };
+    let stats = Arc::new(Stats::default());
+    let origin = Origin::new(
+        "models",
+        "s3://larder-test",
+        faults.clone(),
+        Path::default(),
+        &config,
+        stats.clone(),
+    );
+    // 20 first attempts that succeed: 10 + 20 × 0.5 = 20 tokens.
+    for _ in 0..20 {
+        origin.head("k").await.expect("head");
+    }
+    faults.set_plan(FaultPlan {
+        unavailable: 1.0,
+        ..FaultPlan::default()
+    });
+    let attempts = || async {
+        match origin.head("k").await {
+            Err(OriginError::RetriesExhausted { attempts, .. }) => attempts,
+            other => panic!("expected exhausted retries, got {other:?}"),
+        }
+    };
+    // 20 + 0.5 deposited: 20 retries, 0.5 left.
+    assert_eq!(attempts().await, 21);
+    // 0.5 + 0.5: one retry, then none; then 0.5 is not enough for one.
+    assert_eq!(attempts().await, 2);
+    assert_eq!(attempts().await, 1);
+    // A second trickles in 10: 0.5 + 0.5 + 10 = 11 retries.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(attempts().await, 12);
+    // An hour of idling fills the budget to its cap, never past it.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(attempts().await, 1001);
+    assert_eq!(stats.origin_retries.load(Ordering::Relaxed), 20 + 1 + 11 + 1000);
+    let heads = faults
+        .requests()
+        .iter()
+        .filter(|r| r.kind == RequestKind::Head)
+        .count();
+    assert_eq!(heads, 20 + 21 + 2 + 1 + 12 + 1001);
 }

@@ -186,7 +186,11 @@ impl Cache {
                     break;
                 }
                 run.buf = None;
-                result = source.fetch(&object, range, &mut run).await;
+                result = tokio::select! {
+                    biased;
+                    () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
+                    fetched = source.fetch(&object, range, &mut run) => fetched,
+                };
                 match &result {
                     Ok(()) => {
                         if source.kind() == Source::Origin {

@@ -36,6 +36,7 @@ use futures::future::{BoxFuture, Shared, WeakShared};
 use larder_config::OriginConfig;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::object::{ObjectId, ObjectVersion};
@@ -131,6 +132,8 @@ struct Inner {
     readahead: Range<u64>,
     stats: Arc<Stats>,
     tasks: TaskTracker,
+    /// Cancelled at shutdown: fetches in flight stop, fills end abandoned.
+    stop: CancellationToken,
     /// Woken after each cache write ends, written or not.
     written: tokio::sync::Notify,
     /// Blocks some reader holds: another reader of the same version near the same place
@@ -166,6 +169,7 @@ impl Cache {
                 readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
                 stats,
                 tasks: TaskTracker::new(),
+                stop: CancellationToken::new(),
                 written: tokio::sync::Notify::new(),
                 held: Mutex::new(HeldBlocks {
                     blocks: HashMap::new(),
@@ -194,6 +198,12 @@ impl Cache {
     /// Blocks with a fill or a cache write in flight.
     pub fn in_flight(&self) -> usize {
         self.inner.inflight.lock().len()
+    }
+
+    /// Stops every fetch of a fill, now and from now on: their waiters get
+    /// [`ReadError::Abandoned`]; blocks already received are still written (shutdown).
+    pub fn stop_fills(&self) {
+        self.inner.stop.cancel();
     }
 
     /// Waits for every fill and cache write started so far (shutdown, tests).
