@@ -191,16 +191,13 @@ impl Cache {
                     () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
                     fetched = source.fetch(&object, range, &mut run) => fetched,
                 };
-                match &result {
-                    Ok(()) => {
-                        if source.kind() == Source::Origin {
-                            self.inner.stats.latency.fill_origin.observe(started.elapsed());
-                        }
-                        break;
+                // A failure is not logged here: a reader's error is logged once, where the mount
+                // answers it; a job's, in the job's report.
+                if result.is_ok() {
+                    if source.kind() == Source::Origin {
+                        self.inner.stats.latency.fill_origin.observe(started.elapsed());
                     }
-                    // Not logged above debug here: a reader's error is logged once, where the
-                    // mount answers it; a job's, in the job's report.
-                    Err(error) => tracing::debug!(source = ?source.kind(), %error, "fill failed"),
+                    break;
                 }
             }
             next = run.next;

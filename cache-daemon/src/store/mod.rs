@@ -1025,3 +1025,28 @@ async fn blocking<T: Send + 'static>(
         })
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(bytes: &[u8]) -> Arc<AlignedBuf> {
+        Arc::new(AlignedBuf::copy_from(bytes))
+    }
+
+    #[test]
+    fn bytes_from_elsewhere_are_verified_only_against_the_hash_expected() {
+        let good = *blake3::hash(b"the origin's bytes").as_bytes();
+        assert!(VerifiedBlock::verify(block(b"the origin's bytes"), good).is_ok());
+        // A sender's own hash of its bytes proves nothing: only the expected one counts.
+        let lie = block(b"a peer's other bytes");
+        assert_eq!(VerifiedBlock::verify(lie, good).err(), Some(HashMismatch));
+    }
+
+    #[test]
+    fn a_block_hashed_here_carries_the_hash_of_exactly_its_bytes() {
+        let hashed = VerifiedBlock::hashed_here(block(b"fetched from the origin"));
+        assert_eq!(hashed.hash, *blake3::hash(b"fetched from the origin").as_bytes());
+        assert_eq!(hashed.bytes(), Bytes::from_static(b"fetched from the origin"));
+    }
+}
