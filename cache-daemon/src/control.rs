@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -204,22 +204,49 @@ fn prefetch_error(e: &PrefetchError) -> Response<Body> {
     error(status, e.to_string())
 }
 
-/// Binds the control socket at `path`, mode 0600. A socket file nobody listens on (left by a
-/// killed daemon) is replaced; a live one is an error.
+/// Binds the control socket at `path`, mode 0600. A socket nobody answers on (left by a killed
+/// daemon) is replaced; a live one is an error, and so is anything else at `path` (a regular
+/// file, a directory, a symlink): it is left as it is.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "another daemon is listening on this control socket",
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(meta) => {
             return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                "another daemon is listening on this control socket",
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "a {} is there, not a socket; it is left as it is: remove it or choose another path",
+                    file_kind(meta.file_type())
+                ),
             ));
         }
-        std::fs::remove_file(path)?;
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(listener)
+}
+
+/// What a file that is not a socket is, in words.
+fn file_kind(kind: std::fs::FileType) -> &'static str {
+    if kind.is_symlink() {
+        "symlink"
+    } else if kind.is_dir() {
+        "directory"
+    } else if kind.is_file() {
+        "regular file"
+    } else {
+        "file"
+    }
 }

@@ -69,3 +69,41 @@ async fn prefetch_takes_paths_relative_to_the_current_directory() {
     assert!(output.status.success(), "{text}");
     assert!(text.contains("2 objects") && text.contains("done"), "{text}");
 }
+
+/// `--control-socket` replaces only a socket nobody answers on: a regular file or a symlink
+/// there is an error naming the path, and stays as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_socket_replaces_only_a_dead_socket() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    server.put("a.bin", seed("a.bin", 0), 1000).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("control.sock");
+    let kept = dir.path().join("kept.txt");
+    std::fs::write(&kept, "keep me").expect("write");
+    tokio::task::spawn_blocking(move || {
+        // A regular file at the socket's path.
+        std::fs::write(&socket, "not a socket").expect("write");
+        let error = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect_err("started");
+        let text = format!("{error:#}");
+        assert!(text.contains(&socket.display().to_string()), "{text}");
+        assert_eq!(std::fs::read_to_string(&socket).expect("file"), "not a socket");
+
+        // A symlink at the socket's path.
+        std::fs::remove_file(&socket).expect("remove");
+        std::os::unix::fs::symlink(&kept, &socket).expect("symlink");
+        let error = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect_err("started");
+        let text = format!("{error:#}");
+        assert!(text.contains(&socket.display().to_string()), "{text}");
+        assert_eq!(std::fs::read_link(&socket).expect("symlink"), kept);
+        assert_eq!(std::fs::read_to_string(&kept).expect("file"), "keep me");
+
+        // A socket left by a dead listener is replaced.
+        std::fs::remove_file(&socket).expect("remove");
+        drop(std::os::unix::net::UnixListener::bind(&socket).expect("bind"));
+        let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+        std::os::unix::net::UnixStream::connect(&daemon.socket).expect("connect");
+        assert_eq!(daemon.stop().expect("stop").code(), Some(0));
+    })
+    .await
+    .expect("join");
+}
