@@ -141,10 +141,11 @@ fn unreachable_daemon(socket: &Path, error: anyhow::Error) -> anyhow::Error {
 
 /// A target as the daemon takes it: a path relative to the current directory becomes absolute
 /// (lexically: `.` and `..` are resolved here, symlinks are not followed). URLs (`s3://...`)
-/// and `SOURCE:PREFIX` pass as they are; a relative path with a colon is written `./a:b`.
+/// and `SOURCE:PREFIX` pass as they are, and so does an empty target (for the daemon to refuse,
+/// naming it); a relative path with a colon is written `./a:b`.
 fn absolute_target(target: String, cwd: &Path) -> String {
     let relative = target.starts_with("./") || target.starts_with("../") || target == "." || target == "..";
-    if target.starts_with('/') || (!relative && target.contains(':')) {
+    if target.is_empty() || target.starts_with('/') || (!relative && target.contains(':')) {
         return target;
     }
     let mut path = cwd.to_path_buf();
@@ -390,6 +391,7 @@ mod tests {
             ("/models/other", "/models/other"),
             ("models:llama/", "models:llama/"),
             ("s3://bucket/models", "s3://bucket/models"),
+            ("", ""),
         ] {
             assert_eq!(absolute_target(target.to_owned(), cwd), expected, "{target}");
         }

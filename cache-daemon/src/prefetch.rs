@@ -42,6 +42,12 @@ const HEADS_IN_FLIGHT: usize = 32;
 /// Most errors a job keeps to report.
 const MAX_ERRORS: usize = 20;
 
+/// The longest key a target may name, in bytes (S3's limit).
+const MAX_KEY_LEN: usize = 1024;
+
+/// The longest target, in bytes (a path's limit, `PATH_MAX`).
+const MAX_TARGET_LEN: usize = 4096;
+
 /// Why a prefetch could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PrefetchError {
@@ -167,6 +173,17 @@ impl Jobs {
                 .position(|(n, _)| n == name)
                 .ok_or_else(|| bad(&format!("no source is named {name:?}")))
         };
+        if target.is_empty() {
+            return Err(bad(
+                "empty; expected a path under the mount, SOURCE:PREFIX, or the URL of a configured source",
+            ));
+        }
+        if target.len() > MAX_TARGET_LEN {
+            return Err(bad(&format!("longer than {MAX_TARGET_LEN} bytes")));
+        }
+        if target.contains('\0') {
+            return Err(bad("contains a NUL byte"));
+        }
         let (source, path) = if target.starts_with('/') {
             let relative = Path::new(target)
                 .strip_prefix(&self.mount)
@@ -205,7 +222,20 @@ impl Jobs {
                 "expected a path under the mount, SOURCE:PREFIX, or the URL of a configured source",
             ));
         };
-        Ok((source, path.trim_matches('/').to_owned()))
+        let key = path.trim_matches('/');
+        if key.len() > MAX_KEY_LEN {
+            return Err(bad(&format!("the key is longer than {MAX_KEY_LEN} bytes")));
+        }
+        if !key.is_empty() {
+            for segment in key.split('/') {
+                match segment {
+                    "" => return Err(bad("empty segments (`//`) are not allowed")),
+                    "." | ".." => return Err(bad("`.` and `..` segments are not allowed")),
+                    _ => {}
+                }
+            }
+        }
+        Ok((source, key.to_owned()))
     }
 
     /// Every object a target names: everything under it as a prefix, else the object itself.
@@ -249,7 +279,11 @@ impl Jobs {
     }
 
     /// Every object the targets name, each once.
+    /// Every target is checked before any is resolved, so a wrong one costs no origin request.
     async fn plan(&self, targets: &[String]) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
+        for target in targets {
+            self.parse_target(target)?;
+        }
         let mut plan = BTreeMap::new();
         for target in targets {
             for (origin, version) in self.resolve(target).await? {

@@ -438,3 +438,54 @@ async fn sigterm_during_a_prefetch_exits_promptly_and_the_rerun_fetches_the_rest
         .sum();
     assert_eq!(fetched, size as u64 - cached * block);
 }
+
+/// Targets that cannot name a key are refused up front, with a 400 naming them: not sent to the
+/// origin (a 502), not lost in "no targets given", not a closed connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn targets_that_cannot_be_keys_get_400_naming_them() {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    tokio::task::spawn_blocking(move || {
+        let long = format!("models:{}", "x".repeat(70_000));
+        let over_s3_limit = format!("models:{}", "y".repeat(1025));
+        for target in [
+            "models:../x",
+            "models:llama/../x",
+            "models:./x",
+            "models:llama//x",
+            "models:llama/\0",
+            "",
+            over_s3_limit.as_str(),
+            long.as_str(),
+        ] {
+            let body = serde_json::json!({ "targets": [target] }).to_string();
+            assert_eq!(
+                raw(&daemon.socket, &post("/v1/prefetch", &body)),
+                400,
+                "{target:.80}"
+            );
+            assert_eq!(
+                raw(&daemon.socket, &post("/v1/unpin", &body)),
+                400,
+                "{target:.80}"
+            );
+        }
+        for target in ["models:../x", ""] {
+            let output = larder(&daemon, &["prefetch", target]);
+            let text = stderr(&output);
+            assert!(!output.status.success(), "{text}");
+            assert!(text.contains(&format!("target {target:?}")), "{text}");
+        }
+        let output = larder(&daemon, &["prefetch", &long]);
+        let text = stderr(&output);
+        assert!(
+            !output.status.success() && text.contains("longer than"),
+            "{text:.300}"
+        );
+        assert_eq!(raw(&daemon.socket, &get("GET", "/v1/status")), 200);
+        read_all(&daemon, "llama/config.json");
+    })
+    .await
+    .expect("join");
+}
