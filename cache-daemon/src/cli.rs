@@ -21,6 +21,9 @@ use crate::control_api::{self, ErrorBody, JobReport, JobState, Served, Status, T
 /// Where the daemon listens for control requests unless told otherwise.
 pub const DEFAULT_SOCKET: &str = larder_config::DEFAULT_CONTROL_SOCKET;
 
+/// Finished jobs `larder status` lists, the most recent.
+const STATUS_FINISHED_JOBS: usize = 10;
+
 /// How often `--wait` asks for progress.
 const POLL: Duration = Duration::from_millis(250);
 
@@ -347,7 +350,27 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
         errors.transient,
         errors.other
     )?;
+    let counts = &status.job_counts;
+    writeln!(
+        out,
+        "prefetch jobs: {} running, {} done, {} failed, {} cancelled",
+        counts.running, counts.done, counts.failed, counts.cancelled
+    )?;
+    // The running jobs and the last few finished; `--json` has every job the daemon keeps.
+    let finished = status
+        .jobs
+        .iter()
+        .filter(|job| job.state != JobState::Running)
+        .count();
+    let skip = finished.saturating_sub(STATUS_FINISHED_JOBS);
+    let mut finished_seen = 0;
     for job in &status.jobs {
+        if job.state != JobState::Running {
+            finished_seen += 1;
+            if finished_seen <= skip {
+                continue;
+            }
+        }
         writeln!(
             out,
             "job {}: {:?}, {} of {}",
