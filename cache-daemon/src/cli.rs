@@ -1,7 +1,8 @@
 //! `larder prefetch`, `unpin` and `status`: clients of the daemon's control socket. They speak
 //! the wire types of [`crate::control_api`] and nothing else of the daemon.
 
-use std::io::IsTerminal;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -19,6 +20,9 @@ use crate::control_api::{self, ErrorBody, JobReport, JobState, Served, Status, T
 
 /// Where the daemon listens for control requests unless told otherwise.
 pub const DEFAULT_SOCKET: &str = larder_config::DEFAULT_CONTROL_SOCKET;
+
+/// Finished jobs `larder status` lists, the most recent.
+const STATUS_FINISHED_JOBS: usize = 10;
 
 /// How often `--wait` asks for progress.
 const POLL: Duration = Duration::from_millis(250);
@@ -282,12 +286,22 @@ fn percent(served: &Served) -> String {
 /// Runs `larder status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let status: Status = call(&args.socket, Method::GET, control_api::STATUS, None).await?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
-        return Ok(());
-    }
+    let text = if args.json {
+        let mut json = serde_json::to_string_pretty(&status)?;
+        json.push('\n');
+        json
+    } else {
+        status_text(&status)?
+    };
+    print_stdout(&text)
+}
+
+/// The status as `larder status` prints it.
+fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
     let errors = &status.origin_errors;
-    println!(
+    writeln!(
+        out,
         "up {}; cache {} of {} ({} objects, {} pinned, {} blocks)",
         HumanDuration(Duration::from_secs(status.uptime_seconds)),
         HumanBytes(status.used_bytes),
@@ -295,34 +309,40 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         status.objects,
         status.pinned_objects,
         status.blocks
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "hit rate (bytes): {} since start, {} last 5 min",
         percent(&status.served),
         percent(&status.served_recent)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "served through the daemon: {} from nvme, {} from origin",
         HumanBytes(status.served.nvme_bytes),
         HumanBytes(status.served.origin_bytes)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "opened in passthrough: {} files, {} (read by the kernel from the cache disk; at most this much was read)",
         status.served.passthrough_opens,
         HumanBytes(status.served.passthrough_bytes)
-    );
+    )?;
     let lookups = &status.lookups;
-    println!(
+    writeln!(
+        out,
         "block lookups: {} hit, {} miss (started a fill), {} joined (waited for a fill under way), {} corrupt; readahead started {} block fills",
         lookups.hit, lookups.miss, lookups.joined, lookups.corrupt, lookups.readahead
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "evicted: {} blocks ({}); cache writes failed or skipped: {}",
         status.evicted_blocks,
         HumanBytes(status.evicted_bytes),
         status.cache_write_failures
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "origin: {} requests; errors: {} not found, {} denied, {} changed, {} transient, {} other",
         status.origin_requests,
         errors.not_found,
@@ -330,27 +350,61 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         errors.version_changed,
         errors.transient,
         errors.other
-    );
+    )?;
+    let counts = &status.job_counts;
+    writeln!(
+        out,
+        "prefetch jobs: {} running, {} done, {} failed, {} cancelled",
+        counts.running, counts.done, counts.failed, counts.cancelled
+    )?;
+    // The running jobs and the last few finished; `--json` has every job the daemon keeps.
+    let finished = status
+        .jobs
+        .iter()
+        .filter(|job| job.state != JobState::Running)
+        .count();
+    let skip = finished.saturating_sub(STATUS_FINISHED_JOBS);
+    let mut finished_seen = 0;
     for job in &status.jobs {
-        println!(
+        if job.state != JobState::Running {
+            finished_seen += 1;
+            if finished_seen <= skip {
+                continue;
+            }
+        }
+        writeln!(
+            out,
             "job {}: {:?}, {} of {}",
             job.id,
             job.state,
             HumanBytes(job.done_bytes),
             HumanBytes(job.planned_bytes)
-        );
+        )?;
     }
     let settings = &status.settings;
-    println!(
+    writeln!(
+        out,
         "mount {}; cache dir {}; block size {}",
         settings.mount,
         settings.cache_dir,
         HumanBytes(settings.block_size)
-    );
+    )?;
     for source in &settings.sources {
-        println!("source {source}");
+        writeln!(out, "source {source}")?;
     }
-    Ok(())
+    Ok(out)
+}
+
+/// Writes `text` to stdout. A reader that went away (`larder status | head`) is not an
+/// error: the command ends quietly, as it would have had it printed everything.
+fn print_stdout(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(error).context("writing to stdout"))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Arguments of `larder unpin`.
@@ -371,8 +425,7 @@ pub async fn unpin(args: UnpinArgs) -> anyhow::Result<()> {
         pin: false,
     };
     let answer: Unpinned = call(&args.socket, Method::POST, control_api::UNPIN, Some(&body)).await?;
-    println!("unpinned {} objects", answer.unpinned);
-    Ok(())
+    print_stdout(&format!("unpinned {} objects\n", answer.unpinned))
 }
 
 #[cfg(test)]

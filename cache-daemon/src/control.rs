@@ -123,6 +123,7 @@ impl Control {
                 other: now.origin_errors_other,
             },
             cache_write_failures: now.cache_write_failures + now.cache_writes_skipped,
+            job_counts: self.jobs.counts(),
             jobs: self.jobs.reports(),
             settings: self.settings.clone(),
         }

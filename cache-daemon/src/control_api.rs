@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `GET /v1/status` | [`Status`] |
 //! | `POST /v1/prefetch` [`TargetsRequest`] | 202 and the job's [`JobReport`] |
-//! | `GET /v1/jobs` | every job's [`JobReport`] |
+//! | `GET /v1/jobs` | the [`JobReport`] of every running job and the last 100 finished |
 //! | `GET /v1/jobs/{id}` | the job's [`JobReport`] |
 //! | `DELETE /v1/jobs/{id}` | cancels the job; its [`JobReport`] |
 //! | `POST /v1/unpin` [`TargetsRequest`] | [`Unpinned`] |
@@ -69,6 +69,19 @@ pub enum JobState {
     Failed,
     /// Stopped by a cancel request or by the daemon's shutdown.
     Cancelled,
+}
+
+/// Prefetch jobs since the daemon started, by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCounts {
+    /// Filling now.
+    pub running: usize,
+    /// Ended with every block cached.
+    pub done: usize,
+    /// Ended with errors.
+    pub failed: usize,
+    /// Stopped before the end.
+    pub cancelled: usize,
 }
 
 /// A job's progress.
@@ -207,7 +220,10 @@ pub struct Status {
     pub origin_errors: OriginErrors,
     /// Cache writes that failed or were skipped for lack of space.
     pub cache_write_failures: u64,
-    /// Prefetch jobs.
+    /// Prefetch jobs since start, by state.
+    #[serde(default)]
+    pub job_counts: JobCounts,
+    /// Every running prefetch job and the last 100 finished, oldest first.
     pub jobs: Vec<JobReport>,
     /// Key settings.
     pub settings: Settings,

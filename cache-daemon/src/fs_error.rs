@@ -89,7 +89,7 @@ mod tests {
                 OriginError::VersionChanged {
                     source_name: source_name.clone(),
                     key: key.clone(),
-                    expected: "\"etag\"".into(),
+                    expected: Some("\"etag\"".into()),
                 },
                 libc::ESTALE,
                 Level::INFO,
@@ -109,6 +109,7 @@ mod tests {
                     source_name: source_name.clone(),
                     key: key.clone(),
                     deadline: Duration::from_secs(30),
+                    received: 0,
                 },
                 libc::EIO,
                 Level::WARN,

@@ -51,14 +51,14 @@ pub enum OriginError {
         source: object_store::Error,
     },
     /// The object changed since the version was pinned.
-    #[error("{key:?} in source {source_name} changed since it was opened (ETag {expected} is gone)")]
+    #[error("{key:?} in source {source_name} changed since it was opened ({})", gone(.expected))]
     VersionChanged {
         /// Name of the source.
         source_name: String,
         /// Key relative to the source.
         key: String,
-        /// The pinned ETag.
-        expected: String,
+        /// The pinned ETag, where the version has one.
+        expected: Option<String>,
     },
     /// Transient failures persisted past the attempt limit or the retry budget.
     #[error("{key:?} in source {source_name}: gave up after {attempts} attempt(s): {source}")]
@@ -73,7 +73,7 @@ pub enum OriginError {
         source: TransientError,
     },
     /// The whole operation, retries included, ran past its deadline.
-    #[error("{key:?} in source {source_name}: no answer within {deadline:?}")]
+    #[error("{key:?} in source {source_name}: {}", deadline_passed(*.deadline, *.received))]
     DeadlineExceeded {
         /// Name of the source.
         source_name: String,
@@ -81,6 +81,8 @@ pub enum OriginError {
         key: String,
         /// The deadline that passed.
         deadline: Duration,
+        /// Bytes of the body that had arrived when it passed.
+        received: u64,
     },
     /// A request the origin will never accept (invalid key, unsupported operation).
     #[error("{key:?} in source {source_name}: {source}")]
@@ -104,6 +106,26 @@ pub enum OriginError {
     },
 }
 
+/// What is gone when a pinned version changed.
+fn gone(etag: &Option<String>) -> String {
+    match etag {
+        Some(etag) => format!("ETag {etag} is gone"),
+        None => "the version it was opened at is gone".to_owned(),
+    }
+}
+
+/// What happened when the deadline of a whole operation passed.
+fn deadline_passed(deadline: Duration, received: u64) -> String {
+    if received == 0 {
+        format!("no data within the {deadline:?} deadline of the whole request, retries included")
+    } else {
+        format!(
+            "not complete within the {deadline:?} deadline of the whole request, retries included \
+             ({received} bytes had arrived)"
+        )
+    }
+}
+
 /// A failure worth retrying.
 #[derive(Debug, thiserror::Error)]
 pub enum TransientError {
@@ -111,7 +133,7 @@ pub enum TransientError {
     #[error(transparent)]
     Store(object_store::Error),
     /// No response (or no body progress) within the per-request deadline.
-    #[error("no response within {0:?}")]
+    #[error("nothing arrived for {0:?} (no response, or the body stalled)")]
     Timeout(Duration),
     /// The body ended before the requested range did.
     #[error("the body ended {missing} bytes short of the requested range")]
@@ -657,7 +679,8 @@ impl Origin {
                 attempt = self.after_failure(&version.key, attempt, failure).await?;
             }
         };
-        self.within_deadline(&version.key, attempts).await
+        let result = tokio::time::timeout(self.deadline, attempts).await;
+        result.unwrap_or_else(|_| Err(self.deadline_exceeded(&version.key, next - range.start)))
     }
 
     /// One GET of `range`; on failure, how many bytes it delivered before failing.
@@ -749,13 +772,17 @@ impl Origin {
     ) -> Result<T, OriginError> {
         tokio::time::timeout(self.deadline, work)
             .await
-            .unwrap_or_else(|_| {
-                Err(OriginError::DeadlineExceeded {
-                    source_name: self.name.clone(),
-                    key: key.to_owned(),
-                    deadline: self.deadline,
-                })
-            })
+            .unwrap_or_else(|_| Err(self.deadline_exceeded(key, 0)))
+    }
+
+    /// The deadline of a whole operation on `key` passed after `received` bytes of the body.
+    fn deadline_exceeded(&self, key: &str, received: u64) -> OriginError {
+        OriginError::DeadlineExceeded {
+            source_name: self.name.clone(),
+            key: key.to_owned(),
+            deadline: self.deadline,
+            received,
+        }
     }
 
     /// Decides whether to try again after attempt number `attempt` (0-based) failed; sleeps the
@@ -789,7 +816,7 @@ impl Origin {
         OriginError::VersionChanged {
             source_name: self.name.clone(),
             key: version.key.clone(),
-            expected: version.etag.clone().unwrap_or_default(),
+            expected: version.etag.clone(),
         }
     }
 
@@ -822,7 +849,7 @@ impl Origin {
                 Failure::Final(OriginError::VersionChanged {
                     source_name,
                     key,
-                    expected: String::new(),
+                    expected: None,
                 })
             }
             error @ (object_store::Error::PermissionDenied { .. }
@@ -856,5 +883,55 @@ impl Origin {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_object_without_a_known_etag_reads_sensibly() {
+        let changed = |expected: Option<&str>| {
+            OriginError::VersionChanged {
+                source_name: "models".into(),
+                key: "a.bin".into(),
+                expected: expected.map(str::to_owned),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            changed(None),
+            "\"a.bin\" in source models changed since it was opened (the version it was opened at is gone)"
+        );
+        assert_eq!(
+            changed(Some("\"e1\"")),
+            "\"a.bin\" in source models changed since it was opened (ETag \"e1\" is gone)"
+        );
+    }
+
+    #[test]
+    fn a_deadline_that_passes_while_bytes_arrive_does_not_say_no_answer() {
+        let passed = |received| {
+            OriginError::DeadlineExceeded {
+                source_name: "models".into(),
+                key: "a.bin".into(),
+                deadline: Duration::from_secs(30),
+                received,
+            }
+            .to_string()
+        };
+        let flowing = passed(5 << 20);
+        assert!(
+            !flowing.contains("no answer") && !flowing.contains("no data"),
+            "{flowing}"
+        );
+        assert!(
+            flowing.contains("not complete within the 30s deadline of the whole request")
+                && flowing.contains("5242880 bytes had arrived"),
+            "{flowing}"
+        );
+        let silent = passed(0);
+        assert!(silent.contains("no data within the 30s deadline"), "{silent}");
     }
 }

@@ -16,7 +16,7 @@
 //! same targets finishes without an origin request, and a run after a crash fetches only what
 //! is missing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,13 +28,17 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache::{Cache, OpenObject, ReadError};
-pub use crate::control_api::{JobReport, JobState};
+pub use crate::control_api::{JobCounts, JobReport, JobState};
 use crate::object::ObjectVersion;
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
 
 /// Origin parts a job keeps in flight.
 pub const PREFETCH_PARTS: u32 = 4;
+
+/// Finished jobs kept for `GET /v1/jobs` and status, newest first to stay; running jobs are
+/// always kept.
+pub const KEEP_FINISHED_JOBS: usize = 100;
 
 /// HEAD requests in flight while a job is planned.
 const HEADS_IN_FLIGHT: usize = 32;
@@ -122,6 +126,36 @@ impl Job {
     }
 }
 
+/// The jobs the daemon remembers: every running one and the last [`KEEP_FINISHED_JOBS`]
+/// finished; and how many finished in each state since start.
+#[derive(Debug, Default)]
+struct History {
+    jobs: BTreeMap<u64, Arc<Job>>,
+    /// Finished jobs still in `jobs`, in the order they finished.
+    finished: VecDeque<u64>,
+    /// Finished jobs by state (`running` is left at 0 here).
+    counts: JobCounts,
+}
+
+impl History {
+    /// Job `id` ended in `state`: counted, and the oldest finished job forgotten past the
+    /// bound.
+    fn finished(&mut self, id: u64, state: JobState) {
+        match state {
+            JobState::Done => self.counts.done += 1,
+            JobState::Failed => self.counts.failed += 1,
+            JobState::Cancelled => self.counts.cancelled += 1,
+            JobState::Running => return,
+        }
+        self.finished.push_back(id);
+        while self.finished.len() > KEEP_FINISHED_JOBS {
+            if let Some(old) = self.finished.pop_front() {
+                self.jobs.remove(&old);
+            }
+        }
+    }
+}
+
 /// The daemon's prefetch jobs.
 #[derive(Debug)]
 pub struct Jobs {
@@ -129,7 +163,7 @@ pub struct Jobs {
     sources: Vec<(String, Arc<Origin>)>,
     mount: PathBuf,
     stats: Arc<Stats>,
-    jobs: Mutex<BTreeMap<u64, Arc<Job>>>,
+    jobs: Mutex<History>,
     next: AtomicU64,
     /// Parent of every job's token: cancelled at shutdown.
     shutdown: CancellationToken,
@@ -146,7 +180,7 @@ impl Jobs {
             sources,
             mount,
             stats,
-            jobs: Mutex::new(BTreeMap::new()),
+            jobs: Mutex::new(History::default()),
             next: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -329,7 +363,7 @@ impl Jobs {
             errors: Mutex::new(Vec::new()),
             cancel: self.shutdown.child_token(),
         });
-        self.jobs.lock().insert(job.id, job.clone());
+        self.jobs.lock().jobs.insert(job.id, job.clone());
         add(&self.stats.prefetch_planned_bytes, planned);
         tracing::info!(
             job = job.id,
@@ -383,6 +417,7 @@ impl Jobs {
             () = fills => if job.errors.lock().is_empty() { JobState::Done } else { JobState::Failed },
         };
         job.finish(state);
+        self.jobs.lock().finished(job.id, state);
         let report = job.report();
         tracing::info!(
             job = job.id,
@@ -420,17 +455,27 @@ impl Jobs {
 
     /// A job's progress.
     pub fn report(&self, id: u64) -> Option<JobReport> {
-        self.jobs.lock().get(&id).map(|job| job.report())
+        self.jobs.lock().jobs.get(&id).map(|job| job.report())
     }
 
-    /// Every job's progress, oldest first.
+    /// The progress of every running job and of the last [`KEEP_FINISHED_JOBS`] finished,
+    /// oldest first.
     pub fn reports(&self) -> Vec<JobReport> {
-        self.jobs.lock().values().map(|job| job.report()).collect()
+        self.jobs.lock().jobs.values().map(|job| job.report()).collect()
+    }
+
+    /// Jobs since start by state, forgotten ones included.
+    pub fn counts(&self) -> JobCounts {
+        let history = self.jobs.lock();
+        JobCounts {
+            running: history.jobs.len() - history.finished.len(),
+            ..history.counts
+        }
     }
 
     /// Stops a job; blocks already cached stay.
     pub fn cancel(&self, id: u64) -> Option<JobReport> {
-        let job = self.jobs.lock().get(&id).cloned()?;
+        let job = self.jobs.lock().jobs.get(&id).cloned()?;
         job.cancel.cancel();
         Some(job.report())
     }

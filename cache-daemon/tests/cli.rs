@@ -107,3 +107,45 @@ async fn the_control_socket_replaces_only_a_dead_socket() {
     .await
     .expect("join");
 }
+
+/// `larder status | head`: a reader that closes its end early ends the command quietly, with
+/// no panic, in text and in JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_into_a_closed_pipe_exits_quietly() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    server.put("a.bin", seed("a.bin", 0), 1 << 20).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let outputs = tokio::task::spawn_blocking(move || {
+        let outputs: Vec<_> = [&["status"][..], &["status", "--json"]]
+            .into_iter()
+            .map(|command| {
+                let mut child = Command::new(BIN)
+                    .args(command)
+                    .env("LARDER_CONTROL_SOCKET", &daemon.socket)
+                    .env("RUST_BACKTRACE", "1")
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("run larder");
+                // The reader goes away before the command prints anything.
+                drop(child.stdout.take());
+                (command, child.wait_with_output().expect("wait for larder"))
+            })
+            .collect();
+        drop(daemon);
+        outputs
+    })
+    .await
+    .expect("join");
+    for (command, output) in outputs {
+        let text = stderr(&output);
+        assert!(!text.contains("panicked"), "{command:?}: {text}");
+        assert!(!text.contains("Broken pipe"), "{command:?}: {text}");
+        assert!(
+            output.status.success(),
+            "{command:?}: {:?}: {text}",
+            output.status
+        );
+    }
+}

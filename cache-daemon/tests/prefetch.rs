@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use larder_cache_daemon::prefetch::{JobState, Jobs, PREFETCH_PARTS};
+use larder_cache_daemon::prefetch::{JobCounts, JobState, Jobs, KEEP_FINISHED_JOBS, PREFETCH_PARTS};
 use larder_config::IoEngineKind;
 use larder_tests::daemon::{DaemonProcess, is_mounted};
 use larder_tests::fixture::{CacheFixture, test_config};
@@ -488,4 +488,61 @@ async fn targets_that_cannot_be_keys_get_400_naming_them() {
     })
     .await
     .expect("join");
+}
+
+/// Job history is bounded: after more finished jobs than are kept, the daemon holds only the
+/// last `KEEP_FINISHED_JOBS` of them, and still counts every job by state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_are_kept_up_to_a_bound_and_counted() {
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    server.put("tiny.json", seed("tiny", 0), 100).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = test_config(dir.path(), MIB as u64, IoEngineKind::Psync, &server.url());
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+    let jobs = Arc::new(Jobs::new(
+        fx.cache.clone(),
+        vec![("models".into(), fx.origin.clone())],
+        dir.path().join("mnt"),
+        fx.stats.clone(),
+    ));
+    let total = KEEP_FINISHED_JOBS + 30;
+    let mut last = 0;
+    for _ in 0..total {
+        last = jobs
+            .start(vec!["models:tiny.json".into()], false)
+            .await
+            .expect("start")
+            .id;
+        let started = Instant::now();
+        while jobs
+            .report(last)
+            .is_none_or(|report| report.state == JobState::Running)
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "job {last} never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let reports = jobs.reports();
+    assert_eq!(reports.len(), KEEP_FINISHED_JOBS, "jobs kept");
+    assert_eq!(
+        reports.last().map(|report| report.id),
+        Some(last),
+        "the newest is kept"
+    );
+    assert!(
+        reports.iter().all(|report| report.state == JobState::Done),
+        "{reports:?}"
+    );
+    assert_eq!(
+        jobs.counts(),
+        JobCounts {
+            running: 0,
+            done: total,
+            failed: 0,
+            cancelled: 0
+        }
+    );
 }
