@@ -252,8 +252,8 @@ pub fn canonical_source_url(written: &str) -> String {
 /// One version of one object: the unit a handle pins and the cache keys by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectVersion {
-    /// The origin's URL, as configured (`s3://bucket/prefix`); its identity uses the
-    /// [canonical spelling](canonical_source_url).
+    /// The origin's URL in its [canonical spelling](canonical_source_url) (`s3://bucket/prefix`),
+    /// made once by the origin: the identity takes it as it is.
     pub origin_url: String,
     /// Key relative to the source's prefix.
     pub key: String,
@@ -276,7 +276,7 @@ impl ObjectVersion {
             (None, None) => VersionTag::Unversioned,
         };
         Identity::Version {
-            source: canonical_source_url(&self.origin_url),
+            source: self.origin_url.clone(),
             key: self.key.clone(),
             tag,
             size: self.size,
@@ -309,9 +309,10 @@ mod tests {
         }
     }
 
+    /// The id of the version an origin configured with `url` gives.
     fn id_of(url: &str) -> ObjectId {
         ObjectVersion {
-            origin_url: url.into(),
+            origin_url: canonical_source_url(url),
             ..version()
         }
         .id()

@@ -258,6 +258,8 @@ fn unparsable_key(error: &OriginError) -> Option<&str> {
 pub struct Origin {
     name: String,
     url: String,
+    /// The URL's canonical spelling, made once: what the versions it gives are named by.
+    identity_url: String,
     store: Arc<dyn ObjectStore>,
     /// Paged listings, where the store has them (S3, GCS, Azure); others list a directory whole.
     pager: Option<Arc<dyn PaginatedListStore>>,
@@ -445,6 +447,7 @@ impl Origin {
         Self {
             name: name.to_owned(),
             url: url.to_owned(),
+            identity_url: crate::object::canonical_source_url(url),
             store,
             pager: None,
             prefix,
@@ -484,7 +487,7 @@ impl Origin {
 
     fn version_of(&self, key: String, meta: &object_store::ObjectMeta) -> ObjectVersion {
         ObjectVersion {
-            origin_url: self.url.clone(),
+            origin_url: self.identity_url.clone(),
             key,
             etag: meta.e_tag.clone(),
             version: meta.version.clone(),

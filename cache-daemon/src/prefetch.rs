@@ -260,14 +260,10 @@ impl Jobs {
         if key.len() > MAX_KEY_LEN {
             return Err(bad(&format!("the key is longer than {MAX_KEY_LEN} bytes")));
         }
+        // The rule the origin applies to every key (no empty, `.` or `..` segment, no control
+        // character), checked before any request.
         if !key.is_empty() {
-            for segment in key.split('/') {
-                match segment {
-                    "" => return Err(bad("empty segments (`//`) are not allowed")),
-                    "." | ".." => return Err(bad("`.` and `..` segments are not allowed")),
-                    _ => {}
-                }
-            }
+            object_store::path::Path::parse(key).map_err(|e| bad(&e.to_string()))?;
         }
         Ok((source, key.to_owned()))
     }
