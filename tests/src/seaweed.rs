@@ -100,8 +100,26 @@ pub struct Seaweed {
 impl Seaweed {
     /// Starts `weed mini` on ports of its own with its data on tmpfs (`/dev/shm`) where there
     /// is one, so the server's disk reads do not compete with the cache's, and with `bucket`
-    /// created.
+    /// created. Its ports are free when chosen but not held until it binds them, so another
+    /// process may take one first: an instance that exits before serving is started again on
+    /// new ports, three times at most.
     pub fn start(weed: &Path, bucket: &str) -> anyhow::Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(weed, bucket)? {
+                Ok(server) => return Ok(server),
+                Err(exited) if attempt < 3 => {
+                    eprintln!("{exited}; starting it again on other ports");
+                    attempt += 1;
+                }
+                Err(exited) => bail!(exited),
+            }
+        }
+    }
+
+    /// One start: the server, or why `weed mini` exited before serving (with the end of its
+    /// log, which goes with its directory).
+    fn start_once(weed: &Path, bucket: &str) -> anyhow::Result<Result<Self, String>> {
         let shm = PathBuf::from("/dev/shm");
         let dir = if shm.is_dir() {
             tempfile::Builder::new().prefix("larder-weed").tempdir_in(shm)?
@@ -146,17 +164,19 @@ impl Seaweed {
         let started = Instant::now();
         while TcpStream::connect(("127.0.0.1", ports.s3)).is_err() || !server.has_bucket() {
             if let Some(status) = server.child.try_wait()? {
-                bail!(
-                    "weed mini exited ({status}) before serving bucket {bucket}: see {}",
-                    path("weed.log")
-                );
+                let log = std::fs::read_to_string(path("weed.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                return Ok(Err(format!(
+                    "weed mini exited ({status}) before serving bucket {bucket}; its log ends: {}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                )));
             }
             if started.elapsed() > Duration::from_secs(60) {
                 bail!("weed mini did not serve bucket {bucket} within 60s");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(server)
+        Ok(Ok(server))
     }
 
     /// Whether the filer holds the bucket's directory yet (`weed mini -bucket` creates it
