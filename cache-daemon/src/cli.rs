@@ -310,6 +310,13 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
         status.pinned_objects,
         status.blocks
     )?;
+    if status.cache_dir_lost {
+        writeln!(
+            out,
+            "CACHE DIR LOST: {} was deleted or replaced under the daemon; nothing is cached until it restarts",
+            status.settings.cache_dir
+        )?;
+    }
     writeln!(
         out,
         "hit rate (bytes): {} since start, {} last 5 min",

@@ -103,6 +103,7 @@ impl Control {
             objects: usage.objects,
             pinned_objects: usage.pinned,
             blocks: usage.blocks,
+            cache_dir_lost: usage.dir_lost,
             served: served_between(&StatsSnapshot::default(), &now),
             served_recent: served_between(&oldest, &now),
             lookups: Lookups {

@@ -204,6 +204,10 @@ pub struct Status {
     pub pinned_objects: usize,
     /// Cached blocks.
     pub blocks: usize,
+    /// The cache dir was deleted or replaced under the daemon, which gave it up: nothing is
+    /// cached until a restart.
+    #[serde(default)]
+    pub cache_dir_lost: bool,
     /// Served since start.
     pub served: Served,
     /// Served over the last five minutes (or since start, if shorter).

@@ -123,6 +123,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
         "Blocks in the block store.",
         usage.blocks as u64,
     );
+    out.gauge(
+        "larder_cache_dir_lost",
+        "1 when the cache dir was deleted or replaced under the daemon, which then caches nothing until restarted.",
+        u64::from(usage.dir_lost),
+    );
     out.counter(
         "larder_cache_write_bytes_total",
         "Block bytes written to the block store.",
@@ -304,6 +309,7 @@ mod tests {
             objects: 2,
             blocks: 3,
             pinned: 1,
+            dir_lost: false,
         }
     }
 
@@ -383,7 +389,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 25);
+        assert_eq!(families.len(), 26);
     }
 
     #[test]

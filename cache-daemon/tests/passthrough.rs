@@ -3,7 +3,6 @@
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
-use std::process::Command;
 
 use larder_tests::daemon::DaemonProcess;
 use larder_tests::{S3Server, content, seed};
@@ -21,30 +20,23 @@ async fn server(keys: &[(&str, usize)]) -> S3Server {
     server
 }
 
-fn larder(daemon: &DaemonProcess, args: &[&str]) -> serde_json::Value {
-    let output = Command::new(BIN)
-        .args(args)
-        .env("LARDER_CONTROL_SOCKET", &daemon.socket)
-        .output()
-        .expect("run larder");
-    assert!(
-        output.status.success(),
-        "larder {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or_default()
+/// `larder args`, which must succeed.
+fn larder(daemon: &DaemonProcess, args: &[&str]) {
+    let output = daemon.larder(args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "larder {args:?}: {stderr}");
 }
 
 /// Bytes the daemon has served to readers, from every source.
 fn served(daemon: &DaemonProcess) -> u64 {
-    let status = larder(daemon, &["status", "--json"]);
+    let status = daemon.status();
     let served = &status["served"];
     served["nvme_bytes"].as_u64().expect("nvme") + served["origin_bytes"].as_u64().expect("origin")
 }
 
 /// Opens the daemon has seen taken in passthrough.
 fn passthrough_opens(daemon: &DaemonProcess) -> u64 {
-    let status = larder(daemon, &["status", "--json"]);
+    let status = daemon.status();
     status["served"]["passthrough_opens"]
         .as_u64()
         .expect("passthrough opens")
@@ -189,7 +181,7 @@ async fn eviction_spares_a_file_open_in_passthrough() {
         for (key, size) in &others {
             read_checked(&daemon, key, *size);
         }
-        let status = larder(&daemon, &["status", "--json"]);
+        let status = daemon.status();
         assert!(
             status["evicted_blocks"].as_u64().expect("evicted") > 0,
             "{status}"
@@ -258,7 +250,7 @@ async fn reads_through_passthrough_count_as_served_from_the_cache() {
             read_checked(&daemon, MODEL, SIZE);
         }
         assert_eq!(served(&daemon), 0, "the reads were not passed through");
-        let status = larder(&daemon, &["status", "--json"]);
+        let status = daemon.status();
         (daemon, status)
     })
     .await
@@ -276,11 +268,7 @@ async fn reads_through_passthrough_count_as_served_from_the_cache() {
     );
 
     let text = tokio::task::spawn_blocking(move || {
-        let output = Command::new(BIN)
-            .args(["status"])
-            .env("LARDER_CONTROL_SOCKET", &daemon.socket)
-            .output()
-            .expect("run larder");
+        let output = daemon.larder(&["status"]);
         assert!(output.status.success());
         String::from_utf8(output.stdout).expect("utf-8")
     })

@@ -4,7 +4,7 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,23 +32,8 @@ async fn server() -> S3Server {
     server
 }
 
-/// Runs the `larder` command against `daemon`'s control socket.
-fn larder(daemon: &DaemonProcess, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("LARDER_CONTROL_SOCKET", &daemon.socket)
-        .output()
-        .expect("run larder")
-}
-
 fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn status(daemon: &DaemonProcess) -> serde_json::Value {
-    let output = larder(daemon, &["status", "--json"]);
-    assert!(output.status.success(), "status: {}", stderr(&output));
-    serde_json::from_slice(&output.stdout).expect("status JSON")
 }
 
 fn ranged_gets(requests: &[ServedRequest]) -> usize {
@@ -75,7 +60,7 @@ async fn a_prefetched_prefix_reads_with_no_origin_gets_and_a_rerun_fetches_nothi
     let dir = tempfile::tempdir().expect("tempdir");
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
     let daemon = tokio::task::spawn_blocking(move || {
-        let output = larder(&daemon, &["prefetch", "--wait", "--pin", "models:llama"]);
+        let output = daemon.larder(&["prefetch", "--wait", "--pin", "models:llama"]);
         assert!(output.status.success(), "prefetch: {}", stderr(&output));
         assert!(stderr(&output).contains("done"), "{}", stderr(&output));
         daemon
@@ -88,7 +73,7 @@ async fn a_prefetched_prefix_reads_with_no_origin_gets_and_a_rerun_fetches_nothi
     let daemon = tokio::task::spawn_blocking(move || {
         // A rerun, by a path under the mount this time, finishes without fetching.
         let target = daemon.mount.join("llama").display().to_string();
-        let output = larder(&daemon, &["prefetch", "--wait", &target]);
+        let output = daemon.larder(&["prefetch", "--wait", &target]);
         assert!(output.status.success(), "rerun: {}", stderr(&output));
         assert!(stderr(&output).contains("(0 B fetched"), "{}", stderr(&output));
         read_all(&daemon, "llama/");
@@ -101,7 +86,7 @@ async fn a_prefetched_prefix_reads_with_no_origin_gets_and_a_rerun_fetches_nothi
         before,
         "reads after prefetch went to the origin"
     );
-    let status = status(&daemon);
+    let status = daemon.status();
     assert_eq!(status["served"]["origin_bytes"], 0, "{status}");
     assert_eq!(status["pinned_objects"], 3, "{status}");
     let jobs = status["jobs"].as_array().expect("jobs");
@@ -127,10 +112,7 @@ async fn a_plan_larger_than_the_cache_is_refused_before_fetching() {
     )
     .expect("plan");
     let output = tokio::task::spawn_blocking(move || {
-        larder(
-            &daemon,
-            &["prefetch", "--wait", "--plan", plan.to_str().expect("utf-8")],
-        )
+        daemon.larder(&["prefetch", "--wait", "--plan", plan.to_str().expect("utf-8")])
     })
     .await
     .expect("join");
@@ -223,7 +205,7 @@ async fn status_counts_bytes_by_source_as_read() {
     .expect("join");
     // Every byte read was served once; from the origin, though a block the kernel asks for
     // again after it was written (its readahead sends requests out of order) is read from disk.
-    let report = status(&daemon);
+    let report = daemon.status();
     let served = |source: &str| report["served"][source].as_u64().expect("a byte count");
     assert_eq!(served("origin_bytes") + served("nvme_bytes"), cold, "{report}");
     assert!(served("origin_bytes") > 0, "{report}");
@@ -236,12 +218,12 @@ async fn status_counts_bytes_by_source_as_read() {
     })
     .await
     .expect("join");
-    let report = status(&daemon);
+    let report = daemon.status();
     assert_eq!(report["served"]["nvme_bytes"], warm, "{report}");
     assert_eq!(report["served"]["origin_bytes"], 0, "{report}");
     assert_eq!(report["served_recent"]["hit_rate"], 1.0, "{report}");
     assert_eq!(report["capacity_bytes"], 512 * MIB, "{report}");
-    let human = larder(&daemon, &["status"]);
+    let human = daemon.larder(&["status"]);
     assert!(human.status.success());
     println!("{}", String::from_utf8_lossy(&human.stdout));
 }
@@ -262,17 +244,17 @@ async fn a_prefetch_cut_by_kill_9_resumes_and_demand_reads_go_first() {
     let args = ["--part-size", "4MiB"];
     let daemon = DaemonProcess::start(Path::new(BIN), &slow, dir.path(), &args).expect("daemon");
     tokio::task::spawn_blocking(move || {
-        let output = larder(&daemon, &["prefetch", "models:weights"]);
+        let output = daemon.larder(&["prefetch", "models:weights"]);
         assert!(output.status.success(), "{}", stderr(&output));
         // A demand read of a cold file while the prefetch runs.
         let started = Instant::now();
         read_all(&daemon, "llama/config.json");
         let latency = started.elapsed();
-        let job = &status(&daemon)["jobs"][0];
+        let job = &daemon.status()["jobs"][0];
         println!("demand read during prefetch: {latency:?}; job then: {job}");
         assert_eq!(job["state"], "running", "the read finished after the prefetch");
         // Kill once some blocks are cached.
-        while status(&daemon)["blocks"].as_u64().unwrap_or(0) < 3 {
+        while daemon.status()["blocks"].as_u64().unwrap_or(0) < 3 {
             std::thread::sleep(Duration::from_millis(20));
         }
         daemon.kill9().expect("kill -9");
@@ -281,12 +263,12 @@ async fn a_prefetch_cut_by_kill_9_resumes_and_demand_reads_go_first() {
     .expect("join");
 
     let daemon = DaemonProcess::start(Path::new(BIN), &slow, dir.path(), &args).expect("restart");
-    let cached = status(&daemon)["blocks"].as_u64().expect("blocks");
+    let cached = daemon.status()["blocks"].as_u64().expect("blocks");
     // The restarted daemon's config.json block is cached too.
     let weight_blocks = (size / (4 * MIB)) as u64;
     let before = slow.requests().len();
     let daemon = tokio::task::spawn_blocking(move || {
-        let output = larder(&daemon, &["prefetch", "--wait", "models:weights"]);
+        let output = daemon.larder(&["prefetch", "--wait", "models:weights"]);
         assert!(output.status.success(), "{}", stderr(&output));
         daemon
     })
@@ -390,15 +372,15 @@ async fn sigterm_during_a_prefetch_exits_promptly_and_the_rerun_fetches_the_rest
     let daemon = DaemonProcess::start(Path::new(BIN), &slow, dir.path(), &args).expect("daemon");
     let mount = daemon.mount.clone();
     let took = tokio::task::spawn_blocking(move || {
-        let output = larder(&daemon, &["prefetch", "models:weights"]);
+        let output = daemon.larder(&["prefetch", "models:weights"]);
         assert!(output.status.success(), "{}", stderr(&output));
         // Once the first round is cached, the second is in flight.
         let started = Instant::now();
-        while status(&daemon)["blocks"].as_u64().unwrap_or(0) < 4 {
+        while daemon.status()["blocks"].as_u64().unwrap_or(0) < 4 {
             assert!(started.elapsed() < Duration::from_secs(60), "no block was cached");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let job = &status(&daemon)["jobs"][0];
+        let job = &daemon.status()["jobs"][0];
         assert_eq!(job["state"], "running", "{job}");
         let signalled = Instant::now();
         let exit = daemon.stop().expect("stop");
@@ -420,10 +402,10 @@ async fn sigterm_during_a_prefetch_exits_promptly_and_the_rerun_fetches_the_rest
     // Restarted over a fast origin, the rerun fetches exactly the blocks that were not cached.
     let fast = RecordingProxy::start(&server).await.expect("proxy");
     let daemon = DaemonProcess::start(Path::new(BIN), &fast, dir.path(), &args).expect("restart");
-    let cached = status(&daemon)["blocks"].as_u64().expect("blocks");
+    let cached = daemon.status()["blocks"].as_u64().expect("blocks");
     assert!((4..32).contains(&cached), "{cached} blocks cached");
     tokio::task::spawn_blocking(move || {
-        let output = larder(&daemon, &["prefetch", "--wait", "models:weights"]);
+        let output = daemon.larder(&["prefetch", "--wait", "models:weights"]);
         assert!(output.status.success(), "{}", stderr(&output));
         let bytes = std::fs::read(daemon.mount.join(key)).expect("read");
         assert!(bytes == content(seed(key, 0), 0, size), "{key} differs");
@@ -472,12 +454,12 @@ async fn targets_that_cannot_be_keys_get_400_naming_them() {
             );
         }
         for target in ["models:../x", ""] {
-            let output = larder(&daemon, &["prefetch", target]);
+            let output = daemon.larder(&["prefetch", target]);
             let text = stderr(&output);
             assert!(!output.status.success(), "{text}");
             assert!(text.contains(&format!("target {target:?}")), "{text}");
         }
-        let output = larder(&daemon, &["prefetch", &long]);
+        let output = daemon.larder(&["prefetch", &long]);
         let text = stderr(&output);
         assert!(
             !output.status.success() && text.contains("longer than"),

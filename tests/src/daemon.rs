@@ -13,6 +13,7 @@ use crate::Bucket;
 #[derive(Debug)]
 pub struct DaemonProcess {
     child: Option<Child>,
+    bin: PathBuf,
     /// The mount point.
     pub mount: PathBuf,
     /// The cache dir.
@@ -80,6 +81,7 @@ impl DaemonProcess {
         let mount = mount.canonicalize().unwrap_or(mount);
         let mut daemon = Self {
             child: Some(child),
+            bin: bin.to_owned(),
             mount,
             cache,
             socket,
@@ -102,6 +104,23 @@ impl DaemonProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(daemon)
+    }
+
+    /// Runs `larder args` against this daemon's control socket.
+    pub fn larder(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.bin)
+            .args(args)
+            .env("LARDER_CONTROL_SOCKET", &self.socket)
+            .output()
+            .expect("run larder")
+    }
+
+    /// `larder status --json`, which must succeed.
+    pub fn status(&self) -> serde_json::Value {
+        let output = self.larder(&["status", "--json"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "larder status: {stderr}");
+        serde_json::from_slice(&output.stdout).expect("status JSON")
     }
 
     /// The daemon's process id, while it runs.

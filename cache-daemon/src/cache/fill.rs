@@ -243,7 +243,10 @@ impl Cache {
             {
                 let stats = &cache.inner.stats;
                 match error {
-                    StoreError::NoSpace(_) => crate::stats::add(&stats.cache_writes_skipped, 1),
+                    // Said once, when the dir was found gone.
+                    StoreError::NoSpace(_) | StoreError::DirLost(_) => {
+                        crate::stats::add(&stats.cache_writes_skipped, 1)
+                    }
                     _ => {
                         crate::stats::add(&stats.cache_write_failures, 1);
                         tracing::warn!(%error, "cache write failed; the block was served from memory");

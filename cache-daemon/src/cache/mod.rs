@@ -352,9 +352,10 @@ impl Cache {
         let stats = &self.inner.stats;
         match error {
             StoreError::Corrupt { .. } => add(&stats.lookup_corrupt, 1),
-            StoreError::Io { .. } | StoreError::Locked(_) | StoreError::NoSpace(_) => {
-                add(&stats.cache_read_errors, 1)
-            }
+            StoreError::Io { .. }
+            | StoreError::Locked(_)
+            | StoreError::NoSpace(_)
+            | StoreError::DirLost(_) => add(&stats.cache_read_errors, 1),
         }
         tracing::warn!(%error, "cached block dropped; fetching it again");
     }

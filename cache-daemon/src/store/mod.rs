@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! <cache dir>/lock                                   flock: one daemon per cache dir
+//!                                                    (see home.rs for a dir deleted under it)
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.data        blocks at their natural offsets
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.rec         header + append-only entries (format.rs)
 //! ```
@@ -19,26 +20,28 @@
 //!   is off) and it was not evicted while being read.
 
 pub mod format;
+mod home;
 mod policy;
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use larder_config::CacheConfig;
 use parking_lot::Mutex;
-use rustix::fs::{FallocateFlags, FlockOperation};
+use rustix::fs::{FallocateFlags, OFlags};
 use tokio::sync::OnceCell;
 
 use crate::engine::{ALIGN, AlignedBuf, IoEngine, align_up};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::stats::{Stats, add};
 use format::{Entry, RecordHeader};
+use home::{Home, Names};
 use policy::Slru;
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
@@ -58,6 +61,9 @@ pub enum StoreError {
     /// Another process holds the cache dir.
     #[error("cache dir {0} is in use by another larder process")]
     Locked(PathBuf),
+    /// The cache dir was deleted or replaced while the daemon ran: it writes nothing more.
+    #[error("cache dir {0} was deleted or replaced under the daemon; restart it to cache again")]
+    DirLost(PathBuf),
     /// No room could be made without evicting pinned or in-use blocks.
     #[error("no room for a {0}-byte block: the rest of the cache is pinned or in use")]
     NoSpace(u64),
@@ -151,6 +157,8 @@ pub struct Usage {
     pub blocks: usize,
     /// Objects pinned (by prefetch jobs).
     pub pinned: usize,
+    /// The cache dir was deleted or replaced under the daemon, which gave it up.
+    pub dir_lost: bool,
 }
 
 type BlockKey = (ObjectId, u32);
@@ -218,6 +226,8 @@ struct State {
     /// (every scrape) does not walk the objects.
     blocks: usize,
     pinned: usize,
+    /// The cache dir is gone: the index is empty and stays so (see [`BlockStore::give_up`]).
+    dir_lost: bool,
 }
 
 impl State {
@@ -230,6 +240,7 @@ impl State {
             next_generation: 0,
             blocks: 0,
             pinned: 0,
+            dir_lost: false,
         }
     }
 }
@@ -265,7 +276,7 @@ impl Drop for Lease {
 /// The block store. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct BlockStore {
-    objects_dir: PathBuf,
+    home: Arc<Home>,
     engine: Arc<dyn IoEngine>,
     block_size: u64,
     capacity: u64,
@@ -273,7 +284,6 @@ pub struct BlockStore {
     verify: bool,
     state: Mutex<State>,
     stats: Arc<Stats>,
-    _lock: File,
 }
 
 impl BlockStore {
@@ -300,25 +310,8 @@ impl BlockStore {
         engine: Arc<dyn IoEngine>,
         stats: Arc<Stats>,
     ) -> Result<Self, StoreError> {
-        let dir = &config.dir;
-        create_private_dir(dir)?;
-        // An existing dir keeps its owner's mode otherwise; the cache is private to the daemon.
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io_error("chmod", dir))?;
-        let lock_path = dir.join("lock");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)
-            .map_err(io_error("create", &lock_path))?;
-        if rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
-            return Err(StoreError::Locked(dir.clone()));
-        }
-        let objects_dir = objects_dir(dir);
-        create_private_dir(&objects_dir)?;
         let store = Self {
-            objects_dir,
+            home: Arc::new(Home::lock(&config.dir)?),
             engine,
             block_size: config.block_size.as_u64(),
             capacity: config.capacity.as_u64(),
@@ -327,37 +320,46 @@ impl BlockStore {
             // The protected segment may hold 80% of the capacity.
             state: Mutex::new(State::new(config.capacity.as_u64() / 5 * 4)),
             stats,
-            _lock: lock,
         };
         store.replay_all()?;
         Ok(store)
     }
 
     /// Loads every record under the objects dir into the index. Damaged or foreign records are
-    /// deleted with their data files; leftover temporary files are removed.
+    /// deleted with their data files; leftover temporary files are removed. Runs right after
+    /// the lock is taken, so it reads records by path.
     fn replay_all(&self) -> Result<(), StoreError> {
         let mut state = self.state.lock();
-        let fanouts = fs::read_dir(&self.objects_dir).map_err(io_error("list", &self.objects_dir))?;
+        let objects_path = self.home.objects_path();
+        let fanouts = fs::read_dir(objects_path).map_err(io_error("list", objects_path))?;
         for fanout in fanouts.flatten() {
             let Ok(entries) = fs::read_dir(fanout.path()) else {
                 continue;
             };
+            let fanout = fanout.file_name().to_string_lossy().into_owned();
             for entry in entries.flatten() {
                 let path = entry.path();
+                let name = format!("{fanout}/{}", entry.file_name().to_string_lossy());
                 match path.extension().and_then(|e| e.to_str()) {
-                    Some("rec") => self.replay_one(&mut state, &path),
-                    Some("data") if !path.with_extension("rec").exists() => remove_quietly(&path),
+                    Some("rec") => self.replay_one(&mut state, &name),
+                    Some("data") if !path.with_extension("rec").exists() => self.home.remove(&name),
                     Some("data") => {}
-                    _ => remove_quietly(&path),
+                    _ => self.home.remove(&name),
                 }
             }
         }
         Ok(())
     }
 
-    fn replay_one(&self, state: &mut State, rec_path: &Path) {
-        let data_path = rec_path.with_extension("data");
-        let replayed = fs::read(rec_path)
+    /// Replays the record `rec` (a name under the objects dir).
+    fn replay_one(&self, state: &mut State, rec: &str) {
+        let data = format!("{}.data", rec.trim_end_matches(".rec"));
+        let (rec_path, data_path) = (self.home.path(rec), self.home.path(&data));
+        let remove_both = || {
+            self.home.remove(rec);
+            self.home.remove(&data);
+        };
+        let replayed = fs::read(&rec_path)
             .map_err(|e| e.to_string())
             .and_then(|bytes| format::replay(&bytes).map_err(|e| e.to_string()));
         let replayed = match replayed {
@@ -377,21 +379,18 @@ impl BlockStore {
             Ok(replayed) => replayed,
             Err(reason) => {
                 tracing::warn!(record = %rec_path.display(), %reason, "dropping an unreadable cache record");
-                remove_quietly(rec_path);
-                remove_quietly(&data_path);
+                remove_both();
                 return;
             }
         };
         if replayed.blocks.is_empty() {
-            remove_quietly(rec_path);
-            remove_quietly(&data_path);
+            remove_both();
             return;
         }
         let compact = replayed.entries > 2 * replayed.blocks.len() + 16;
-        if let Err(error) = rewrite_record_if(rec_path, &replayed, compact) {
+        if let Err(error) = rewrite_record_if(&rec_path, &replayed, compact) {
             tracing::warn!(record = %rec_path.display(), %error, "could not repair a cache record; dropping it");
-            remove_quietly(rec_path);
-            remove_quietly(&data_path);
+            remove_both();
             return;
         }
         let id = replayed.header.object_id;
@@ -434,10 +433,6 @@ impl BlockStore {
         size.saturating_sub(start).min(self.block_size)
     }
 
-    fn paths(&self, id: ObjectId) -> (PathBuf, PathBuf) {
-        paths_under(&self.objects_dir, id)
-    }
-
     /// Whether block `index` of `id` is present.
     pub fn contains(&self, id: ObjectId, index: u32) -> bool {
         self.state
@@ -471,6 +466,7 @@ impl BlockStore {
             objects: state.objects.len(),
             blocks: state.blocks,
             pinned: state.pinned,
+            dir_lost: state.dir_lost,
         }
     }
 
@@ -546,7 +542,8 @@ impl BlockStore {
             store: self.clone(),
             id,
         };
-        let file = File::open(self.paths(id).0).ok()?;
+        let names = Names::of(id);
+        let file = self.home.open(&names, &names.data, OFlags::RDONLY, false).ok()?;
         Some((file, lease))
     }
 
@@ -561,10 +558,11 @@ impl BlockStore {
         self.read(version, id, index, 0..len).await
     }
 
-    /// Reads bytes `range` of block `index` of `version` from disk. A block not yet checked in
-    /// this process is read whole and checked against its recorded BLAKE3, then trusted until
-    /// the daemon stops (as passthrough trusts it); a trusted block is read only in the 4 KiB
-    /// pages that hold `range`, so a small read costs a small disk read.
+    /// Reads bytes `range` of block `index` of `version` from disk. The block is read whole and
+    /// checked against its recorded BLAKE3 every time (unless verification is off, when only
+    /// the 4 KiB pages that hold `range` are read): bytes changed on disk after an earlier
+    /// check are never served through the daemon. A block that passed is marked verified in
+    /// this process, which is what passthrough asks of every block of a file.
     ///
     /// An error means the disk failed (`Io`) or gave bytes that are short or do not match the
     /// record (`Corrupt`); the block has then been dropped from the store, so the caller
@@ -619,8 +617,8 @@ impl BlockStore {
     ) -> Result<Lookup, StoreError> {
         let files = self.files(version, files, false).await?;
         let block_len = self.block_len(version.size, index) as usize;
-        let check = !self.trusted(&meta);
-        // A block to check is read whole; a trusted one only where `range` lies.
+        let check = self.verify;
+        // A block to check is read whole; otherwise only where `range` lies.
         let (from, to) = if check {
             (0, block_len)
         } else {
@@ -631,8 +629,7 @@ impl BlockStore {
             .engine
             .read(files.data.clone(), offset, AlignedBuf::new(to - from))
             .await;
-        let (data_path, _) = self.paths(id);
-        let done = result.map_err(io_error("read", &data_path))?;
+        let done = result.map_err(io_error("read", &self.home.path(&Names::of(id).data)))?;
         let corrupt = |reason| StoreError::Corrupt { id, index, reason };
         if done < to - from {
             return Err(corrupt("shorter than recorded"));
@@ -658,10 +655,16 @@ impl BlockStore {
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
-        let free = self.free_space();
+        if !self.home.intact() {
+            self.give_up();
+        }
+        let free = self.home.free_space();
         let (files_cell, victims) = {
             let mut guard = self.state.lock();
             let state = &mut *guard;
+            if state.dir_lost {
+                return Err(StoreError::DirLost(self.home.dir().to_owned()));
+            }
             if state
                 .objects
                 .get(&id)
@@ -716,7 +719,8 @@ impl BlockStore {
         block: &VerifiedBlock,
     ) -> Result<(), StoreError> {
         let files = self.files(version, files, true).await?;
-        let (data_path, rec_path) = self.paths(version.id());
+        let names = Names::of(version.id());
+        let (data_path, rec_path) = (self.home.path(&names.data), self.home.path(&names.rec));
         let offset = u64::from(index) * self.block_size;
         let is_last = offset + block.len() as u64 >= version.size;
         let written = self
@@ -807,20 +811,21 @@ impl BlockStore {
             return;
         }
         let block_size = self.block_size;
-        let jobs: Vec<_> = victims.into_iter().map(|v| (self.paths(v.id), v)).collect();
+        let home = self.home.clone();
         let result = blocking(move || {
-            for ((data_path, rec_path), victim) in jobs {
+            for victim in victims {
+                let names = Names::of(victim.id);
                 if victim.delete_object {
-                    remove_quietly(&rec_path);
-                    remove_quietly(&data_path);
+                    home.remove(&names.rec);
+                    home.remove(&names.data);
                     continue;
                 }
                 let files = match victim.files.get() {
                     Some(files) => files.clone(),
                     // Replayed at start and not opened since.
-                    None => Arc::new(open_object_files((data_path, rec_path.clone()), None)?),
+                    None => Arc::new(open_object_files(&home, &names, None)?),
                 };
-                punch_block(&files, victim.index, block_size, &rec_path)?;
+                punch_block(&files, victim.index, block_size, &home.path(&names.rec))?;
             }
             Ok(())
         })
@@ -868,7 +873,7 @@ impl BlockStore {
     ) -> Result<Arc<ObjectFiles>, StoreError> {
         let id = version.id();
         let fresh = create && !self.state.lock().objects.get(&id).is_some_and(|o| o.on_disk);
-        let paths = self.paths(id);
+        let home = self.home.clone();
         let header = RecordHeader {
             block_size: self.block_size as u32,
             object_size: version.size,
@@ -876,56 +881,55 @@ impl BlockStore {
             identity: version.identity(),
         };
         cell.get_or_try_init(|| async move {
-            blocking(move || open_object_files(paths, fresh.then_some(header)).map(Arc::new)).await
+            blocking(move || open_object_files(&home, &Names::of(id), fresh.then_some(header)).map(Arc::new))
+                .await
         })
         .await
         .cloned()
     }
 
-    /// `(available, total)` bytes of the cache filesystem, if it can be read.
-    fn free_space(&self) -> Option<(u64, u64)> {
-        let stat = rustix::fs::statvfs(&self.objects_dir).ok()?;
-        Some((stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize))
+    /// Gives the cache dir up: it was deleted or replaced under the daemon (see home.rs).
+    /// The index is emptied, so every read goes to the network and the files of the lost dir
+    /// are closed (their space freed) once reads in flight end; no write is made again. Only a
+    /// restart takes a dir (and its lock) again.
+    fn give_up(&self) {
+        let mut state = self.state.lock();
+        if state.dir_lost {
+            return;
+        }
+        tracing::error!(
+            dir = %self.home.dir().display(),
+            "the cache dir was deleted or replaced under the daemon: it caches nothing more and \
+             serves every read from the network; restart it to cache again"
+        );
+        *state = State {
+            // Writes in flight give their reservations back.
+            reserved: state.reserved,
+            next_generation: state.next_generation,
+            dir_lost: true,
+            ..State::new(0)
+        };
     }
-}
-
-fn objects_dir(cache_dir: &Path) -> PathBuf {
-    cache_dir.join("v1").join("objects")
-}
-
-fn paths_under(objects_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
-    let hex = id.to_hex();
-    let dir = objects_dir.join(&hex[..2]);
-    (dir.join(format!("{hex}.data")), dir.join(format!("{hex}.rec")))
 }
 
 /// The data and record files of object `id` in the cache dir `cache_dir`.
 pub fn object_paths(cache_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
-    paths_under(&objects_dir(cache_dir), id)
+    let names = Names::of(id);
+    let objects = cache_dir.join(home::OBJECTS_DIR);
+    (objects.join(names.data), objects.join(names.rec))
 }
 
 /// Opens an object's data and record files; with a header, creates them afresh.
 fn open_object_files(
-    (data_path, rec_path): (PathBuf, PathBuf),
+    home: &Home,
+    names: &Names,
     fresh: Option<RecordHeader>,
 ) -> Result<ObjectFiles, StoreError> {
-    if let Some(dir) = data_path.parent() {
-        create_private_dir(dir)?;
-    }
-    let mut data_options = OpenOptions::new();
-    data_options
-        .read(true)
-        .write(true)
-        .create(fresh.is_some())
-        .mode(0o600);
-    let data = open_direct(&mut data_options, &data_path)?;
-    let mut rec_options = OpenOptions::new();
-    rec_options.append(true).create(fresh.is_some()).mode(0o600);
+    let create = fresh.is_some();
+    let data = home.open(names, &names.data, OFlags::RDWR | OFlags::DIRECT, create)?;
+    let record = home.open(names, &names.rec, OFlags::WRONLY | OFlags::APPEND, create)?;
     if let Some(header) = fresh {
-        let record = rec_options
-            .truncate(false)
-            .open(&rec_path)
-            .map_err(io_error("create", &rec_path))?;
+        let (data_path, rec_path) = (home.path(&names.data), home.path(&names.rec));
         record.set_len(0).map_err(io_error("truncate", &rec_path))?;
         data.set_len(0).map_err(io_error("truncate", &data_path))?;
         data.set_len(header.object_size)
@@ -933,26 +937,11 @@ fn open_object_files(
         (&record)
             .write_all(&header.encode())
             .map_err(io_error("write", &rec_path))?;
-        return Ok(ObjectFiles {
-            data: Arc::new(data),
-            record,
-        });
     }
-    let record = rec_options.open(&rec_path).map_err(io_error("open", &rec_path))?;
     Ok(ObjectFiles {
         data: Arc::new(data),
         record,
     })
-}
-
-/// Opens with O_DIRECT, falling back to buffered I/O on filesystems that refuse it.
-fn open_direct(options: &mut OpenOptions, path: &Path) -> Result<File, StoreError> {
-    match options.clone().custom_flags(libc::O_DIRECT).open(path) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            options.open(path).map_err(io_error("open", path))
-        }
-        other => other.map_err(io_error("open", path)),
-    }
 }
 
 /// Records block `index` removed, then punches its hole.
@@ -995,22 +984,6 @@ fn rewrite_record_if(rec_path: &Path, replayed: &format::Replayed, compact: bool
         file.set_len(replayed.valid_len as u64)?;
     }
     Ok(())
-}
-
-fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(io_error("create", dir))
-}
-
-fn remove_quietly(path: &Path) {
-    if let Err(error) = fs::remove_file(path)
-        && error.kind() != io::ErrorKind::NotFound
-    {
-        tracing::warn!(path = %path.display(), %error, "could not remove a cache file");
-    }
 }
 
 /// Runs blocking filesystem work off the async workers.

@@ -1,0 +1,129 @@
+//! End to end: what a running daemon does when its cache dir is tampered with. Bytes changed
+//! on disk are caught by reads through the daemon; a cache dir deleted under the daemon is
+//! never recreated by it, and a second daemon then started on that path owns it alone.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use larder_tests::daemon::DaemonProcess;
+use larder_tests::{S3Server, content, seed};
+
+const MIB: usize = 1 << 20;
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+const SIZE: usize = 12 * MIB + 5;
+
+async fn server(keys: &[&str]) -> S3Server {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for &key in keys {
+        server.put(key, seed(key, 0), SIZE).await.expect("put");
+    }
+    server
+}
+
+fn prefetch(daemon: &DaemonProcess, key: &str) {
+    let output = daemon.larder(&["prefetch", "--wait", &format!("models:{key}")]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn read_checked(daemon: &DaemonProcess, key: &str) {
+    let bytes = std::fs::read(daemon.mount.join(key)).expect(key);
+    assert!(bytes == content(seed(key, 0), 0, SIZE), "{key} read wrong bytes");
+}
+
+fn drop_page_cache() {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (needs root)");
+}
+
+/// Files under `dir` whose names end in `suffix`.
+fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().ends_with(suffix) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// 16 bytes flipped in a block's data file after the daemon checked it: every read through
+/// the daemon checks what it reads, so the block is dropped and fetched again, and readers get
+/// the right bytes. (Passthrough, where the kernel reads the file itself, is off here: what it
+/// can catch is in the README.)
+#[tokio::test(flavor = "multi_thread")]
+async fn bytes_changed_on_disk_after_the_first_check_are_never_served() {
+    const KEY: &str = "m/model.bin";
+    let server = server(&[KEY]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &["--passthrough", "false"])
+        .expect("daemon");
+    tokio::task::spawn_blocking(move || {
+        prefetch(&daemon, KEY);
+        read_checked(&daemon, KEY);
+        let data = files_ending(&daemon.cache, ".data");
+        assert_eq!(data.len(), 1, "{data:?}");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&data[0])
+            .expect("data file");
+        let offset = 5 * MIB as u64 + 4099;
+        let mut flipped = content(seed(KEY, 0), 0, SIZE)[offset as usize..][..16].to_vec();
+        flipped.iter_mut().for_each(|b| *b = !*b);
+        file.write_all_at(&flipped, offset).expect("flip bytes");
+        file.sync_all().expect("sync");
+        drop_page_cache();
+        read_checked(&daemon, KEY);
+        // Concurrent reads of the block (the kernel's readahead) may each have caught it.
+        let corrupt = daemon.status()["lookups"]["corrupt"].as_u64().expect("corrupt");
+        assert!(corrupt >= 1, "the flipped block was not caught");
+        drop_page_cache();
+        read_checked(&daemon, KEY);
+    })
+    .await
+    .expect("checks");
+}
+
+/// The cache dir deleted under a running daemon: the daemon notices before its next write,
+/// writes nothing more (no dir recreated without its lock), serves every read from the
+/// origin, and says so in its status. A second daemon started on the path then owns it alone:
+/// the first never writes into it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cache_dir_deleted_under_the_daemon_is_left_to_whoever_locks_it_next() {
+    let keys = ["m/a.bin", "m/b.bin", "m/c.bin", "m/d.bin"];
+    let server = server(&keys).await;
+    let first_dir = tempfile::tempdir().expect("tempdir");
+    let second_dir = tempfile::tempdir().expect("tempdir");
+    let first = DaemonProcess::start(Path::new(BIN), &server, first_dir.path(), &[]).expect("daemon");
+    let cache = first.cache.clone();
+    tokio::task::block_in_place(|| {
+        read_checked(&first, keys[0]);
+        std::fs::remove_dir_all(&cache).expect("delete the cache dir");
+        read_checked(&first, keys[1]);
+        assert!(!cache.exists(), "the daemon recreated its deleted cache dir");
+        assert_eq!(first.status()["cache_dir_lost"], true);
+
+        // An operator recreates the dir and starts another daemon on it.
+        std::fs::create_dir(&cache).expect("recreate");
+        std::os::unix::fs::symlink(&cache, second_dir.path().join("cache")).expect("link");
+        let second = DaemonProcess::start(Path::new(BIN), &server, second_dir.path(), &[]).expect("second");
+        read_checked(&second, keys[2]);
+        drop_page_cache();
+        for key in keys {
+            read_checked(&first, key);
+        }
+        assert_eq!(
+            files_ending(&cache, ".rec").len(),
+            1,
+            "the first daemon wrote into the second's cache dir"
+        );
+    });
+}
