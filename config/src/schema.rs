@@ -92,8 +92,9 @@ pub struct CacheConfig {
     /// Unit of caching and verification: a power of two from 1MiB to
     /// 64MiB. Default 4MiB.
     pub block_size: ByteSize,
-    /// Check a block's BLAKE3 on every read of it from disk through the daemon; a mismatch
-    /// is a miss (the block is dropped and fetched again). Default true. Turning it off also gives up the protection against data a power loss
+    /// Check every read from disk through the daemon against the block's BLAKE3 (the 64 KiB
+    /// groups it touches, against the block's stored group values); a mismatch is a miss (the
+    /// block is dropped and fetched again). Default true. Turning it off also gives up the protection against data a power loss
     /// took from the page cache after its record entry was written.
     pub verify_on_read: bool,
     /// Hand the kernel the data file of a fully cached, verified object at open (FUSE

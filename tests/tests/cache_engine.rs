@@ -152,9 +152,9 @@ proptest! {
     }
 }
 
-/// Reads that jump around read each block they touch whole from disk and check it, before and
-/// after a restart: the bytes are right at page and block boundaries and at the end of the
-/// object, no read goes back to the origin, and no more than the blocks touched is read.
+/// Reads that jump around read and check only the 64 KiB groups they touch (and the blocks'
+/// stored group values), before and after a restart: the bytes are right at page and block
+/// boundaries and at the end of the object, and no read goes back to the origin.
 #[test_case(IoEngineKind::Uring; "uring")]
 #[test_case(IoEngineKind::Psync; "psync")]
 #[tokio::test]
@@ -193,9 +193,9 @@ async fn jumping_reads_of_cached_blocks_return_the_right_bytes(engine: IoEngineK
             );
         }
         let read = fx.disk.read_bytes() - disk_bytes;
-        // Every jump reads the blocks it touches whole, to check them: six whole blocks in
-        // all, and the 5-byte last block twice (a page each time).
-        let bound = 6 * MIB + 2 * 4096;
+        // Six groups of 64 KiB in all, the 5-byte last block (one group, checked whole) twice,
+        // and a page of group values for each of the six groups.
+        let bound = 6 * 64 * 1024 + 2 * 4096 + 6 * 4096;
         assert!(read <= bound, "round {round}: {read} bytes read from disk");
     }
     assert_eq!(server.requests().len(), requests, "a read went to the origin");
@@ -438,6 +438,74 @@ async fn corrupted_truncated_and_swapped_files_are_refetched(engine: IoEngineKin
         assert!(fx.read_all(&open).await.expect("read") == expected(key, 0, (4 * MIB) as usize));
     }
     assert!(fx.faults.gets().is_empty());
+}
+
+/// Small reads check the 64 KiB groups they touch against the block's stored group values.
+/// Values that are missing (a cache written before they were kept) cost one whole-block check,
+/// which stores them; values that were tampered with, or bytes changed in the group read, are
+/// caught (the block is fetched again); the bytes served are always right.
+#[test_case(IoEngineKind::Uring; "uring")]
+#[test_case(IoEngineKind::Psync; "psync")]
+#[tokio::test]
+async fn small_reads_check_their_groups_and_catch_tampering(engine: IoEngineKind) {
+    use std::os::unix::fs::FileExt;
+    let size = 4 * MIB;
+    let server = server_with(&[("g.bin", size)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path(), MIB, engine, &server.url());
+    // Only reads within 128 KiB of the last count as a run: none of these.
+    config.origin.readahead_min = ByteSize::kib(64);
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+    let open = fx.open_object("g.bin").await.expect("open");
+    fx.read_all(&open).await.expect("fill");
+    fx.cache.flush().await;
+    let data = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.data_file(&open))
+        .expect("data file");
+    let values = std::fs::OpenOptions::new()
+        .write(true)
+        .open(fx.data_file(&open).with_extension("values"))
+        .expect("values file");
+    // A block of 1 MiB has 16 values of 32 bytes, at 512 bytes a block.
+    values
+        .write_all_at(&[0; 512], 0)
+        .expect("forget block 0's values");
+    values
+        .write_all_at(&[7; 512], 512)
+        .expect("garble block 1's values");
+    data.write_all_at(&[0xa5], 2 * MIB + 5 * 65536 + 9)
+        .expect("change block 2");
+    data.sync_all().expect("sync");
+    values.sync_all().expect("sync");
+
+    let fx = fx.restart().await.expect("restart");
+    let open = OpenObject::new(fx.origin.clone(), open.version().clone());
+    // One reader, each read over 1 MiB from the last: none starts a sequential run.
+    let reader = Reader::new(fx.cache.clone(), open.clone());
+    let small_read = |offset: u64| {
+        let (fx, reader) = (&fx, &reader);
+        async move {
+            let before = fx.disk.read_bytes();
+            let got = reader.read(offset, 100).await.expect("read");
+            assert!(got == expected("g.bin", offset, 100), "bytes at {offset}");
+            fx.disk.read_bytes() - before
+        }
+    };
+    let group = 65536 + 4096;
+    // Block 3, untouched: one group and its values.
+    assert!(small_read(3 * MIB + 200_000).await <= group);
+    // Block 0 without values: checked whole once, then group by group.
+    assert!(small_read(200_000).await >= MIB);
+    assert!(small_read(3 * MIB + 600_000).await <= group);
+    assert!(small_read(700_000).await <= group);
+    assert!(small_read(3 * MIB + 900_000).await <= group);
+    assert_eq!(fx.stats.snapshot().lookup_corrupt, 0);
+    // Block 1's values and block 2's fifth group were changed: both caught, both refetched.
+    small_read(MIB + 1000).await;
+    small_read(2 * MIB + 5 * 65536).await;
+    assert_eq!(fx.stats.snapshot().lookup_corrupt, 2);
+    assert_eq!(fx.block_fetch_counts(&open), vec![0, 1, 1, 0]);
 }
 
 /// A cache disk whose reads fail (EIO) costs no time: the production read path drops each

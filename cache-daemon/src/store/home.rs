@@ -30,16 +30,24 @@ pub(super) struct Names {
     pub(super) data: String,
     /// `<fanout>/<id>.rec`.
     pub(super) rec: String,
+    /// `<fanout>/<id>.values`: the blocks' group values (tree.rs).
+    pub(super) values: String,
 }
 
 impl Names {
     pub(super) fn of(id: ObjectId) -> Self {
         let hex = id.to_hex();
-        let fanout = hex[..2].to_owned();
+        Self::with_stem(&format!("{}/{hex}", &hex[..2]))
+    }
+
+    /// The names of `<stem>.*`, where `stem` is `<fanout>/<name>`.
+    pub(super) fn with_stem(stem: &str) -> Self {
+        let fanout = stem.split('/').next().unwrap_or_default().to_owned();
         Self {
-            data: format!("{fanout}/{hex}.data"),
-            rec: format!("{fanout}/{hex}.rec"),
             fanout,
+            data: format!("{stem}.data"),
+            rec: format!("{stem}.rec"),
+            values: format!("{stem}.values"),
         }
     }
 }
@@ -150,6 +158,13 @@ impl Home {
                 let error = io::Error::from(error);
                 tracing::warn!(path = %self.path(name).display(), %error, "could not remove a cache file");
             }
+        }
+    }
+
+    /// Removes an object's files.
+    pub(super) fn remove_all(&self, names: &Names) {
+        for name in [&names.rec, &names.data, &names.values] {
+            self.remove(name);
         }
     }
 

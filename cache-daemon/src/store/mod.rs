@@ -8,6 +8,7 @@
 //!                                                    (see home.rs for a dir deleted under it)
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.data        blocks at their natural offsets
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.rec         header + append-only entries (format.rs)
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.values      each block's 64 KiB group values (tree.rs)
 //! ```
 //!
 //! Invariants:
@@ -16,18 +17,21 @@
 //! - Bytes in use (present blocks plus reservations, each rounded up to 4 KiB) never exceed the
 //!   capacity, and a write never takes the filesystem below its minimum free fraction: space is
 //!   reserved, and victims evicted, before a byte is written.
-//! - A block read from disk is served only if its BLAKE3 matches the record (unless verification
-//!   is off) and it was not evicted while being read.
+//! - A block read from disk is served only if the groups read hash to the block's stored group
+//!   values and those merge to the BLAKE3 in the record (unless verification is off), and it
+//!   was not evicted while being read. Group values are written before the `present` entry;
+//!   missing ones cost a whole-block check, which writes them.
 
 pub mod format;
 mod home;
 mod policy;
+mod tree;
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -43,6 +47,7 @@ use crate::stats::{Stats, add};
 use format::{Entry, RecordHeader};
 use home::{Home, Names};
 use policy::Slru;
+use tree::{CV_LEN, GROUP, Tree};
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
 /// serves from the network.
@@ -98,7 +103,7 @@ pub enum Lookup {
 #[derive(Debug, Clone)]
 pub struct VerifiedBlock {
     buf: Arc<AlignedBuf>,
-    hash: [u8; 32],
+    tree: Arc<Tree>,
 }
 
 /// Bytes that did not match the hash they were expected to have.
@@ -110,17 +115,20 @@ impl VerifiedBlock {
     /// A block this node fetched from the origin itself, hashed here. Never for bytes from a
     /// peer or a disk: those go through [`VerifiedBlock::verify`].
     pub fn hashed_here(buf: Arc<AlignedBuf>) -> Self {
-        let hash = *blake3::hash(buf.as_ref().as_ref()).as_bytes();
-        Self { buf, hash }
+        let tree = Arc::new(Tree::of(buf.as_ref().as_ref()));
+        Self { buf, tree }
     }
 
     /// Bytes from elsewhere, accepted only if they hash to `expected`.
     pub fn verify(buf: Arc<AlignedBuf>, expected: [u8; 32]) -> Result<Self, HashMismatch> {
-        let hash = *blake3::hash(buf.as_ref().as_ref()).as_bytes();
-        if hash != expected {
+        let tree = Tree::of(buf.as_ref().as_ref());
+        if tree.root != expected {
             return Err(HashMismatch);
         }
-        Ok(Self { buf, hash })
+        Ok(Self {
+            buf,
+            tree: Arc::new(tree),
+        })
     }
 
     /// Length of the block.
@@ -167,6 +175,8 @@ type BlockKey = (ObjectId, u32);
 struct ObjectFiles {
     data: Arc<File>,
     record: File,
+    /// The group values of each block (see tree.rs), at fixed slots; read through the engine.
+    values: Arc<File>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -342,8 +352,10 @@ impl BlockStore {
                 let name = format!("{fanout}/{}", entry.file_name().to_string_lossy());
                 match path.extension().and_then(|e| e.to_str()) {
                     Some("rec") => self.replay_one(&mut state, &name),
-                    Some("data") if !path.with_extension("rec").exists() => self.home.remove(&name),
-                    Some("data") => {}
+                    Some("data" | "values") if !path.with_extension("rec").exists() => {
+                        self.home.remove(&name)
+                    }
+                    Some("data" | "values") => {}
                     _ => self.home.remove(&name),
                 }
             }
@@ -353,12 +365,9 @@ impl BlockStore {
 
     /// Replays the record `rec` (a name under the objects dir).
     fn replay_one(&self, state: &mut State, rec: &str) {
-        let data = format!("{}.data", rec.trim_end_matches(".rec"));
-        let (rec_path, data_path) = (self.home.path(rec), self.home.path(&data));
-        let remove_both = || {
-            self.home.remove(rec);
-            self.home.remove(&data);
-        };
+        let names = Names::with_stem(rec.trim_end_matches(".rec"));
+        let (rec_path, data_path) = (self.home.path(&names.rec), self.home.path(&names.data));
+        let remove_all = || self.home.remove_all(&names);
         let replayed = fs::read(&rec_path)
             .map_err(|e| e.to_string())
             .and_then(|bytes| format::replay(&bytes).map_err(|e| e.to_string()));
@@ -379,18 +388,18 @@ impl BlockStore {
             Ok(replayed) => replayed,
             Err(reason) => {
                 tracing::warn!(record = %rec_path.display(), %reason, "dropping an unreadable cache record");
-                remove_both();
+                remove_all();
                 return;
             }
         };
         if replayed.blocks.is_empty() {
-            remove_both();
+            remove_all();
             return;
         }
         let compact = replayed.entries > 2 * replayed.blocks.len() + 16;
         if let Err(error) = rewrite_record_if(&rec_path, &replayed, compact) {
             tracing::warn!(record = %rec_path.display(), %error, "could not repair a cache record; dropping it");
-            remove_both();
+            remove_all();
             return;
         }
         let id = replayed.header.object_id;
@@ -585,10 +594,13 @@ impl BlockStore {
             (meta, object.files.clone())
         };
         let read = self.read_checked(version, id, index, range, meta, &files).await;
-        if read.is_err() {
-            self.remove_block(id, index, meta.generation).await;
-            return read;
-        }
+        let (bytes, checked_whole) = match read {
+            Ok(read) => read,
+            Err(error) => {
+                self.remove_block(id, index, meta.generation).await;
+                return Err(error);
+            }
+        };
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let current = state
@@ -599,13 +611,17 @@ impl BlockStore {
         let Some(current) = current else {
             return Ok(Lookup::LostRace);
         };
-        current.verified |= self.verify;
+        current.verified |= checked_whole;
         // Only a read that served bytes counts as a use for the eviction policy.
         state.policy.touch(&(id, index));
-        read
+        Ok(Lookup::Hit(bytes))
     }
 
-    /// The disk read of [`BlockStore::read`], and the check of a block not yet trusted.
+    /// The disk read of [`BlockStore::read`] and its check: bytes `range` of the block, and
+    /// whether the whole block was checked. With the block's stored group values, only the
+    /// groups `range` touches are read and checked; without them (a block written before they
+    /// were kept, or whose values were lost) the block is read and checked whole, and its
+    /// values stored for the next read.
     async fn read_checked(
         &self,
         version: &ObjectVersion,
@@ -614,35 +630,98 @@ impl BlockStore {
         range: Range<usize>,
         meta: BlockMeta,
         files: &OnceCell<Arc<ObjectFiles>>,
-    ) -> Result<Lookup, StoreError> {
+    ) -> Result<(Bytes, bool), StoreError> {
         let files = self.files(version, files, false).await?;
         let block_len = self.block_len(version.size, index) as usize;
-        let check = self.verify;
-        // A block to check is read whole; otherwise only where `range` lies.
-        let (from, to) = if check {
-            (0, block_len)
-        } else {
-            (range.start / ALIGN * ALIGN, range.end)
-        };
-        let offset = u64::from(index) * self.block_size + from as u64;
+        let corrupt = |reason| StoreError::Corrupt { id, index, reason };
+        if !self.verify {
+            let from = range.start / ALIGN * ALIGN;
+            let buf = self.read_data(&files, id, index, from..range.end).await?;
+            return Ok((
+                Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+                false,
+            ));
+        }
+        let groups = tree::groups_in(block_len);
+        if let Some(stored) = self.stored_values(&files, index, groups).await {
+            let from = range.start / GROUP * GROUP;
+            let to = (range.end.div_ceil(GROUP) * GROUP).min(block_len);
+            let buf = self.read_data(&files, id, index, from..to).await?;
+            if !tree::check_groups(buf.as_ref(), from / GROUP, &stored, block_len, &meta.hash) {
+                return Err(corrupt("not what its record's BLAKE3 names"));
+            }
+            let whole = from == 0 && to == block_len;
+            return Ok((
+                Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+                whole,
+            ));
+        }
+        let buf = self.read_data(&files, id, index, 0..block_len).await?;
+        let block = VerifiedBlock::verify(Arc::new(buf), meta.hash)
+            .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
+        if groups > 0 {
+            let (tree, slot) = (block.tree.clone(), self.values_slot(index));
+            let path = self.home.path(&Names::of(id).values);
+            let stored = blocking(move || write_values(&files.values, slot, &tree, &path)).await;
+            if let Err(error) = stored {
+                tracing::debug!(%error, "could not store a block's group values");
+            }
+        }
+        Ok((block.bytes().slice(range), true))
+    }
+
+    /// Bytes `range` of block `index` from the data file, all of them or an error.
+    async fn read_data(
+        &self,
+        files: &ObjectFiles,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+    ) -> Result<AlignedBuf, StoreError> {
+        let offset = u64::from(index) * self.block_size + range.start as u64;
         let (buf, result) = self
             .engine
-            .read(files.data.clone(), offset, AlignedBuf::new(to - from))
+            .read(files.data.clone(), offset, AlignedBuf::new(range.len()))
             .await;
         let done = result.map_err(io_error("read", &self.home.path(&Names::of(id).data)))?;
-        let corrupt = |reason| StoreError::Corrupt { id, index, reason };
-        if done < to - from {
-            return Err(corrupt("shorter than recorded"));
+        if done < range.len() {
+            return Err(StoreError::Corrupt {
+                id,
+                index,
+                reason: "shorter than recorded",
+            });
         }
-        if check {
-            let block = VerifiedBlock::verify(Arc::new(buf), meta.hash)
-                .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
-            let bytes = AlignedBuf::shared_bytes(&block.buf);
-            return Ok(Lookup::Hit(bytes.slice(range)));
+        Ok(buf)
+    }
+
+    /// The stored group values of block `index` (`groups` of them), if there are.
+    async fn stored_values(
+        &self,
+        files: &ObjectFiles,
+        index: u32,
+        groups: usize,
+    ) -> Option<Vec<[u8; CV_LEN]>> {
+        if groups == 0 {
+            return None;
         }
-        Ok(Lookup::Hit(
-            Bytes::from_owner(buf).slice(range.start - from..range.end - from),
-        ))
+        let len = groups * CV_LEN;
+        let slot = self.values_slot(index);
+        let (buf, result) = self
+            .engine
+            .read(files.values.clone(), slot, AlignedBuf::new(len))
+            .await;
+        if result.ok()? < len {
+            return None;
+        }
+        let values = buf.as_ref()[..len].as_chunks::<CV_LEN>().0.to_vec();
+        // Never written: a hole reads as zeros.
+        values.iter().any(|v| v != &[0; CV_LEN]).then_some(values)
+    }
+
+    /// Where block `index`'s group values start in the values file: every block has room
+    /// for a full block's values.
+    fn values_slot(&self, index: u32) -> u64 {
+        u64::from(index) * (self.block_size / GROUP as u64) * CV_LEN as u64
     }
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
@@ -697,7 +776,7 @@ impl BlockStore {
             object.blocks.insert(
                 index,
                 BlockMeta {
-                    hash: block.hash,
+                    hash: block.tree.root,
                     generation: state.next_generation,
                     verified: true,
                 },
@@ -721,6 +800,8 @@ impl BlockStore {
         let files = self.files(version, files, true).await?;
         let names = Names::of(version.id());
         let (data_path, rec_path) = (self.home.path(&names.data), self.home.path(&names.rec));
+        let values_path = self.home.path(&names.values);
+        let (tree, slot) = (block.tree.clone(), self.values_slot(index));
         let offset = u64::from(index) * self.block_size;
         let is_last = offset + block.len() as u64 >= version.size;
         let written = self
@@ -730,7 +811,7 @@ impl BlockStore {
         written.map_err(io_error("write", &data_path))?;
         let entry = Entry::Present {
             index,
-            hash: block.hash,
+            hash: block.tree.root,
         }
         .encode();
         let size = version.size;
@@ -742,6 +823,7 @@ impl BlockStore {
                     .set_len(size)
                     .map_err(io_error("truncate", &data_path))?;
             }
+            write_values(&files.values, slot, &tree, &values_path)?;
             (&files.record)
                 .write_all(&entry)
                 .map_err(io_error("append", &rec_path))
@@ -816,8 +898,7 @@ impl BlockStore {
             for victim in victims {
                 let names = Names::of(victim.id);
                 if victim.delete_object {
-                    home.remove(&names.rec);
-                    home.remove(&names.data);
+                    home.remove_all(&names);
                     continue;
                 }
                 let files = match victim.files.get() {
@@ -928,7 +1009,12 @@ fn open_object_files(
     let create = fresh.is_some();
     let data = home.open(names, &names.data, OFlags::RDWR | OFlags::DIRECT, create)?;
     let record = home.open(names, &names.rec, OFlags::WRONLY | OFlags::APPEND, create)?;
+    // Made for objects cached before values were kept, too: their blocks get values as they
+    // are read.
+    let values = home.open(names, &names.values, OFlags::RDWR, true)?;
     if let Some(header) = fresh {
+        let values_path = home.path(&names.values);
+        values.set_len(0).map_err(io_error("truncate", &values_path))?;
         let (data_path, rec_path) = (home.path(&names.data), home.path(&names.rec));
         record.set_len(0).map_err(io_error("truncate", &rec_path))?;
         data.set_len(0).map_err(io_error("truncate", &data_path))?;
@@ -941,7 +1027,14 @@ fn open_object_files(
     Ok(ObjectFiles {
         data: Arc::new(data),
         record,
+        values: Arc::new(values),
     })
+}
+
+/// Writes a block's group values into its slot of the values file.
+fn write_values(file: &File, slot: u64, tree: &Tree, path: &Path) -> Result<(), StoreError> {
+    file.write_all_at(&tree.groups.concat(), slot)
+        .map_err(io_error("write", path))
 }
 
 /// Records block `index` removed, then punches its hole.
@@ -1019,7 +1112,10 @@ mod tests {
     #[test]
     fn a_block_hashed_here_carries_the_hash_of_exactly_its_bytes() {
         let hashed = VerifiedBlock::hashed_here(block(b"fetched from the origin"));
-        assert_eq!(hashed.hash, *blake3::hash(b"fetched from the origin").as_bytes());
+        assert_eq!(
+            hashed.tree.root,
+            *blake3::hash(b"fetched from the origin").as_bytes()
+        );
         assert_eq!(hashed.bytes(), Bytes::from_static(b"fetched from the origin"));
     }
 }
