@@ -28,6 +28,7 @@ use clap::{ArgMatches, Args, Command, CommandFactory, FromArgMatches, Parser};
 use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
+use crate::redact::Redacted;
 use crate::schema::{Config, IoEngineKind, SourceConfig, parse_listen};
 
 /// The flags themselves; [`ConfigArgs`] adds where each value came from.
@@ -541,7 +542,7 @@ impl ConfigArgs {
                 .position(|source| source.name.trim() == name)
             {
                 Some(index) => {
-                    url.clone_into(&mut config.sources[index].url);
+                    config.sources[index].url = url.into();
                     index
                 }
                 None => {
@@ -588,11 +589,12 @@ fn set<T, E: ToString>(
     Ok(())
 }
 
-/// Splits `NAME=VALUE`, trimmed; `form` says what was expected.
+/// Splits `NAME=VALUE`, trimmed; `form` says what was expected. A value that is not of this
+/// form is shown with the secrets of any URL in it hidden.
 fn split_pair<'a>(spec: &'a str, flag: String, form: &str) -> Result<(&'a str, &'a str), ConfigError> {
     spec.split_once('=')
         .map(|(name, value)| (name.trim(), value.trim()))
-        .ok_or_else(|| ConfigError::invalid(flag, spec, format!("expected {form}")))
+        .ok_or_else(|| ConfigError::invalid(flag, Redacted(spec), format!("expected {form}")))
 }
 
 /// The configured source called `name`, for a per-source flag.
