@@ -19,6 +19,9 @@ const SECRETS: &[&str] = &[
     "PW-two",
     "SIG-two",
     "TOKEN-two",
+    "carol",
+    "PW-three",
+    "SIG-three",
 ];
 
 /// A port nobody listens on right now.
@@ -33,8 +36,9 @@ fn assert_no_secret(what: &str, text: &str) {
     }
 }
 
-/// An S3 source that works and an http source that fails, both with credentials in their
-/// URLs; the daemon logs at trace, serves one, fails on the other, and shows neither secret.
+/// Two S3 sources that work (one from `--source`, one from `LARDER_SOURCES`) and an http
+/// source that fails, all with credentials in their URLs; the daemon logs at trace, serves
+/// two, fails on the other, and shows none of the secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_in_source_urls_never_show() {
     let server = S3Server::start("larder-test").await.expect("s3 server");
@@ -58,16 +62,20 @@ async fn credentials_in_source_urls_never_show() {
             &server,
             dir.path(),
             &extra.iter().map(String::as_str).collect::<Vec<_>>(),
-            &[("LARDER_LOG", "trace")],
+            &[
+                ("LARDER_LOG", "trace"),
+                (
+                    "LARDER_SOURCES",
+                    "env=s3://carol:PW-three@larder-test?sig=SIG-three",
+                ),
+            ],
         )
         .expect("daemon");
-        // The working source serves; the other fails, and its failure is logged.
-        assert_eq!(
-            std::fs::read(daemon.mount.join("models/a.bin"))
-                .expect("read")
-                .len(),
-            1 << 20
-        );
+        // The working sources serve; the other fails, and its failure is logged.
+        for source in ["models", "env"] {
+            let bytes = std::fs::read(daemon.mount.join(source).join("a.bin")).expect("read");
+            assert_eq!(bytes.len(), 1 << 20);
+        }
         assert!(std::fs::read(daemon.mount.join("web/a.bin")).is_err());
         assert!(
             std::fs::read_dir(daemon.mount.join("web"))
@@ -109,6 +117,7 @@ async fn credentials_in_source_urls_never_show() {
         status.contains("models = s3://***@larder-test?sig=***"),
         "{status}"
     );
+    assert!(status.contains("env = s3://***@larder-test?sig=***"), "{status}");
     assert!(json.contains("X-Amz-Signature=***&token=***"), "{json}");
     assert_no_secret("larder status", &status);
     assert_no_secret("larder status --json", &json);
