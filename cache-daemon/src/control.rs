@@ -15,6 +15,8 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::net::UnixListener;
 
+use larder_config::Redacted;
+
 use crate::control_api::{Lookups, OriginErrors, Served, Settings, Status, TargetsRequest, Unpinned};
 use crate::http::{self, Body, Limits};
 use crate::prefetch::{Jobs, PrefetchError};
@@ -187,13 +189,16 @@ pub fn service(control: Arc<Control>) -> impl http::Service {
     }
 }
 
+// Every answer hides the secrets of the URLs in it: the sources' own are shown redacted
+// already, but an origin's error quotes the URL of the request that failed.
+
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
-    let body = serde_json::to_vec_pretty(value).unwrap_or_default();
-    http::full(status, "application/json", body)
+    let body = serde_json::to_string_pretty(value).unwrap_or_default();
+    http::full(status, "application/json", Redacted(&body).to_string())
 }
 
 fn error(status: StatusCode, message: String) -> Response<Body> {
-    http::error(status, &message)
+    http::error(status, &Redacted(&message).to_string())
 }
 
 fn prefetch_error(e: &PrefetchError) -> Response<Body> {

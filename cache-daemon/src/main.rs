@@ -1,8 +1,11 @@
 //! The `larder` command.
 
+use std::io::Write as _;
+
 use clap::{Parser, Subcommand};
 use larder_cache_daemon::cli::{self, PrefetchArgs, StatusArgs, UnpinArgs};
 use larder_cache_daemon::daemon::{self, DaemonArgs};
+use larder_config::Redacted;
 
 /// Larder: a node-local cache for GPU clusters.
 #[derive(Debug, Parser)]
@@ -24,20 +27,44 @@ enum Command {
     Status(StatusArgs),
 }
 
+/// One log line, written to stderr whole when dropped, with the secrets of every URL in it
+/// hidden: the daemon's own lines name source URLs redacted already, but the errors of the
+/// stores and HTTP clients it uses quote request URLs, queries included.
+#[derive(Default)]
+struct RedactedLine(Vec<u8>);
+
+impl std::io::Write for RedactedLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RedactedLine {
+    fn drop(&mut self) {
+        let line = String::from_utf8_lossy(&self.0);
+        let _ = write!(std::io::stderr().lock(), "{}", Redacted(&line));
+    }
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG").unwrap_or_else(|_| "info".into()),
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
+        .with_writer(RedactedLine::default)
         .init();
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(error) => {
             // One line with its causes; a backtrace helps nobody who ran a command.
-            eprintln!("larder: {error:#}");
+            eprintln!("larder: {}", Redacted(&format!("{error:#}")));
             std::process::ExitCode::FAILURE
         }
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use larder_config::{OriginConfig, SourceConfig};
+use larder_config::{OriginConfig, Redacted, SourceConfig, SourceUrl};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 use object_store::{
@@ -100,7 +100,7 @@ pub enum OriginError {
         /// Name of the source.
         source_name: String,
         /// The configured URL.
-        url: String,
+        url: SourceUrl,
         /// What is wrong.
         message: String,
     },
@@ -257,7 +257,7 @@ fn unparsable_key(error: &OriginError) -> Option<&str> {
 /// A source's object store plus Larder's request discipline.
 pub struct Origin {
     name: String,
-    url: String,
+    url: SourceUrl,
     /// The URL's canonical spelling, made once: what the versions it gives are named by.
     identity_url: String,
     store: Arc<dyn ObjectStore>,
@@ -314,12 +314,14 @@ impl Origin {
         stats: Arc<Stats>,
     ) -> Result<Self, OriginError> {
         install_crypto_provider();
+        // object_store's messages may quote the URL: its secrets are hidden there too.
         let config_error = |message: String| OriginError::Config {
             source_name: source.name.clone(),
             url: source.url.clone(),
-            message,
+            message: Redacted(&message).to_string(),
         };
-        let url = url::Url::parse(&source.url).map_err(|e| config_error(format!("not a URL: {e}")))?;
+        let url =
+            url::Url::parse(source.url.as_str()).map_err(|e| config_error(format!("not a URL: {e}")))?;
         let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| config_error(e.to_string()))?;
         // Set key by key: replacing the builder's ClientOptions would drop what the
         // environment set (AWS_ALLOW_HTTP, proxies). Larder bounds attempts itself; the
@@ -416,7 +418,14 @@ impl Origin {
         } else {
             prefix
         };
-        let origin = Self::new(&source.name, &source.url, store, local_prefix, config, stats);
+        let origin = Self::new(
+            &source.name,
+            source.url.as_str(),
+            store,
+            local_prefix,
+            config,
+            stats,
+        );
         Ok(match pager {
             Some(pager) => origin.with_pager(pager),
             None => origin,
@@ -424,7 +433,7 @@ impl Origin {
     }
 
     /// The source's configured URL.
-    pub fn url(&self) -> &str {
+    pub fn url(&self) -> &SourceUrl {
         &self.url
     }
 
@@ -446,7 +455,7 @@ impl Origin {
     ) -> Self {
         Self {
             name: name.to_owned(),
-            url: url.to_owned(),
+            url: url.into(),
             identity_url: crate::object::canonical_source_url(url),
             store,
             pager: None,

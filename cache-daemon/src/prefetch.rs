@@ -243,11 +243,11 @@ impl Jobs {
                 .sources
                 .iter()
                 .position(|(_, origin)| {
-                    let url = origin.url().trim_end_matches('/');
+                    let url = origin.url().as_str().trim_end_matches('/');
                     target == url || target.strip_prefix(url).is_some_and(|rest| rest.starts_with('/'))
                 })
                 .ok_or_else(|| bad("no configured source has this URL"))?;
-            let url = self.sources[source].1.url().trim_end_matches('/');
+            let url = self.sources[source].1.url().as_str().trim_end_matches('/');
             (source, target[url.len()..].to_owned())
         } else if let Some((name, path)) = target.split_once(':') {
             (by_name(name)?, path.to_owned())

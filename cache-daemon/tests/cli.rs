@@ -149,3 +149,30 @@ async fn status_into_a_closed_pipe_exits_quietly() {
         );
     }
 }
+
+/// A `LARDER_*` variable that no setting reads (here a misspelt one) is named in a warning,
+/// with the variable it is most like; the daemon starts all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_larder_variable_is_warned_about() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = tokio::task::block_in_place(|| {
+        let env = [("LARDER_CACHE_CAPACITI", "1GiB"), ("LARDER_LOG", "info")];
+        let daemon =
+            DaemonProcess::start_with_env(Path::new(BIN), &server, dir.path(), &[], &env).expect("daemon");
+        drop(daemon);
+        std::fs::read_to_string(dir.path().join("daemon.log")).expect("log")
+    });
+    let warning = log
+        .lines()
+        .find(|line| line.contains("LARDER_CACHE_CAPACITI"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    assert!(
+        warning.contains("WARN") && warning.contains("did you mean LARDER_CACHE_CAPACITY"),
+        "{warning}"
+    );
+    assert!(
+        !log.contains("LARDER_LOG"),
+        "a known variable is warned about:\n{log}"
+    );
+}

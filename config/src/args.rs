@@ -16,9 +16,15 @@
 //! Per-source keys other than the URL take `NAME=VALUE`, naming a source of
 //! the file or of `--source`: `--source-immutable models=true`,
 //! `--source-metadata-ttl models=5m` (in the environment, several separated
-//! by commas).
+//! by commas). These lists merge entry by entry rather than replace one
+//! another: the file's sources, then the variable's entries, then the flags'
+//! (clap would hide a list variable behind its flag; [`ConfigArgs`] keeps it).
+//!
+//! A `LARDER_*` variable that nothing reads is named in a warning by
+//! [`ConfigArgs::load`].
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -28,6 +34,7 @@ use clap::{ArgMatches, Args, Command, CommandFactory, FromArgMatches, Parser};
 use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
+use crate::redact::Redacted;
 use crate::schema::{Config, IoEngineKind, SourceConfig, parse_listen};
 
 /// The flags themselves; [`ConfigArgs`] adds where each value came from.
@@ -40,11 +47,11 @@ struct Flags {
         value_name = "FILE",
         help_heading = "Configuration"
     )]
-    config: Option<PathBuf>,
+    config: Option<OsString>,
 
     /// Where to mount the tree of sources, default /models [mount.path].
     #[arg(long, env = "LARDER_MOUNT", value_name = "DIR", help_heading = "Mount")]
-    mount: Option<PathBuf>,
+    mount: Option<OsString>,
 
     /// Unix socket for `larder prefetch` and `larder status` (created 0600), default
     /// /run/larder/control.sock [control.socket].
@@ -54,11 +61,11 @@ struct Flags {
         value_name = "PATH",
         help_heading = "Mount"
     )]
-    control_socket: Option<PathBuf>,
+    control_socket: Option<OsString>,
 
     /// Cache directory, default /var/cache/larder [cache.dir].
     #[arg(long, env = "LARDER_CACHE_DIR", value_name = "DIR", help_heading = "Cache")]
-    cache_dir: Option<PathBuf>,
+    cache_dir: Option<OsString>,
 
     /// Most bytes the cache may hold, e.g. "500GiB"; default 100GiB [cache.capacity].
     #[arg(
@@ -67,7 +74,7 @@ struct Flags {
         value_name = "SIZE",
         help_heading = "Cache"
     )]
-    cache_capacity: Option<String>,
+    cache_capacity: Option<OsString>,
 
     /// Fraction of the cache filesystem kept free, 0.0 to below 1.0 [cache.min_free_fraction].
     #[arg(
@@ -76,11 +83,11 @@ struct Flags {
         value_name = "FRACTION",
         help_heading = "Cache"
     )]
-    min_free_fraction: Option<String>,
+    min_free_fraction: Option<OsString>,
 
     /// Cache block size, a power of two from 1MiB to 64MiB [cache.block_size].
     #[arg(long, env = "LARDER_BLOCK_SIZE", value_name = "SIZE", help_heading = "Cache")]
-    block_size: Option<String>,
+    block_size: Option<OsString>,
 
     /// Verify each block's checksum on its first read after a start [cache.verify_on_read].
     #[arg(
@@ -89,7 +96,7 @@ struct Flags {
         value_name = "true|false",
         help_heading = "Cache"
     )]
-    verify_on_read: Option<String>,
+    verify_on_read: Option<OsString>,
 
     /// FUSE passthrough for fully cached files [cache.passthrough].
     #[arg(
@@ -98,7 +105,7 @@ struct Flags {
         value_name = "true|false",
         help_heading = "Cache"
     )]
-    passthrough: Option<String>,
+    passthrough: Option<OsString>,
 
     /// Disk I/O engine [cache.io_engine].
     #[arg(
@@ -107,15 +114,15 @@ struct Flags {
         value_name = "uring|psync",
         help_heading = "Cache"
     )]
-    io_engine: Option<String>,
+    io_engine: Option<OsString>,
 
     /// Disk I/O requests in flight, 1 to 4096 [cache.io_queue_depth].
     #[arg(long, env = "LARDER_IO_QUEUE_DEPTH", value_name = "N", help_heading = "Cache")]
-    io_queue_depth: Option<String>,
+    io_queue_depth: Option<OsString>,
 
     /// Size of one ranged GET, a multiple of the block size [origin.part_size].
     #[arg(long, env = "LARDER_PART_SIZE", value_name = "SIZE", help_heading = "Origin")]
-    part_size: Option<String>,
+    part_size: Option<OsString>,
 
     /// Ranged GETs in flight, 1 to 1024 [origin.concurrency].
     #[arg(
@@ -124,7 +131,7 @@ struct Flags {
         value_name = "N",
         help_heading = "Origin"
     )]
-    origin_concurrency: Option<String>,
+    origin_concurrency: Option<OsString>,
 
     /// Deadline for opening a connection, e.g. "3s" [origin.connect_timeout].
     #[arg(
@@ -133,7 +140,7 @@ struct Flags {
         value_name = "DURATION",
         help_heading = "Origin"
     )]
-    connect_timeout: Option<String>,
+    connect_timeout: Option<OsString>,
 
     /// Deadline of one request attempt, e.g. "10s" [origin.request_timeout].
     #[arg(
@@ -142,7 +149,7 @@ struct Flags {
         value_name = "DURATION",
         help_heading = "Origin"
     )]
-    request_timeout: Option<String>,
+    request_timeout: Option<OsString>,
 
     /// Deadline of a whole fill including retries, e.g. "30s" [origin.read_deadline].
     #[arg(
@@ -151,11 +158,11 @@ struct Flags {
         value_name = "DURATION",
         help_heading = "Origin"
     )]
-    read_deadline: Option<String>,
+    read_deadline: Option<OsString>,
 
     /// Attempts per request, 1 to 20 [origin.max_attempts].
     #[arg(long, env = "LARDER_MAX_ATTEMPTS", value_name = "N", help_heading = "Origin")]
-    max_attempts: Option<String>,
+    max_attempts: Option<OsString>,
 
     /// First retry delay, e.g. "50ms" [origin.backoff_base].
     #[arg(
@@ -164,7 +171,7 @@ struct Flags {
         value_name = "DURATION",
         help_heading = "Origin"
     )]
-    backoff_base: Option<String>,
+    backoff_base: Option<OsString>,
 
     /// Cap on the retry delay, e.g. "2s" [origin.backoff_max].
     #[arg(
@@ -173,7 +180,7 @@ struct Flags {
         value_name = "DURATION",
         help_heading = "Origin"
     )]
-    backoff_max: Option<String>,
+    backoff_max: Option<OsString>,
 
     /// Retries allowed per first attempt, 0 to 10 [origin.retry_budget_ratio].
     #[arg(
@@ -182,7 +189,7 @@ struct Flags {
         value_name = "RATIO",
         help_heading = "Origin"
     )]
-    retry_budget_ratio: Option<String>,
+    retry_budget_ratio: Option<OsString>,
 
     /// Smallest readahead window, e.g. "8MiB" [origin.readahead_min].
     #[arg(
@@ -191,7 +198,7 @@ struct Flags {
         value_name = "SIZE",
         help_heading = "Origin"
     )]
-    readahead_min: Option<String>,
+    readahead_min: Option<OsString>,
 
     /// Largest readahead window, e.g. "256MiB" [origin.readahead_max].
     #[arg(
@@ -200,7 +207,7 @@ struct Flags {
         value_name = "SIZE",
         help_heading = "Origin"
     )]
-    readahead_max: Option<String>,
+    readahead_max: Option<OsString>,
 
     /// Address and port of the Prometheus endpoint, or "off" [metrics.listen].
     #[arg(
@@ -209,10 +216,10 @@ struct Flags {
         value_name = "ADDR:PORT|off",
         help_heading = "Metrics"
     )]
-    metrics_listen: Option<String>,
+    metrics_listen: Option<OsString>,
 
-    /// A source as NAME=URL; repeatable. Replaces the URL of the file's
-    /// source with that name, or adds a new source with default settings.
+    /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
+    /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
     /// In LARDER_SOURCES, separate several with commas [source.name, source.url].
     #[arg(
         long = "source",
@@ -221,7 +228,7 @@ struct Flags {
         value_delimiter = ',',
         help_heading = "Sources"
     )]
-    sources: Vec<String>,
+    sources: Vec<OsString>,
 
     /// NAME=true|false: whether source NAME never changes; repeatable, comma-separated in
     /// the variable [source.immutable].
@@ -232,7 +239,7 @@ struct Flags {
         value_delimiter = ',',
         help_heading = "Sources"
     )]
-    source_immutable: Vec<String>,
+    source_immutable: Vec<OsString>,
 
     /// NAME=DURATION: how long source NAME's metadata is trusted, e.g. "models=5m";
     /// repeatable, comma-separated in the variable [source.metadata_ttl].
@@ -243,7 +250,7 @@ struct Flags {
         value_delimiter = ',',
         help_heading = "Sources"
     )]
-    source_metadata_ttl: Vec<String>,
+    source_metadata_ttl: Vec<OsString>,
 }
 
 /// Configuration flags: a config file plus overrides of single settings.
@@ -257,6 +264,9 @@ pub struct ConfigArgs {
     flags: Flags,
     /// Ids of the flags whose value came from their environment variable.
     from_env: BTreeSet<String>,
+    /// Values of the list variables (`LARDER_SOURCES`, per-source settings) that the same
+    /// flags on the command line hid from clap, by id: they are merged under the flags'.
+    env_lists: BTreeMap<String, OsString>,
 }
 
 impl FromArgMatches for ConfigArgs {
@@ -273,9 +283,22 @@ impl FromArgMatches for ConfigArgs {
             match matches.value_source(id) {
                 Some(ValueSource::EnvVariable) => {
                     self.from_env.insert(id.to_owned());
+                    self.env_lists.remove(id);
                 }
-                Some(_) => {
+                Some(source) => {
                     self.from_env.remove(id);
+                    // A list flag adds to its variable's list rather than replacing it.
+                    let variable = arg.get_env().and_then(std::env::var_os);
+                    match variable {
+                        Some(value)
+                            if source == ValueSource::CommandLine && arg.get_value_delimiter().is_some() =>
+                        {
+                            self.env_lists.insert(id.to_owned(), value);
+                        }
+                        _ => {
+                            self.env_lists.remove(id);
+                        }
+                    }
                 }
                 None => {}
             }
@@ -306,6 +329,40 @@ impl CommandFactory for ConfigArgs {
 
 impl Parser for ConfigArgs {}
 
+/// `LARDER_*` variables read elsewhere than here: the `larder` binary's log filter.
+const OTHER_VARIABLES: [&str; 1] = ["LARDER_LOG"];
+
+/// The `LARDER_*` variables among `names` that nothing reads (a misspelling, or a setting
+/// that does not exist), each with the known variable it is most like, if one is close.
+fn unknown_variables(names: impl Iterator<Item = OsString>) -> Vec<(String, Option<String>)> {
+    let command = ConfigArgs::command();
+    let known: Vec<&str> = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_env()?.to_str())
+        .chain(OTHER_VARIABLES)
+        .collect();
+    names
+        .map(|name| name.to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("LARDER_") && !known.contains(&name.as_str()))
+        .map(|name| {
+            // Compared without the prefix they all share; at most about a third edited.
+            let suffix = |name: &str| name.trim_start_matches("LARDER_").to_owned();
+            let closest = known
+                .iter()
+                .map(|known| {
+                    (
+                        strsim::normalized_levenshtein(&suffix(&name), &suffix(known)),
+                        *known,
+                    )
+                })
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+                .filter(|(similarity, _)| *similarity >= 0.65)
+                .map(|(_, known)| known.to_owned());
+            (name, closest)
+        })
+        .collect()
+}
+
 /// How the settings given by flags or variables are named in errors.
 struct Names {
     command: Command,
@@ -317,13 +374,28 @@ struct Names {
 impl Names {
     /// `--flag` for a value from the command line, `LARDER_VAR` for one from the environment.
     fn of(&self, id: &str) -> String {
+        if self.from_env.contains(id) {
+            self.variable(id)
+        } else {
+            self.flag(id)
+        }
+    }
+
+    /// `--flag`, the name of flag `id` on the command line.
+    fn flag(&self, id: &str) -> String {
         let arg = self.command.get_arguments().find(|arg| arg.get_id() == id);
-        let env = arg.and_then(|arg| arg.get_env()).and_then(|env| env.to_str());
-        let long = arg.and_then(|arg| arg.get_long());
-        match (self.from_env.contains(id), env, long) {
-            (true, Some(env), _) => env.to_owned(),
-            (_, _, Some(long)) => format!("--{long}"),
-            _ => id.to_owned(),
+        match arg.and_then(|arg| arg.get_long()) {
+            Some(long) => format!("--{long}"),
+            None => id.to_owned(),
+        }
+    }
+
+    /// `LARDER_VAR`, the variable of flag `id`.
+    fn variable(&self, id: &str) -> String {
+        let arg = self.command.get_arguments().find(|arg| arg.get_id() == id);
+        match arg.and_then(|arg| arg.get_env()).and_then(|env| env.to_str()) {
+            Some(env) => env.to_owned(),
+            None => self.flag(id),
         }
     }
 
@@ -335,6 +407,12 @@ impl Names {
     }
 }
 
+/// `raw` as text, or an error naming the setting `name` it was given for.
+fn utf8<'a>(name: &str, raw: &'a OsStr) -> Result<&'a str, ConfigError> {
+    raw.to_str()
+        .ok_or_else(|| ConfigError::invalid(name, raw.to_string_lossy(), "not valid UTF-8"))
+}
+
 impl ConfigArgs {
     /// Builds the effective configuration.
     ///
@@ -343,20 +421,32 @@ impl ConfigArgs {
     /// validates. Errors name the file, flag, variable or key and the bad
     /// value.
     pub fn load(&self) -> Result<Config, ConfigError> {
-        let mut config = match &self.flags.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-                Config::parse_toml(&text, Some(path))?
+        for (variable, closest) in unknown_variables(std::env::vars_os().map(|(name, _)| name)) {
+            match closest {
+                Some(closest) => tracing::warn!(
+                    "{variable} is not a Larder setting and is ignored; did you mean {closest}?"
+                ),
+                None => tracing::warn!("{variable} is not a Larder setting and is ignored"),
             }
-            None => Config::default(),
-        };
+        }
         let mut names = Names {
             command: Self::command(),
             from_env: self.from_env.clone(),
             overridden: HashMap::new(),
+        };
+        let mut config = match &self.flags.config {
+            Some(path) if path.is_empty() => {
+                return Err(ConfigError::invalid(names.of("config"), "", "must not be empty"));
+            }
+            Some(path) => {
+                let path = PathBuf::from(path);
+                let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Config::parse_toml(&text, Some(&path))?
+            }
+            None => Config::default(),
         };
         self.apply(&mut config, &mut names)?;
         config.normalise();
@@ -380,7 +470,7 @@ impl ConfigArgs {
         for (target, value, key, id) in paths {
             if let Some(value) = value {
                 names.set(key, id);
-                target.clone_from(value);
+                *target = PathBuf::from(value);
             }
         }
 
@@ -533,40 +623,64 @@ impl ConfigArgs {
             parse_listen,
         )?;
 
-        for spec in &flags.sources {
-            let (name, url) = split_pair(spec, names.of("sources"), "NAME=URL")?;
+        // Source by source: the file's, then the variable's, then the flags'; a later entry
+        // for a name replaces that source's URL.
+        for (setting, spec) in self.list(names, "sources", &flags.sources)? {
+            let (name, url) = split_pair(&spec, setting.clone(), "NAME=URL")?;
             let index = match config
                 .sources
                 .iter()
                 .position(|source| source.name.trim() == name)
             {
                 Some(index) => {
-                    url.clone_into(&mut config.sources[index].url);
+                    config.sources[index].url = url.into();
                     index
                 }
                 None => {
                     config.sources.push(SourceConfig::new(name, url));
-                    names.set(format!("source[{}].name", config.sources.len() - 1), "sources");
+                    let key = format!("source[{}].name", config.sources.len() - 1);
+                    names.overridden.insert(key, setting.clone());
                     config.sources.len() - 1
                 }
             };
-            names.set(format!("source[{index}].url"), "sources");
+            names.overridden.insert(format!("source[{index}].url"), setting);
         }
-        for spec in &flags.source_immutable {
-            let name = names.of("source_immutable");
-            let (source, value) = split_pair(spec, name.clone(), "NAME=true|false")?;
-            let source = find_source(config, source, spec, &name)?;
+        for (setting, spec) in self.list(names, "source_immutable", &flags.source_immutable)? {
+            let (source, value) = split_pair(&spec, setting.clone(), "NAME=true|false")?;
+            let source = find_source(config, source, &spec, &setting)?;
             source.immutable =
-                parse_bool(value).map_err(|reason| ConfigError::invalid(&name, spec, reason))?;
+                parse_bool(value).map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
         }
-        for spec in &flags.source_metadata_ttl {
-            let name = names.of("source_metadata_ttl");
-            let (source, value) = split_pair(spec, name.clone(), "NAME=DURATION")?;
-            let source = find_source(config, source, spec, &name)?;
+        for (setting, spec) in self.list(names, "source_metadata_ttl", &flags.source_metadata_ttl)? {
+            let (source, value) = split_pair(&spec, setting.clone(), "NAME=DURATION")?;
+            let source = find_source(config, source, &spec, &setting)?;
             source.metadata_ttl =
-                duration::parse(value).map_err(|reason| ConfigError::invalid(&name, spec, reason))?;
+                duration::parse(value).map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
         }
         Ok(())
+    }
+
+    /// The entries of list flag `id`, each with the name of the setting it came from: those
+    /// of its variable that flags hid, then `values` (the flags', or the variable's when no
+    /// flag was given).
+    fn list(
+        &self,
+        names: &Names,
+        id: &str,
+        values: &[OsString],
+    ) -> Result<Vec<(String, String)>, ConfigError> {
+        let mut entries = Vec::new();
+        if let Some(raw) = self.env_lists.get(id) {
+            let variable = names.variable(id);
+            for entry in utf8(&variable, raw)?.split(',') {
+                entries.push((variable.clone(), entry.to_owned()));
+            }
+        }
+        let setting = names.of(id);
+        for value in values {
+            entries.push((setting.clone(), utf8(&setting, value)?.to_owned()));
+        }
+        Ok(entries)
     }
 }
 
@@ -576,23 +690,25 @@ impl ConfigArgs {
 fn set<T, E: ToString>(
     names: &mut Names,
     target: &mut T,
-    raw: &Option<String>,
+    raw: &Option<OsString>,
     key: &str,
     id: &str,
     parse: impl Fn(&str) -> Result<T, E>,
 ) -> Result<(), ConfigError> {
     if let Some(raw) = raw {
         let name = names.set(key, id);
-        *target = parse(raw).map_err(|err| ConfigError::invalid(name, raw, err.to_string()))?;
+        let text = utf8(&name, raw)?;
+        *target = parse(text).map_err(|err| ConfigError::invalid(name, text, err.to_string()))?;
     }
     Ok(())
 }
 
-/// Splits `NAME=VALUE`, trimmed; `form` says what was expected.
+/// Splits `NAME=VALUE`, trimmed; `form` says what was expected. A value that is not of this
+/// form is shown with the secrets of any URL in it hidden.
 fn split_pair<'a>(spec: &'a str, flag: String, form: &str) -> Result<(&'a str, &'a str), ConfigError> {
     spec.split_once('=')
         .map(|(name, value)| (name.trim(), value.trim()))
-        .ok_or_else(|| ConfigError::invalid(flag, spec, format!("expected {form}")))
+        .ok_or_else(|| ConfigError::invalid(flag, Redacted(spec), format!("expected {form}")))
 }
 
 /// The configured source called `name`, for a per-source flag.
@@ -1120,6 +1236,30 @@ mod tests {
             .load()
             .unwrap();
         assert_eq!(config.metrics.listen, None);
+    }
+
+    #[test]
+    fn unknown_variables_are_found_with_the_closest_known_one() {
+        let names = [
+            "LARDER_CACHE_CAPACITI",
+            "LARDER_SOURCE",
+            "LARDER_LOG",
+            "LARDER_SOURCES",
+            "LARDER_FROBNICATE",
+            "HOME",
+            "larder_mount",
+        ];
+        assert_eq!(
+            unknown_variables(names.into_iter().map(OsString::from)),
+            [
+                (
+                    "LARDER_CACHE_CAPACITI".to_owned(),
+                    Some("LARDER_CACHE_CAPACITY".to_owned())
+                ),
+                ("LARDER_SOURCE".to_owned(), Some("LARDER_SOURCES".to_owned())),
+                ("LARDER_FROBNICATE".to_owned(), None),
+            ]
+        );
     }
 
     #[test]

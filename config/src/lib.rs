@@ -13,12 +13,14 @@ mod args;
 mod bytesize;
 mod duration;
 mod error;
+mod redact;
 mod schema;
 mod validate;
 
 pub use args::ConfigArgs;
 pub use bytesize::{ByteSize, ParseByteSizeError};
 pub use error::ConfigError;
+pub use redact::{Redacted, SourceUrl};
 pub use schema::{
     CacheConfig, Config, ControlConfig, DEFAULT_CONTROL_SOCKET, IoEngineKind, MetricsConfig, MountConfig,
     OriginConfig, SourceConfig,

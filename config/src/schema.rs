@@ -55,6 +55,7 @@ use serde::{Deserialize, Serialize};
 use crate::bytesize::ByteSize;
 use crate::duration::humantime_serde;
 use crate::error::ConfigError;
+use crate::redact::{Redacted, SourceUrl};
 
 /// The whole configuration of a Larder daemon.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
@@ -312,8 +313,8 @@ pub struct SourceConfig {
     /// Unique name: 1 to 64 characters of `a-z 0-9 . _ -`, not `.` or `..`.
     pub name: String,
     /// Where the objects live, e.g. `s3://bucket/prefix`, `gs://bucket`,
-    /// `az://container`, `file:///data`, `https://host/path`.
-    pub url: String,
+    /// `az://container`, `file:///data`, `https://host/path`. Shown with its secrets hidden.
+    pub url: SourceUrl,
     /// Objects never change once written, so cached data and metadata are
     /// never revalidated. Default false.
     #[serde(default)]
@@ -326,7 +327,7 @@ pub struct SourceConfig {
 
 impl SourceConfig {
     /// A source with the given name and URL and defaults for the rest.
-    pub fn new(name: impl Into<String>, url: impl Into<String>) -> Self {
+    pub fn new(name: impl Into<String>, url: impl Into<SourceUrl>) -> Self {
         Self {
             name: name.into(),
             url: url.into(),
@@ -360,12 +361,13 @@ impl Config {
         })
     }
 
-    /// Parses TOML text without normalising or validating it.
+    /// Parses TOML text without normalising or validating it. toml's message quotes the
+    /// line at fault: the secrets of a URL on it are hidden.
     pub(crate) fn parse_toml(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|err| ConfigError::Parse {
             path: path.map(Path::to_path_buf),
             key: err.span().and_then(|span| key_at(text, span.start)),
-            message: err.to_string().trim_end().to_owned(),
+            message: Redacted(err.to_string().trim_end()).to_string(),
         })
     }
 }
@@ -679,6 +681,17 @@ mod tests {
         let mut config = parse("\"off\"").unwrap();
         config = Config::from_toml_str(&config.to_toml_string().unwrap()).unwrap();
         assert_eq!(config.metrics.listen, None);
+    }
+
+    #[test]
+    fn a_parse_error_hides_the_secrets_of_the_line_it_quotes() {
+        let text = "[[source]]\nname = \"a\"\nurl = \"https://alice:PW@h/x?sig=S\" junk\n";
+        let err = Config::from_toml_str(text).unwrap_err().to_string();
+        assert!(err.contains("https://***@h/x?sig=***"), "{err}");
+        assert!(
+            !err.contains("alice") && !err.contains("PW") && !err.contains("=S"),
+            "{err}"
+        );
     }
 
     #[test]

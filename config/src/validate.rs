@@ -12,6 +12,7 @@ use url::Url;
 
 use crate::bytesize::ByteSize;
 use crate::error::ConfigError;
+use crate::redact::SourceUrl;
 use crate::schema::{CacheConfig, Config, OriginConfig, SourceConfig};
 
 /// Smallest allowed `cache.block_size`.
@@ -32,7 +33,7 @@ impl Config {
     pub(crate) fn normalise(&mut self) {
         for source in &mut self.sources {
             trim_in_place(&mut source.name);
-            trim_in_place(&mut source.url);
+            source.url.trim();
         }
     }
 
@@ -200,9 +201,16 @@ fn check_source_name(index: usize, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_source_url(index: usize, text: &str) -> Result<(), ConfigError> {
-    let fail = |reason: String| Err(ConfigError::invalid(format!("source[{index}].url"), text, reason));
-    let url = match Url::parse(text) {
+fn check_source_url(index: usize, source_url: &SourceUrl) -> Result<(), ConfigError> {
+    // The value is shown with its secrets hidden; url's errors never quote the text.
+    let fail = |reason: String| {
+        Err(ConfigError::invalid(
+            format!("source[{index}].url"),
+            source_url,
+            reason,
+        ))
+    };
+    let url = match Url::parse(source_url.as_str()) {
         Ok(url) => url,
         Err(err) => return fail(format!("not a URL ({err}); expected e.g. \"s3://bucket/prefix\"")),
     };
@@ -455,9 +463,13 @@ mod tests {
     fn bad_source_urls() {
         for url in ["ftp://x", "not a url", "", "s3://", "s3:bucket", "https://"] {
             let mut config = valid();
-            config.sources[0].url = url.to_owned();
+            config.sources[0].url = url.into();
             assert_invalid(&config, "source[0].url", url);
         }
+        // A rejected URL is quoted with its secrets hidden.
+        let mut config = valid();
+        config.sources[0].url = "ftp://alice:PW@host/x?sig=S".into();
+        assert_invalid(&config, "source[0].url", "ftp://***@host/x?sig=***");
         let err = {
             let mut config = valid();
             config.sources[0].url = "ftp://x".into();

@@ -35,7 +35,7 @@ impl DaemonProcess {
     /// Starts `bin daemon` with mount `dir/mnt`, cache `dir/cache` and control socket
     /// `dir/control.sock`, plus `extra` arguments, and waits until the mount is up.
     pub fn start(bin: &Path, server: &dyn Bucket, dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
-        Self::start_with_secret(bin, server, dir, extra, crate::SECRET_KEY)
+        Self::start_with_env(bin, server, dir, extra, &[])
     }
 
     /// Like [`DaemonProcess::start`], signing requests with `secret`.
@@ -45,6 +45,18 @@ impl DaemonProcess {
         dir: &Path,
         extra: &[&str],
         secret: &str,
+    ) -> anyhow::Result<Self> {
+        Self::start_with_env(bin, server, dir, extra, &[("AWS_SECRET_ACCESS_KEY", secret)])
+    }
+
+    /// Like [`DaemonProcess::start`], with the environment variables `env` set over the
+    /// harness's own (`LARDER_LOG=info`, the AWS settings of `server`).
+    pub fn start_with_env(
+        bin: &Path,
+        server: &dyn Bucket,
+        dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let mount = dir.join("mnt");
         let cache = dir.join("cache");
@@ -69,11 +81,12 @@ impl DaemonProcess {
             .env("AWS_ALLOW_HTTP", "true")
             .env("AWS_REGION", "us-east-1")
             .env("AWS_ACCESS_KEY_ID", crate::ACCESS_KEY)
-            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .env("AWS_SECRET_ACCESS_KEY", crate::SECRET_KEY)
             .env("LARDER_LOG", "info")
             // Daemons of tests running side by side must not all take the default port; a
             // test that scrapes passes --metrics-listen, which wins over this.
             .env("LARDER_METRICS_LISTEN", "127.0.0.1:0")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

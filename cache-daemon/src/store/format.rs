@@ -13,8 +13,9 @@
 //!
 //! Integers are little-endian. Entries are appended after the block's bytes are written, so a
 //! present entry never names bytes that were not written. Replay applies entries in order; the
-//! first entry that is short or fails its CRC marks a torn tail, and it and everything after it
-//! are ignored (and cut off when the record is next opened).
+//! first entry that is short, fails its CRC or names a block past the object's end marks a torn
+//! tail, and it and everything after it are ignored (and cut off when the record is next
+//! opened). A header whose block size is not a power of two is refused.
 
 use std::collections::HashMap;
 
@@ -84,7 +85,8 @@ impl RecordHeader {
     }
 
     /// Parses and checks a header; returns it and its length. Checks the magic, version,
-    /// checksum, and that the id is the hash of the identity.
+    /// checksum, that the block size is a power of two, and that the id is the hash of the
+    /// identity.
     pub fn decode(bytes: &[u8]) -> Result<(Self, usize), FormatError> {
         if bytes.len() < FIXED_HEADER_LEN + 4 {
             return Err(FormatError::Truncated);
@@ -107,6 +109,10 @@ impl RecordHeader {
         if crc32fast::hash(&bytes[..header_len - 4]) != u32_at(bytes, header_len - 4) {
             return Err(FormatError::BadChecksum);
         }
+        let block_size = u32_at(bytes, 16);
+        if !block_size.is_power_of_two() {
+            return Err(FormatError::Mismatch("block size"));
+        }
         let mut object_id = [0u8; 32];
         object_id.copy_from_slice(&bytes[32..64]);
         let identity = bytes[FIXED_HEADER_LEN..FIXED_HEADER_LEN + identity_len].to_vec();
@@ -114,7 +120,7 @@ impl RecordHeader {
             return Err(FormatError::Mismatch("object id"));
         }
         let header = Self {
-            block_size: u32_at(bytes, 16),
+            block_size,
             object_size: u64_at(bytes, 24),
             object_id: ObjectId(object_id),
             identity,
@@ -190,9 +196,18 @@ pub struct Replayed {
 /// Replays a whole record file.
 pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
     let (header, mut offset) = RecordHeader::decode(bytes)?;
+    // Nonzero: the header's block size is a power of two.
+    let block_count = header.object_size.div_ceil(u64::from(header.block_size));
+    let in_object = |entry: &Entry| match *entry {
+        Entry::Present { index, .. } | Entry::Removed { index } => u64::from(index) < block_count,
+    };
     let mut blocks = HashMap::new();
     let mut entries = 0;
-    while let Some(entry) = bytes.get(offset..offset + ENTRY_LEN).and_then(Entry::decode) {
+    while let Some(entry) = bytes
+        .get(offset..offset + ENTRY_LEN)
+        .and_then(Entry::decode)
+        .filter(in_object)
+    {
         match entry {
             Entry::Present { index, hash } => blocks.insert(index, hash),
             Entry::Removed { index } => blocks.remove(&index),
@@ -222,6 +237,8 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn header() -> RecordHeader {
@@ -301,6 +318,19 @@ mod tests {
         assert_eq!(replayed.valid_len, whole);
         assert_eq!(replayed.entries, 3);
 
+        // An entry naming a block past the object's end (3 blocks of 4 MiB) ends it too.
+        let mut past_the_end = record[..header_len + ENTRY_LEN].to_vec();
+        past_the_end.extend_from_slice(
+            &Entry::Present {
+                index: 3,
+                hash: [3; 32],
+            }
+            .encode(),
+        );
+        let replayed = replay(&past_the_end).expect("replay");
+        assert_eq!(replayed.blocks, HashMap::from([(0, [1; 32])]));
+        assert_eq!(replayed.valid_len, header_len + ENTRY_LEN);
+
         // A flipped bit in an entry ends the replay there.
         let mut flipped = record[..whole].to_vec();
         flipped[header_len + ENTRY_LEN + 9] ^= 1;
@@ -329,10 +359,91 @@ mod tests {
         bad[30] ^= 1;
         assert_eq!(RecordHeader::decode(&bad), Err(FormatError::BadChecksum));
         let mut forged = header();
+        forged.block_size = 0;
+        assert_eq!(
+            RecordHeader::decode(&forged.encode()),
+            Err(FormatError::Mismatch("block size"))
+        );
+        let mut forged = header();
         forged.object_id = ObjectId([7; 32]);
         assert_eq!(
             RecordHeader::decode(&forged.encode()),
             Err(FormatError::Mismatch("object id"))
         );
+    }
+
+    /// A record of `entries` under a header with these fields, encoded as it would be written.
+    fn record_of(block_size: u32, object_size: u64, identity: Vec<u8>, entries: &[(bool, u32)]) -> Vec<u8> {
+        let header = RecordHeader {
+            block_size,
+            object_size,
+            object_id: ObjectId(*blake3::hash(&identity).as_bytes()),
+            identity,
+        };
+        let mut record = header.encode();
+        for &(present, index) in entries {
+            let entry = if present {
+                Entry::Present {
+                    index,
+                    hash: [index as u8; 32],
+                }
+            } else {
+                Entry::Removed { index }
+            };
+            record.extend_from_slice(&entry.encode());
+        }
+        record
+    }
+
+    /// What any replay result must satisfy for the `len` bytes it read: its valid part lies
+    /// within them, is the header and whole entries, and every block it keeps lies within
+    /// the object (so the store's accounting of a replayed record is bounded by its size).
+    fn check_bounded(replayed: &Replayed, len: usize) {
+        let header_len = replayed.header.encode().len();
+        assert!(replayed.valid_len <= len);
+        assert_eq!(replayed.valid_len, header_len + replayed.entries * ENTRY_LEN);
+        assert!(replayed.blocks.len() <= replayed.entries);
+        let block_size = u64::from(replayed.header.block_size);
+        let blocks = replayed.header.object_size.div_ceil(block_size);
+        assert!(
+            replayed.blocks.keys().all(|&index| u64::from(index) < blocks),
+            "a block outside an object of {blocks} blocks: {:?}",
+            replayed.blocks.keys()
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any bytes at all: an error or a bounded record, never a panic.
+        #[test]
+        fn replay_of_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..600)) {
+            if let Ok(replayed) = replay(&bytes) {
+                check_bounded(&replayed, bytes.len());
+            }
+        }
+
+        /// A well-formed record (whatever its fields and entries say), then cut short or with
+        /// one bit flipped: an error or a bounded record, never a panic.
+        #[test]
+        fn replay_of_a_damaged_record_is_bounded(
+            block_size in prop_oneof![any::<u32>(), (0u32..8).prop_map(|s| 1 << (20 + s))],
+            object_size in prop_oneof![any::<u64>(), 0u64..(1 << 30)],
+            identity in prop::collection::vec(any::<u8>(), 0..64),
+            entries in prop::collection::vec((any::<bool>(), prop_oneof![0u32..300, any::<u32>()]), 0..24),
+            cut in any::<usize>(),
+            flip in prop::option::of((any::<usize>(), 0u8..8)),
+        ) {
+            let mut record = record_of(block_size, object_size, identity, &entries);
+            let len = record.len() - cut % (record.len() + 1) / 2;
+            record.truncate(len);
+            if let Some((at, bit)) = flip {
+                let at = at % record.len();
+                record[at] ^= 1 << bit;
+            }
+            if let Ok(replayed) = replay(&record) {
+                check_bounded(&replayed, record.len());
+            }
+        }
     }
 }
