@@ -19,8 +19,11 @@
 //! Versions. `open` pins the object's version: the one known if the origin gave it within the
 //! TTL with an ETag (a HEAD, or a listing entry: after `ls`, opening a file costs no request
 //! before its GET), else a HEAD.
-//! Every read on that handle returns that version's bytes or `ESTALE`. The kernel keeps a
-//! file's page cache across opens while the version stays the same.
+//! Every read on that handle returns that version's bytes or `ESTALE` (the object replaced or
+//! deleted at the origin). A read that finds the version gone also forgets what the name's
+//! cached entry says, so the next lookup or open asks the origin (a new version, or
+//! `ENOENT`) instead of trusting the entry until its TTL. The kernel keeps a file's page cache
+//! across opens while the version stays the same.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -36,7 +39,7 @@ use larder_fuse_mount::{
 use object_store::path::PathPart;
 use parking_lot::Mutex;
 
-use crate::cache::{Cache, OpenObject, Reader};
+use crate::cache::{Cache, OpenObject, ReadError, Reader};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
 use crate::stats::add;
@@ -220,6 +223,11 @@ pub struct Namespace {
 #[derive(Debug)]
 struct Handle {
     reader: Arc<Reader>,
+    /// The node it was opened on, and the version it pinned.
+    ino: u64,
+    source: usize,
+    path: String,
+    version: ObjectId,
     /// The size of the version it reads.
     size: u64,
     /// Held while the kernel may read the data file directly (passthrough).
@@ -406,6 +414,30 @@ impl Namespace {
         Ok(page)
     }
 
+    /// The origin no longer has the version handle `fh` pinned (it answered a read of it with
+    /// 412 or 404): forgets what the name's entry and node say, if they still name that
+    /// version, so the next lookup or open asks the origin instead of waiting for the TTL.
+    fn forget_version(&self, fh: u64) {
+        let Some((ino, key, pinned)) = self
+            .handles
+            .lock()
+            .get(&fh)
+            .map(|h| (h.ino, (h.source, h.path.clone()), h.version))
+        else {
+            return;
+        };
+        if let Some(known) = self.names.get(&key)
+            && matches!(&known.value, Some(Entry::File(version, _)) if version.id() == pinned)
+        {
+            self.names.invalidate(&key);
+        }
+        if let Some((node, _)) = self.inodes.lock().by_ino.get_mut(&ino)
+            && node.version.as_ref().map(ObjectVersion::id) == Some(pinned)
+        {
+            node.checked = None;
+        }
+    }
+
     /// The sources, as the root of a multi-source mount lists them.
     fn source_entries(&self) -> impl Iterator<Item = DirEntry> + '_ {
         self.sources.iter().enumerate().map(|(i, (name, _))| DirEntry {
@@ -535,11 +567,12 @@ impl FileTree for Namespace {
                 (version, checked)
             }
         };
+        let id = version.id();
         let keep_cache = {
             let mut inodes = self.inodes.lock();
             let (node, _) = inodes.by_ino.get_mut(&ino).ok_or(FsErrorKind::NotFound)?;
-            let keep = node.last_opened == Some(version.id());
-            node.last_opened = Some(version.id());
+            let keep = node.last_opened == Some(id);
+            node.last_opened = Some(id);
             node.size = version.size;
             node.mtime = version.modified;
             node.version = Some(version.clone());
@@ -556,6 +589,10 @@ impl FileTree for Namespace {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             reader,
+            ino,
+            source,
+            path: node.path,
+            version: id,
             size,
             _lease: lease,
         };
@@ -574,7 +611,16 @@ impl FileTree for Namespace {
             .get(&fh)
             .map(|h| h.reader.clone())
             .ok_or(FsErrorKind::BadHandle)?;
-        reader.read(offset, size as usize).await.map_err(FsError::from)
+        let error = match reader.read(offset, size as usize).await {
+            Ok(bytes) => return Ok(bytes),
+            Err(error) => error,
+        };
+        if let ReadError::Origin(origin) = &error
+            && let OriginError::VersionChanged { .. } | OriginError::NotFound { .. } = **origin
+        {
+            self.forget_version(fh);
+        }
+        Err(error.into())
     }
 
     fn passed_through(&self, fh: u64) {

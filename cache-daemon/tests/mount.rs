@@ -384,14 +384,50 @@ async fn with_a_file_open(extra: &[&str]) -> FileOpen {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
     let open = with_a_file_open(&[]).await;
-    let FileOpen {
-        file, old, server, ..
-    } = open;
     let key = OPEN_KEY;
-    server.put(key, seed(key, 1), old.len()).await.expect("overwrite");
+    let size = open.old.len();
+    open.server.put(key, seed(key, 1), size).await.expect("overwrite");
+    let (file, old, path) = (open.file, open.old, open.daemon.mount.join(key));
     tokio::task::spawn_blocking(move || {
         let stale = read_old_bytes_or_estale(&file, &old);
         assert!(stale > 0, "every later read was served from before the overwrite");
+        // The daemon has seen the new version: the next open reads it, without waiting for
+        // the metadata TTL (60 s).
+        let new = std::fs::read(&path).expect("read after the overwrite");
+        assert!(
+            new == content(seed(key, 1), 0, size),
+            "a new open read the old version"
+        );
+    })
+    .await
+    .expect("checks");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_deleted_while_open_reads_estale_and_its_name_goes() {
+    let open = with_a_file_open(&[]).await;
+    let client = open.server.client().expect("client");
+    let key = object_store::path::Path::from(OPEN_KEY);
+    object_store::ObjectStoreExt::delete(client.as_ref(), &key)
+        .await
+        .expect("delete");
+    let (file, old, path) = (open.file, open.old, open.daemon.mount.join(OPEN_KEY));
+    tokio::task::spawn_blocking(move || {
+        let stale = read_old_bytes_or_estale(&file, &old);
+        assert!(stale > 0, "every later read was served from before the delete");
+        // The daemon has seen the 404: the name goes once the kernel's own entry cache
+        // (1 s) lets go, not after the metadata TTL (60 s).
+        let asked = Instant::now();
+        loop {
+            match std::fs::metadata(&path) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+                other => assert!(
+                    asked.elapsed() < Duration::from_secs(10),
+                    "stat still answers {other:?} 10 s after the daemon saw the object gone"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     })
     .await
     .expect("checks");
