@@ -1,7 +1,7 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
 //! then stop: cancel the prefetch jobs (no new fills), detach the mount (it leaves the
-//! namespace at once) and serve the files still open under it until they close or
-//! `mount.shutdown_grace` passes, abandon the origin requests still in flight, wait for the
+//! namespace at once) and serve the files still open under it until they close,
+//! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still in flight, wait for the
 //! cache writes of blocks already received, exit.
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
@@ -199,11 +199,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         grace = %humantime::format_duration(grace),
         "detaching the mount: files still open under it are served until they close, for at most the grace period"
     );
-    let detached = mounted.detach(grace).await;
+    let detached = tokio::select! {
+        // Detach first, whatever else is ready.
+        biased;
+        detached = mounted.detach(grace) => detached,
+        // A second SIGTERM or Ctrl-C ends the grace period.
+        signal = wait_for_signal() => signal.map(|()| Detached::GraceExpired),
+    };
     if let Ok(Detached::GraceExpired) = detached {
         tracing::warn!(
             grace = %humantime::format_duration(grace),
-            "files were still open under the mount when the grace period ended: their reads fail from now on"
+            "files were still open under the mount at the end of the grace period (or a second signal): their reads fail from now on"
         );
     }
     cache.stop_fills();

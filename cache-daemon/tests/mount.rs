@@ -433,6 +433,18 @@ async fn an_object_deleted_while_open_reads_estale_and_its_name_goes() {
     .expect("checks");
 }
 
+/// Waits for `mount` to stop being a mount point, failing after 5 s.
+fn assert_detached_soon(mount: &Path) {
+    let signalled = Instant::now();
+    while is_mounted(mount) {
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "still mounted 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// SIGTERM with a file open: the mount leaves the namespace at once (new opens do not reach
 /// it), the open file reads to its end, and the daemon exits 0 when it is closed, before
 /// the grace period.
@@ -448,14 +460,7 @@ async fn sigterm_detaches_the_mount_and_serves_open_files_until_they_close() {
     let mount = daemon.mount.clone();
     tokio::task::spawn_blocking(move || {
         daemon.terminate().expect("SIGTERM");
-        let signalled = Instant::now();
-        while is_mounted(&mount) {
-            assert!(
-                signalled.elapsed() < Duration::from_secs(5),
-                "still mounted 5 s after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert_detached_soon(&mount);
         let error = std::fs::File::open(mount.join(OPEN_KEY)).expect_err("a new open after SIGTERM");
         assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
         let mut rest = vec![0; old.len() - MIB as usize];
@@ -477,28 +482,34 @@ async fn sigterm_detaches_the_mount_and_serves_open_files_until_they_close() {
     .expect("checks");
 }
 
-/// SIGTERM with a file that stays open: the daemon exits 0 after the grace period, and the
-/// file's reads then fail instead of hanging.
+/// SIGTERM with a file that stays open: the daemon exits 0 after the grace period, or at
+/// once on a second SIGTERM (or Ctrl-C), and the file's reads then fail instead of hanging.
 #[tokio::test(flavor = "multi_thread")]
-async fn sigterm_exits_after_the_grace_period_with_a_file_still_open() {
-    let open = with_a_file_open(&["--shutdown-grace", "2s"]).await;
-    let FileOpen { daemon, file, .. } = open;
-    let status = tokio::task::spawn_blocking(move || {
-        daemon.terminate().expect("SIGTERM");
-        daemon.wait(Duration::from_secs(20))
-    });
-    let status = status.await.expect("join").expect("exit with a file open");
-    assert!(status.success(), "exit status {status}");
-    let read = tokio::task::spawn_blocking(move || {
-        let mut buf = vec![0; MIB as usize];
-        file.read_exact_at(&mut buf, 36 * MIB)
-    });
-    let read = tokio::time::timeout(Duration::from_secs(10), read)
-        .await
-        .expect("a read after the daemon exited hangs")
-        .expect("join");
-    let error = read.expect_err("a read after the daemon exited got bytes");
-    assert_eq!(error.raw_os_error(), Some(libc::ENOTCONN), "{error}");
+async fn sigterm_exits_after_the_grace_period_or_a_second_signal_with_a_file_still_open() {
+    for (grace, second_signal) in [("2s", false), ("60s", true)] {
+        let open = with_a_file_open(&["--shutdown-grace", grace]).await;
+        let FileOpen { daemon, file, .. } = open;
+        let status = tokio::task::spawn_blocking(move || {
+            daemon.terminate().expect("SIGTERM");
+            if second_signal {
+                assert_detached_soon(&daemon.mount);
+                daemon.terminate().expect("second SIGTERM");
+            }
+            daemon.wait(Duration::from_secs(20))
+        });
+        let status = status.await.expect("join").expect("exit with a file open");
+        assert!(status.success(), "exit status {status}");
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0; MIB as usize];
+            file.read_exact_at(&mut buf, 36 * MIB)
+        });
+        let read = tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("a read after the daemon exited hangs")
+            .expect("join");
+        let error = read.expect_err("a read after the daemon exited got bytes");
+        assert_eq!(error.raw_os_error(), Some(libc::ENOTCONN), "{error}");
+    }
 }
 
 /// Against SeaweedFS (a production object store): a 512 MiB model file listed, read with
