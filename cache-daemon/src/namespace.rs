@@ -223,11 +223,10 @@ pub struct Namespace {
 #[derive(Debug)]
 struct Handle {
     reader: Arc<Reader>,
-    /// The node it was opened on, and the version it pinned.
+    /// The node it was opened on.
     ino: u64,
     source: usize,
     path: String,
-    version: ObjectId,
     /// The size of the version it reads.
     size: u64,
     /// Held while the kernel may read the data file directly (passthrough).
@@ -265,6 +264,7 @@ impl Namespace {
             names: moka::sync::Cache::new(CACHED_NAMES),
             pages: moka::sync::Cache::builder()
                 .max_capacity(CACHED_PAGE_ENTRIES)
+                .support_invalidation_closures()
                 .weigher(|_, page: &Fetched<Arc<Page>>| {
                     u32::try_from(page.value.children.len() + 1).unwrap_or(u32::MAX)
                 })
@@ -414,27 +414,41 @@ impl Namespace {
         Ok(page)
     }
 
-    /// The origin no longer has the version handle `fh` pinned (it answered a read of it with
-    /// 412 or 404): forgets what the name's entry and node say, if they still name that
-    /// version, so the next lookup or open asks the origin instead of waiting for the TTL.
-    fn forget_version(&self, fh: u64) {
-        let Some((ino, key, pinned)) = self
+    /// The origin no longer has the version handle `fh` pinned: it answered a read of it with
+    /// 412 (replaced) or 404 (`deleted`). Forgets what the name's cached entry and node say, so
+    /// the next lookup or open asks the origin instead of waiting for the TTL (at the cost of
+    /// one HEAD, should they already know a newer version); for a delete, also the listing of
+    /// the directory, so `ls` stops showing the name.
+    fn forget_version(&self, fh: u64, deleted: bool) {
+        let Some((ino, source, path)) = self
             .handles
             .lock()
             .get(&fh)
-            .map(|h| (h.ino, (h.source, h.path.clone()), h.version))
+            .map(|h| (h.ino, h.source, h.path.clone()))
         else {
             return;
         };
-        if let Some(known) = self.names.get(&key)
-            && matches!(&known.value, Some(Entry::File(version, _)) if version.id() == pinned)
-        {
-            self.names.invalidate(&key);
-        }
-        if let Some((node, _)) = self.inodes.lock().by_ino.get_mut(&ino)
-            && node.version.as_ref().map(ObjectVersion::id) == Some(pinned)
-        {
+        if let Some((node, _)) = self.inodes.lock().by_ino.get_mut(&ino) {
             node.checked = None;
+        }
+        let dir = path.rsplit_once('/').map_or("", |(dir, _)| dir).to_owned();
+        // Once per delete, not once per failed read: the first drops the name.
+        let known = self.names.remove(&(source, path));
+        if deleted
+            && matches!(
+                known,
+                Some(Fetched {
+                    value: Some(Entry::File(..)),
+                    ..
+                })
+            )
+        {
+            let listed = self
+                .pages
+                .invalidate_entries_if(move |(s, d, _), _| *s == source && *d == dir);
+            if let Err(error) = listed {
+                tracing::warn!(%error, "cannot drop the listing of a deleted object's directory");
+            }
         }
     }
 
@@ -567,12 +581,11 @@ impl FileTree for Namespace {
                 (version, checked)
             }
         };
-        let id = version.id();
         let keep_cache = {
             let mut inodes = self.inodes.lock();
             let (node, _) = inodes.by_ino.get_mut(&ino).ok_or(FsErrorKind::NotFound)?;
-            let keep = node.last_opened == Some(id);
-            node.last_opened = Some(id);
+            let keep = node.last_opened == Some(version.id());
+            node.last_opened = Some(version.id());
             node.size = version.size;
             node.mtime = version.modified;
             node.version = Some(version.clone());
@@ -592,7 +605,6 @@ impl FileTree for Namespace {
             ino,
             source,
             path: node.path,
-            version: id,
             size,
             _lease: lease,
         };
@@ -618,7 +630,7 @@ impl FileTree for Namespace {
         if let ReadError::Origin(origin) = &error
             && let OriginError::VersionChanged { .. } | OriginError::NotFound { .. } = **origin
         {
-            self.forget_version(fh);
+            self.forget_version(fh, matches!(**origin, OriginError::NotFound { .. }));
         }
         Err(error.into())
     }

@@ -406,6 +406,9 @@ async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_object_deleted_while_open_reads_estale_and_its_name_goes() {
     let open = with_a_file_open(&[]).await;
+    let dir = open.daemon.mount.join("llama");
+    // Listed before the delete: the daemon keeps the listing for the metadata TTL.
+    assert_eq!(names_in(dir.clone()).await, ["config.json", "model.safetensors"]);
     let client = open.server.client().expect("client");
     let key = object_store::path::Path::from(OPEN_KEY);
     object_store::ObjectStoreExt::delete(client.as_ref(), &key)
@@ -431,6 +434,11 @@ async fn an_object_deleted_while_open_reads_estale_and_its_name_goes() {
     })
     .await
     .expect("checks");
+    assert_eq!(
+        names_in(dir).await,
+        ["config.json"],
+        "the listing still shows the deleted object"
+    );
 }
 
 /// Waits for `mount` to stop being a mount point, failing after 5 s.
