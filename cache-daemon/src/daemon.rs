@@ -1,8 +1,8 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
 //! then stop: cancel the prefetch jobs (no new fills), detach the mount (it leaves the
 //! namespace at once) and serve the files still open under it until they close,
-//! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still in flight, wait for the
-//! cache writes of blocks already received, exit.
+//! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still
+//! in flight, wait for the cache writes of blocks already received, exit.
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
 //! until the daemon stops; an address it cannot bind stops the daemon from starting.
