@@ -1,6 +1,8 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
-//! then stop: cancel the prefetch jobs (no new fills), unmount, abandon the origin requests
-//! still in flight, wait for the cache writes of blocks already received, exit.
+//! then stop: cancel the prefetch jobs (no new fills), detach the mount (it leaves the
+//! namespace at once) and serve the files still open under it until they close,
+//! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still
+//! in flight, wait for the cache writes of blocks already received, exit.
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
 //! until the daemon stops; an address it cannot bind stops the daemon from starting.
@@ -17,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use larder_config::{Config, ConfigArgs, ConfigError};
-use larder_fuse_mount::MountOptions;
+use larder_fuse_mount::{Detached, MountOptions, detach};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -186,29 +188,39 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         what: "waiting for signals",
         source,
     })?;
-    tracing::info!("stopping: cancelling prefetch jobs, unmounting");
+    tracing::info!("stopping: cancelling prefetch jobs");
     stop.cancel();
     sample_task.abort();
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     jobs.shutdown().await;
-    let unmounted = tokio::task::spawn_blocking(move || mounted.unmount()).await;
+    let grace = config.mount.shutdown_grace;
+    tracing::info!(
+        grace = %humantime::format_duration(grace),
+        "detaching the mount: files still open under it are served until they close, for at most the grace period"
+    );
+    let detached = tokio::select! {
+        // Detach first, whatever else is ready.
+        biased;
+        detached = mounted.detach(grace) => detached,
+        // A second SIGTERM or Ctrl-C ends the grace period.
+        signal = wait_for_signal() => signal.map(|()| Detached::GraceExpired),
+    };
+    if let Ok(Detached::GraceExpired) = detached {
+        tracing::warn!(
+            grace = %humantime::format_duration(grace),
+            "files were still open under the mount at the end of the grace period (or a second signal): their reads fail from now on"
+        );
+    }
     cache.stop_fills();
     cache.flush().await;
     if let Some(task) = metrics_task {
         let _ = task.await;
     }
-    match unmounted {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(DaemonError::Io {
-            what: "unmounting",
-            source,
-        }),
-        Err(join) => Err(DaemonError::Io {
-            what: "unmounting",
-            source: io::Error::other(join),
-        }),
-    }
+    detached.map(drop).map_err(|source| DaemonError::Io {
+        what: "detaching the mount",
+        source,
+    })
 }
 
 /// Binds the metrics listener and serves it on a task of its own until `stop`.
@@ -287,17 +299,6 @@ fn is_mount_point(path: &Path) -> bool {
         .unwrap_or_default()
         .lines()
         .any(|line| line.split(' ').nth(4).map(Path::new) == Some(path))
-}
-
-fn detach(path: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
-    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }
 
 fn mount_error(path: &Path, source: io::Error) -> DaemonError {

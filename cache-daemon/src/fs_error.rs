@@ -13,10 +13,24 @@ use tracing::Level;
 use crate::cache::ReadError;
 use crate::origin::OriginError;
 
+/// What the origin was asked about when it failed.
+#[derive(Debug, Clone, Copy)]
+enum Asked {
+    /// A name: a lookup, an open, a listing.
+    Name,
+    /// The bytes of the version a handle pinned at open.
+    PinnedVersion,
+}
+
 /// The kind and level of an origin error.
-fn classify(error: &OriginError) -> (FsErrorKind, Level) {
+fn classify(error: &OriginError, asked: Asked) -> (FsErrorKind, Level) {
     match error {
-        OriginError::NotFound { .. } => (FsErrorKind::NotFound, Level::DEBUG),
+        OriginError::NotFound { .. } => match asked {
+            Asked::Name => (FsErrorKind::NotFound, Level::DEBUG),
+            // The version an open handle reads is gone: to its reader, as stale as one
+            // replaced (the README's errno table).
+            Asked::PinnedVersion => (FsErrorKind::Stale, Level::INFO),
+        },
         // The origin warns once per source (see `Origin`); every denied request after that
         // is the same news.
         OriginError::PermissionDenied { .. } => (FsErrorKind::PermissionDenied, Level::DEBUG),
@@ -31,16 +45,17 @@ fn classify(error: &OriginError) -> (FsErrorKind, Level) {
 
 impl From<OriginError> for FsError {
     fn from(error: OriginError) -> Self {
-        let (kind, level) = classify(&error);
+        let (kind, level) = classify(&error, Asked::Name);
         FsError::new(kind, error).with_level(level)
     }
 }
 
+/// A read of an open handle's pinned version.
 impl From<ReadError> for FsError {
     fn from(error: ReadError) -> Self {
         match error {
             ReadError::Origin(origin) => {
-                let (kind, level) = classify(&origin);
+                let (kind, level) = classify(&origin, Asked::PinnedVersion);
                 FsError::new(kind, Arc::clone(&origin)).with_level(level)
             }
             error @ ReadError::Abandoned => FsError::new(FsErrorKind::Io, error),
@@ -150,8 +165,12 @@ mod tests {
     }
 
     #[test]
-    fn read_errors_map_like_their_origin_error() {
+    fn read_errors_map_like_their_origin_error_but_a_vanished_version_is_stale() {
         for (error, errno, level) in origin_errors() {
+            let (errno, level) = match error {
+                OriginError::NotFound { .. } => (libc::ESTALE, Level::INFO),
+                _ => (errno, level),
+            };
             let text = error.to_string();
             let mapped = FsError::from(ReadError::Origin(Arc::new(error)));
             assert_eq!((mapped.errno(), mapped.level()), (errno, level), "{text}");

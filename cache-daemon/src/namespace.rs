@@ -19,8 +19,11 @@
 //! Versions. `open` pins the object's version: the one known if the origin gave it within the
 //! TTL with an ETag (a HEAD, or a listing entry: after `ls`, opening a file costs no request
 //! before its GET), else a HEAD.
-//! Every read on that handle returns that version's bytes or `ESTALE`. The kernel keeps a
-//! file's page cache across opens while the version stays the same.
+//! Every read on that handle returns that version's bytes or `ESTALE` (the object replaced or
+//! deleted at the origin). A read that finds the version gone also forgets what the name's
+//! cached entry says, so the next lookup or open asks the origin (a new version, or
+//! `ENOENT`) instead of trusting the entry until its TTL. The kernel keeps a file's page cache
+//! across opens while the version stays the same.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -36,7 +39,7 @@ use larder_fuse_mount::{
 use object_store::path::PathPart;
 use parking_lot::Mutex;
 
-use crate::cache::{Cache, OpenObject, Reader};
+use crate::cache::{Cache, OpenObject, ReadError, Reader};
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
 use crate::stats::add;
@@ -220,6 +223,10 @@ pub struct Namespace {
 #[derive(Debug)]
 struct Handle {
     reader: Arc<Reader>,
+    /// The node it was opened on.
+    ino: u64,
+    source: usize,
+    path: String,
     /// The size of the version it reads.
     size: u64,
     /// Held while the kernel may read the data file directly (passthrough).
@@ -257,6 +264,7 @@ impl Namespace {
             names: moka::sync::Cache::new(CACHED_NAMES),
             pages: moka::sync::Cache::builder()
                 .max_capacity(CACHED_PAGE_ENTRIES)
+                .support_invalidation_closures()
                 .weigher(|_, page: &Fetched<Arc<Page>>| {
                     u32::try_from(page.value.children.len() + 1).unwrap_or(u32::MAX)
                 })
@@ -404,6 +412,44 @@ impl Namespace {
         };
         self.pages.insert(key, value);
         Ok(page)
+    }
+
+    /// The origin no longer has the version handle `fh` pinned: it answered a read of it with
+    /// 412 (replaced) or 404 (`deleted`). Forgets what the name's cached entry and node say, so
+    /// the next lookup or open asks the origin instead of waiting for the TTL (at the cost of
+    /// one HEAD, should they already know a newer version); for a delete, also the listing of
+    /// the directory, so `ls` stops showing the name.
+    fn forget_version(&self, fh: u64, deleted: bool) {
+        let Some((ino, source, path)) = self
+            .handles
+            .lock()
+            .get(&fh)
+            .map(|h| (h.ino, h.source, h.path.clone()))
+        else {
+            return;
+        };
+        if let Some((node, _)) = self.inodes.lock().by_ino.get_mut(&ino) {
+            node.checked = None;
+        }
+        let dir = path.rsplit_once('/').map_or("", |(dir, _)| dir).to_owned();
+        // Once per delete, not once per failed read: the first drops the name.
+        let known = self.names.remove(&(source, path));
+        if deleted
+            && matches!(
+                known,
+                Some(Fetched {
+                    value: Some(Entry::File(..)),
+                    ..
+                })
+            )
+        {
+            let listed = self
+                .pages
+                .invalidate_entries_if(move |(s, d, _), _| *s == source && *d == dir);
+            if let Err(error) = listed {
+                tracing::warn!(%error, "cannot drop the listing of a deleted object's directory");
+            }
+        }
     }
 
     /// The sources, as the root of a multi-source mount lists them.
@@ -556,6 +602,9 @@ impl FileTree for Namespace {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             reader,
+            ino,
+            source,
+            path: node.path,
             size,
             _lease: lease,
         };
@@ -574,7 +623,16 @@ impl FileTree for Namespace {
             .get(&fh)
             .map(|h| h.reader.clone())
             .ok_or(FsErrorKind::BadHandle)?;
-        reader.read(offset, size as usize).await.map_err(FsError::from)
+        let error = match reader.read(offset, size as usize).await {
+            Ok(bytes) => return Ok(bytes),
+            Err(error) => error,
+        };
+        if let ReadError::Origin(origin) = &error
+            && let OriginError::VersionChanged { .. } | OriginError::NotFound { .. } = **origin
+        {
+            self.forget_version(fh, matches!(**origin, OriginError::NotFound { .. }));
+        }
+        Err(error.into())
     }
 
     fn passed_through(&self, fh: u64) {

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use larder_tests::daemon::{DaemonProcess, is_mounted};
 use larder_tests::seaweed::Seaweed;
@@ -323,42 +324,200 @@ async fn concurrent_readers_of_a_cold_file_fetch_each_block_once() {
     assert_eq!(fetched, vec![1; fetched.len()]);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
-    let server = server().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
-    let key = "llama/model.safetensors";
-    let file = std::fs::File::open(daemon.mount.join(key)).expect("open");
-    let old = expected(key);
-    let head = tokio::task::spawn_blocking({
-        let file = file.try_clone().expect("dup");
-        move || {
-            let mut buf = vec![0; MIB as usize];
-            file.read_exact_at(&mut buf, 0).map(|()| buf)
-        }
-    });
-    assert!(head.await.expect("join").expect("first MiB") == old[..MIB as usize]);
-    server.put(key, seed(key, 1), old.len()).await.expect("overwrite");
-    let outcome = tokio::task::spawn_blocking(move || {
-        let mut stale = 0;
-        for block in (8..40).step_by(4) {
-            let mut buf = vec![0; MIB as usize];
-            match file.read_exact_at(&mut buf, block * MIB) {
-                Ok(()) => assert!(
-                    buf == old[(block * MIB) as usize..((block + 1) * MIB) as usize],
-                    "mixed bytes at {block} MiB"
-                ),
-                Err(e) => {
-                    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
-                    stale += 1;
-                }
+/// Reads 1 MiB at every 4th MiB from 8 to 40 of `file`, whose object changed at the origin
+/// after its first MiB was read: each read gives the bytes of `old` or fails with `ESTALE`,
+/// never other bytes or another errno. Returns the number that failed.
+fn read_old_bytes_or_estale(file: &std::fs::File, old: &[u8]) -> usize {
+    let mut stale = 0;
+    for block in (8..40).step_by(4) {
+        let mut buf = vec![0; MIB as usize];
+        match file.read_exact_at(&mut buf, block * MIB) {
+            Ok(()) => assert!(
+                buf == old[(block * MIB) as usize..((block + 1) * MIB) as usize],
+                "mixed bytes at {block} MiB"
+            ),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+                stale += 1;
             }
         }
-        stale
+    }
+    stale
+}
+
+/// The large test object, which [`with_a_file_open`] opens.
+const OPEN_KEY: &str = "llama/model.safetensors";
+
+/// A daemon started with `extra` over the test objects, with [`OPEN_KEY`] open and its first
+/// MiB read and checked. Fields drop in order: the daemon before its directory.
+struct FileOpen {
+    daemon: DaemonProcess,
+    file: std::fs::File,
+    /// The object's bytes when it was opened.
+    old: Vec<u8>,
+    server: S3Server,
+    _dir: tempfile::TempDir,
+}
+
+async fn with_a_file_open(extra: &[&str]) -> FileOpen {
+    let server = server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), extra).expect("daemon");
+    let old = expected(OPEN_KEY);
+    let path = daemon.mount.join(OPEN_KEY);
+    let file = tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(path).expect("open");
+        let mut buf = vec![0; MIB as usize];
+        file.read_exact_at(&mut buf, 0).map(|()| (file, buf))
     });
-    let stale = outcome.await.expect("join");
-    assert!(stale > 0, "every later read was served from before the overwrite");
+    let (file, head) = file.await.expect("join").expect("first MiB");
+    assert!(head == old[..MIB as usize]);
+    FileOpen {
+        daemon,
+        file,
+        old,
+        server,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_overwritten_while_open_reads_old_bytes_or_estale() {
+    let open = with_a_file_open(&[]).await;
+    let key = OPEN_KEY;
+    let size = open.old.len();
+    open.server.put(key, seed(key, 1), size).await.expect("overwrite");
+    let (file, old, path) = (open.file, open.old, open.daemon.mount.join(key));
+    tokio::task::spawn_blocking(move || {
+        let stale = read_old_bytes_or_estale(&file, &old);
+        assert!(stale > 0, "every later read was served from before the overwrite");
+        // The daemon has seen the new version: the next open reads it, without waiting for
+        // the metadata TTL (60 s).
+        let new = std::fs::read(&path).expect("read after the overwrite");
+        assert!(
+            new == content(seed(key, 1), 0, size),
+            "a new open read the old version"
+        );
+    })
+    .await
+    .expect("checks");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_deleted_while_open_reads_estale_and_its_name_goes() {
+    let open = with_a_file_open(&[]).await;
+    let dir = open.daemon.mount.join("llama");
+    // Listed before the delete: the daemon keeps the listing for the metadata TTL.
+    assert_eq!(names_in(dir.clone()).await, ["config.json", "model.safetensors"]);
+    let client = open.server.client().expect("client");
+    let key = object_store::path::Path::from(OPEN_KEY);
+    object_store::ObjectStoreExt::delete(client.as_ref(), &key)
+        .await
+        .expect("delete");
+    let (file, old, path) = (open.file, open.old, open.daemon.mount.join(OPEN_KEY));
+    tokio::task::spawn_blocking(move || {
+        let stale = read_old_bytes_or_estale(&file, &old);
+        assert!(stale > 0, "every later read was served from before the delete");
+        // The daemon has seen the 404: the name goes once the kernel's own entry cache
+        // (1 s) lets go, not after the metadata TTL (60 s).
+        let asked = Instant::now();
+        loop {
+            match std::fs::metadata(&path) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+                other => assert!(
+                    asked.elapsed() < Duration::from_secs(10),
+                    "stat still answers {other:?} 10 s after the daemon saw the object gone"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .expect("checks");
+    assert_eq!(
+        names_in(dir).await,
+        ["config.json"],
+        "the listing still shows the deleted object"
+    );
+}
+
+/// Waits for `mount` to stop being a mount point, failing after 5 s.
+fn assert_detached_soon(mount: &Path) {
+    let signalled = Instant::now();
+    while is_mounted(mount) {
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "still mounted 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM with a file open: the mount leaves the namespace at once (new opens do not reach
+/// it), the open file reads to its end, and the daemon exits 0 when it is closed, before
+/// the grace period.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_detaches_the_mount_and_serves_open_files_until_they_close() {
+    let open = with_a_file_open(&["--shutdown-grace", "60s"]).await;
+    let FileOpen {
+        mut daemon,
+        file,
+        old,
+        ..
+    } = open;
+    let mount = daemon.mount.clone();
+    tokio::task::spawn_blocking(move || {
+        daemon.terminate().expect("SIGTERM");
+        assert_detached_soon(&mount);
+        let error = std::fs::File::open(mount.join(OPEN_KEY)).expect_err("a new open after SIGTERM");
+        assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
+        let mut rest = vec![0; old.len() - MIB as usize];
+        file.read_exact_at(&mut rest, MIB)
+            .expect("the rest after SIGTERM");
+        assert!(rest == old[MIB as usize..], "wrong bytes after SIGTERM");
+        assert_eq!(
+            daemon.exited().expect("status"),
+            None,
+            "the daemon exited with a file open"
+        );
+        drop(file);
+        let status = daemon
+            .wait(Duration::from_secs(10))
+            .expect("exit after the last file closed");
+        assert!(status.success(), "exit status {status}");
+    })
+    .await
+    .expect("checks");
+}
+
+/// SIGTERM with a file that stays open: the daemon exits 0 after the grace period, or at
+/// once on a second SIGTERM (or Ctrl-C), and the file's reads then fail instead of hanging.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_exits_after_the_grace_period_or_a_second_signal_with_a_file_still_open() {
+    for (grace, second_signal) in [("2s", false), ("60s", true)] {
+        let open = with_a_file_open(&["--shutdown-grace", grace]).await;
+        let FileOpen { daemon, file, .. } = open;
+        let status = tokio::task::spawn_blocking(move || {
+            daemon.terminate().expect("SIGTERM");
+            if second_signal {
+                assert_detached_soon(&daemon.mount);
+                daemon.terminate().expect("second SIGTERM");
+            }
+            daemon.wait(Duration::from_secs(20))
+        });
+        let status = status.await.expect("join").expect("exit with a file open");
+        assert!(status.success(), "exit status {status}");
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0; MIB as usize];
+            file.read_exact_at(&mut buf, 36 * MIB)
+        });
+        let read = tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("a read after the daemon exited hangs")
+            .expect("join");
+        let error = read.expect_err("a read after the daemon exited got bytes");
+        assert_eq!(error.raw_os_error(), Some(libc::ENOTCONN), "{error}");
+    }
 }
 
 /// Against SeaweedFS (a production object store): a 512 MiB model file listed, read with

@@ -53,6 +53,16 @@ struct Flags {
     #[arg(long, env = "LARDER_MOUNT", value_name = "DIR", help_heading = "Mount")]
     mount: Option<OsString>,
 
+    /// After SIGTERM, how long files already open are still served, e.g. "10s"
+    /// [mount.shutdown_grace].
+    #[arg(
+        long,
+        env = "LARDER_SHUTDOWN_GRACE",
+        value_name = "DURATION",
+        help_heading = "Mount"
+    )]
+    shutdown_grace: Option<String>,
+
     /// Unix socket for `larder prefetch` and `larder status` (created 0600), default
     /// /run/larder/control.sock [control.socket].
     #[arg(
@@ -474,6 +484,14 @@ impl ConfigArgs {
             }
         }
 
+        set(
+            names,
+            &mut config.mount.shutdown_grace,
+            &flags.shutdown_grace,
+            "mount.shutdown_grace",
+            "shutdown_grace",
+            duration::parse,
+        )?;
         let cache = &mut config.cache;
         let origin = &mut config.origin;
         set(
@@ -787,6 +805,7 @@ mod tests {
         let expected = [
             ("config", "LARDER_CONFIG"),
             ("mount", "LARDER_MOUNT"),
+            ("shutdown-grace", "LARDER_SHUTDOWN_GRACE"),
             ("control-socket", "LARDER_CONTROL_SOCKET"),
             ("cache-dir", "LARDER_CACHE_DIR"),
             ("cache-capacity", "LARDER_CACHE_CAPACITY"),
@@ -905,6 +924,8 @@ mod tests {
             "0.0.0.0:9100",
             "--mount",
             "/mnt/flag",
+            "--shutdown-grace",
+            "3s",
             "--control-socket",
             "/run/flag.sock",
             "--source-immutable",
@@ -935,6 +956,7 @@ mod tests {
         assert_eq!(config.origin.readahead_max, ByteSize::mib(64));
         assert_eq!(config.metrics.listen, Some("0.0.0.0:9100".parse().unwrap()));
         assert_eq!(config.mount.path, std::path::Path::new("/mnt/flag"));
+        assert_eq!(config.mount.shutdown_grace, Duration::from_secs(3));
         assert_eq!(config.control.socket, std::path::Path::new("/run/flag.sock"));
         let mut data = SourceConfig::new("data", "s3://bucket");
         data.immutable = true;

@@ -32,6 +32,7 @@
 //!
 //! [mount]
 //! path = "/models"
+//! shutdown_grace = "10s"     # after SIGTERM, how long open files are still served
 //!
 //! [control]
 //! socket = "/run/larder/control.sock"
@@ -275,12 +276,18 @@ mod listen_serde {
 pub struct MountConfig {
     /// The mount point: an existing directory. Default `/models`.
     pub path: PathBuf,
+    /// After SIGTERM the mount is detached at once (new opens no longer reach it) and the
+    /// files already open are served for at most this long; the daemon exits when the last
+    /// one closes or this has passed, whichever comes first. Zero exits at once. Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
 }
 
 impl Default for MountConfig {
     fn default() -> Self {
         Self {
             path: PathBuf::from("/models"),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -445,6 +452,7 @@ mod tests {
 
         [mount]
         path = "/mnt/models"
+        shutdown_grace = "30s"
 
         [control]
         socket = "/run/larder-test.sock"
@@ -474,6 +482,7 @@ mod tests {
         assert_eq!(config.origin.readahead_max, ByteSize::mib(256));
         assert_eq!(config.metrics.listen, Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(config.mount.path, Path::new("/models"));
+        assert_eq!(config.mount.shutdown_grace, Duration::from_secs(10));
         assert_eq!(config.control.socket, Path::new("/run/larder/control.sock"));
     }
 
@@ -509,6 +518,7 @@ mod tests {
             },
             mount: MountConfig {
                 path: PathBuf::from("/mnt/models"),
+                shutdown_grace: Duration::from_secs(30),
             },
             control: ControlConfig {
                 socket: PathBuf::from("/run/larder-test.sock"),

@@ -146,6 +146,8 @@ struct Adapter<T> {
     /// Whether the kernel agreed to passthrough at init.
     passthrough: bool,
     backings: Arc<Mutex<Backings>>,
+    /// Dropped with the adapter, when the session ends: wakes [`Mounted::detach`].
+    _session: tokio::sync::oneshot::Sender<()>,
 }
 
 /// A backing file registered with the kernel for one inode.
@@ -634,10 +636,13 @@ impl<T: FileTree> Filesystem for Adapter<T> {
     }
 }
 
-/// A mounted tree. Unmounts when dropped; [`Mounted::unmount`] reports errors.
+/// A mounted tree. Unmounts when dropped; [`Mounted::unmount`] reports errors,
+/// [`Mounted::detach`] lets the files open under it close first.
 pub struct Mounted {
     session: fuser::BackgroundSession,
     mountpoint: PathBuf,
+    /// Closed when the session ends.
+    ended: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl std::fmt::Debug for Mounted {
@@ -648,10 +653,54 @@ impl std::fmt::Debug for Mounted {
     }
 }
 
+/// How [`Mounted::detach`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detached {
+    /// The kernel let go of the file system: no file was open under it, or the last one
+    /// closed within the grace period.
+    Released,
+    /// Files were still open when the grace period ran out. They fail (`ENOTCONN`) once the
+    /// process closes `/dev/fuse`.
+    GraceExpired,
+}
+
 impl Mounted {
     /// Unmounts and waits for the request loop to end.
     pub fn unmount(self) -> io::Result<()> {
         self.session.umount_and_join()
+    }
+
+    /// Detaches the mount lazily: the mount point stops resolving into it at once, while the
+    /// files already open under it are still served, until the last one closes or `grace`
+    /// passes. Requests must keep being served meanwhile (the runtime keeps running).
+    pub async fn detach(self, grace: Duration) -> io::Result<Detached> {
+        let Mounted {
+            session,
+            mountpoint,
+            ended,
+        } = self;
+        detach(&mountpoint)?;
+        // From here fuser must never unmount: its unmount on drop would take whatever is at
+        // the mount point by then, perhaps the mount of the next daemon. The session's thread
+        // ends by itself when the kernel lets go (or the process exits).
+        std::mem::forget(session);
+        Ok(match tokio::time::timeout(grace, ended).await {
+            Ok(_) => Detached::Released,
+            Err(_) => Detached::GraceExpired,
+        })
+    }
+}
+
+/// Detaches whatever is mounted at `path` (`umount2(MNT_DETACH)`): it leaves the namespace at
+/// once and goes when nothing uses it any more.
+pub fn detach(path: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
+    if unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -662,7 +711,9 @@ pub fn mount<T: FileTree>(
     options: &MountOptions,
     runtime: Handle,
 ) -> io::Result<Mounted> {
+    let (alive, ended) = tokio::sync::oneshot::channel();
     let adapter = Adapter {
+        _session: alive,
         tree,
         runtime,
         permits: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
@@ -687,6 +738,7 @@ pub fn mount<T: FileTree>(
     let mounted = Mounted {
         session,
         mountpoint: mountpoint.to_owned(),
+        ended,
     };
     if let Err(error) = raise_read_ahead(mountpoint, options.read_ahead_kb) {
         tracing::warn!(%error, "could not raise the mount's readahead");

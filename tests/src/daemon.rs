@@ -142,18 +142,40 @@ impl DaemonProcess {
     }
 
     /// Stops the daemon with SIGTERM and returns its exit status.
-    pub fn stop(mut self) -> anyhow::Result<ExitStatus> {
-        let mut child = self.child.take().context("already stopped")?;
+    pub fn stop(self) -> anyhow::Result<ExitStatus> {
+        self.terminate()?;
+        self.wait(Duration::from_secs(30))
+    }
+
+    /// Sends the daemon SIGTERM without waiting for it.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let child = self.child.as_ref().context("already stopped")?;
         // SAFETY: signals our own child by its pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        if unsafe { libc::kill(child.id() as i32, libc::SIGTERM) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("SIGTERM");
+        }
+        Ok(())
+    }
+
+    /// The daemon's exit status if it has exited, without waiting.
+    pub fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        let child = self.child.as_mut().context("already stopped")?;
+        Ok(child.try_wait()?)
+    }
+
+    /// Waits at most `within` for the daemon to exit and returns its exit status; kills it
+    /// and fails if it is still running then.
+    pub fn wait(mut self, within: Duration) -> anyhow::Result<ExitStatus> {
+        let mut child = self.child.take().context("already stopped")?;
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait()? {
                 return Ok(status);
             }
-            if started.elapsed() > Duration::from_secs(30) {
+            if started.elapsed() > within {
                 let _ = child.kill();
-                bail!("the daemon did not stop within 30s of SIGTERM");
+                let _ = child.wait();
+                bail!("the daemon did not exit within {within:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
