@@ -61,7 +61,7 @@ struct Flags {
         value_name = "DURATION",
         help_heading = "Mount"
     )]
-    shutdown_grace: Option<String>,
+    shutdown_grace: Option<OsString>,
 
     /// Unix socket for `larder prefetch` and `larder status` (created 0600), default
     /// /run/larder/control.sock [control.socket].
