@@ -203,10 +203,11 @@ impl Cache {
             next = run.next;
             waiters = run.waiters;
         }
-        // Blocks no source supplied: their waiters get the last error, and later reads may
-        // try again.
+        // Blocks no source supplied: their waiters get the last error, and so do later reads
+        // for a short while (then they try again).
         let error = result.err().unwrap_or(ReadError::Abandoned);
         let mut inflight = self.inner.inflight.lock();
+        self.remember_failure(object.id, next..next + waiters.len() as u32, &error);
         for (offset, tx) in waiters.enumerate() {
             inflight.remove(&(object.id, next + offset as u32));
             let _ = tx.send(Err(error.clone()));
