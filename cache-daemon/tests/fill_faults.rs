@@ -1,5 +1,6 @@
 //! End to end: a daemon process whose origin is reached through the fault proxy, read through
-//! the kernel's page cache: what a stalled origin costs a buffered read.
+//! the kernel's page cache: what a stalled origin costs a buffered read, and what a cold
+//! sequential read costs the origin when the cache is small.
 
 use std::io::Read;
 use std::path::Path;
@@ -53,4 +54,44 @@ async fn a_buffered_read_of_a_stalled_origin_fails_within_the_read_deadline() {
     .await
     .expect("join");
     assert!(bytes == content(seed(key, 0), 0, size), "wrong bytes");
+}
+
+/// A cold sequential read of an object ten times the cache's size: the readahead fits in the
+/// cache, so the origin serves each byte about once (blocks fetched ahead are not evicted
+/// before the reader gets to them).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cold_read_larger_than_the_cache_costs_the_origin_its_size_once() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let key = "big/shard.bin";
+    let size = 256 * MIB;
+    let client = server.client().expect("client");
+    larder_tests::upload(client.as_ref(), key, seed(key, 0), size)
+        .await
+        .expect("upload");
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--cache-capacity", "32MiB"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let path = daemon.mount.join(key);
+    let read = tokio::task::spawn_blocking(move || {
+        let mut file = std::fs::File::open(path).expect("open");
+        let mut buf = vec![0; MIB as usize];
+        let mut offset = 0u64;
+        loop {
+            let n = file.read(&mut buf).expect("read");
+            if n == 0 {
+                break offset;
+            }
+            assert!(
+                buf[..n] == content(seed(key, 0), offset, n),
+                "wrong bytes at {offset}"
+            );
+            offset += n as u64;
+        }
+    });
+    assert_eq!(read.await.expect("join"), size);
+    let ratio = proxy.body_bytes() as f64 / size as f64;
+    println!("origin bytes / object size: {ratio:.3}");
+    assert!(ratio <= 1.1, "the origin served {ratio:.3}× the object");
+    drop(daemon);
 }

@@ -69,6 +69,12 @@ pub enum ReadError {
 /// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
 const WRITE_BEHIND_BYTES: u64 = 512 << 20;
 
+/// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
+/// least one block): the readahead window, a fill's run (the origin part), the write-behind.
+/// Blocks fetched ahead must still be in the cache when their reader gets to them, or a cold
+/// read larger than the cache costs the origin its bytes several times over.
+const AHEAD_SHARE_OF_CAPACITY: u64 = 4;
+
 /// How long a block whose fill failed keeps failing with the same error, without a new fill:
 /// the kernel retries a failed page of a buffered read at once, and must get the failure then,
 /// not a second full read deadline.
@@ -168,8 +174,11 @@ const HELD_SWEEP_MIN: usize = 1024;
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`.
     pub fn new(store: Arc<BlockStore>, config: &OriginConfig, stats: Arc<Stats>) -> Self {
-        let part_blocks = (config.part_size.as_u64() / store.block_size()).max(1) as u32;
-        let write_behind = (WRITE_BEHIND_BYTES / store.block_size()).max(2 * u64::from(part_blocks));
+        let block_size = store.block_size();
+        let ahead = (store.capacity() / AHEAD_SHARE_OF_CAPACITY).max(block_size);
+        let part_blocks = (config.part_size.as_u64().min(ahead) / block_size).max(1) as u32;
+        let write_behind = (WRITE_BEHIND_BYTES.min(ahead) / block_size).max(2 * u64::from(part_blocks));
+        let readahead_max = config.readahead_max.as_u64().min(ahead);
         let origin = OriginSource::new(config.concurrency.max(1));
         Self {
             inner: Arc::new(Inner {
@@ -179,7 +188,7 @@ impl Cache {
                 failed: Mutex::new(HashMap::new()),
                 write_permits: Arc::new(Semaphore::new(write_behind as usize)),
                 part_blocks,
-                readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
+                readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
                 stats,
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),

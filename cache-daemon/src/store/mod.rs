@@ -428,6 +428,11 @@ impl BlockStore {
         self.block_size
     }
 
+    /// The configured capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Length of block `index` of an object of `size` bytes.
     pub fn block_len(&self, size: u64, index: u32) -> u64 {
         let start = u64::from(index) * self.block_size;
