@@ -38,7 +38,8 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
 }
 
 /// The object store, through the object's own origin: ranged GETs pinned to its version,
-/// at most `concurrency` fills at a time.
+/// at most `concurrency` fills at a time, each bounded by the read deadline from the moment it
+/// starts waiting for its slot.
 #[derive(Debug)]
 pub struct OriginSource {
     permits: Arc<Semaphore>,
@@ -65,11 +66,17 @@ impl BlockSource for OriginSource {
         run: &'a mut Run<'_>,
     ) -> BoxFuture<'a, Result<(), ReadError>> {
         async move {
-            let _permit = self.permits.acquire().await.map_err(|_| ReadError::Abandoned)?;
+            // The wait for a slot counts against the read deadline: a read behind stalled fills
+            // fails when its deadline passes, not a deadline after they do.
+            let started = tokio::time::Instant::now();
+            let origin = &object.origin;
+            let _permit = tokio::time::timeout_at(started + origin.read_deadline(), self.permits.acquire())
+                .await
+                .map_err(|_| ReadError::Origin(Arc::new(origin.deadline_exceeded(&object.version.key, 0))))?
+                .map_err(|_| ReadError::Abandoned)?;
             let mut sink = |chunk: Bytes| run.push_from_origin(chunk);
-            object
-                .origin
-                .read_range(&object.version, range, &mut sink)
+            origin
+                .read_range(&object.version, range, started, &mut sink)
                 .await
                 .map_err(|e| ReadError::Origin(Arc::new(e)))
         }
