@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures::FutureExt;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Shared};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
@@ -232,6 +232,15 @@ impl Cache {
         waiter: Option<oneshot::Sender<FillResult>>,
         write_permit: Option<OwnedSemaphorePermit>,
     ) {
+        // Whether a reader is waiting for the block (the in-flight map holds one handle of its
+        // fill, each waiting reader another), or it was fetched ahead of any reader.
+        let served = self
+            .inner
+            .inflight
+            .lock()
+            .get(&(object.id, index))
+            .and_then(Shared::strong_count)
+            .is_some_and(|handles| handles > 1);
         if let Some(tx) = waiter {
             let _ = tx.send(Ok(Block {
                 bytes: block.bytes(),
@@ -246,7 +255,7 @@ impl Cache {
             if let Err(error) = cache
                 .inner
                 .store
-                .write_block(&object.version, index, &block)
+                .write_block(&object.version, index, &block, served)
                 .await
             {
                 let stats = &cache.inner.stats;
