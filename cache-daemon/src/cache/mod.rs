@@ -72,8 +72,9 @@ const WRITE_BEHIND_BYTES: u64 = 512 << 20;
 /// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
 /// least one block): the readahead window, a fill's run (the origin part), the write-behind.
 /// Blocks fetched ahead must still be in the cache when their reader gets to them, or a cold
-/// read larger than the cache costs the origin its bytes several times over.
-const AHEAD_SHARE_OF_CAPACITY: u64 = 4;
+/// read larger than the cache costs the origin its bytes several times over; the kernel's own
+/// readahead (16 MiB of requests at once) comes on top (a quarter still cost up to 1.11×).
+const AHEAD_SHARE_OF_CAPACITY: u64 = 8;
 
 /// How long a block whose fill failed keeps failing with the same error, without a new fill:
 /// the kernel retries a failed page of a buffered read at once, and must get the failure then,
