@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use larder_tests::daemon::DaemonProcess;
+use larder_tests::daemon::{DaemonProcess, is_mounted};
 use larder_tests::{Fault, RecordingProxy, S3Server, content, seed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -88,6 +88,18 @@ fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
     found
 }
 
+/// Detaches the mount at its path when dropped, if one is there: a test that fails between a
+/// kill and the next start leaves no dead mount behind.
+struct DetachOnDrop(PathBuf);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
 fn prefetch(daemon: &DaemonProcess, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .arg("prefetch")
@@ -117,6 +129,7 @@ async fn kill_9_during_reads_and_a_prefetch_never_serves_wrong_bytes() {
     let mut rng = StdRng::seed_from_u64(0x4c41_5244);
     let checks = tokio::task::spawn_blocking(move || {
         let cache = dir_path.join("cache");
+        let mut mount = None;
         let wanted: Vec<Arc<[u8]>> = READ
             .iter()
             .map(|&(key, size)| content(seed(key, 0), 0, size).into())
@@ -124,6 +137,7 @@ async fn kill_9_during_reads_and_a_prefetch_never_serves_wrong_bytes() {
         let mut verified = 0;
         for round in 0..5 {
             let daemon = DaemonProcess::start(Path::new(BIN), proxy.as_ref(), &dir_path, &[]).expect("start");
+            mount.get_or_insert_with(|| DetachOnDrop(daemon.mount.clone()));
             assert_eq!(
                 files_ending(&cache, ".tmp"),
                 Vec::<PathBuf>::new(),
