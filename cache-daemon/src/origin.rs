@@ -664,15 +664,22 @@ impl Origin {
         }
     }
 
+    /// The deadline of a whole read, retries included (`origin.read_deadline`).
+    pub fn read_deadline(&self) -> Duration {
+        self.deadline
+    }
+
     /// Streams `range` of the pinned `version` into `sink`, in order, each byte exactly once.
     ///
     /// A failed attempt is retried from the first byte not yet delivered. Every attempt carries
     /// `If-Match` with the pinned ETag and checks the ETag of the response: bytes of another
-    /// version are never delivered. The whole call is bounded by the read deadline.
+    /// version are never delivered. The whole read is bounded by the read deadline counted from
+    /// `started` (when the caller began waiting for its turn, if it had to).
     pub async fn read_range(
         &self,
         version: &ObjectVersion,
         range: Range<u64>,
+        started: Instant,
         sink: &mut (dyn FnMut(Bytes) + Send),
     ) -> Result<(), OriginError> {
         let location = self.location(&version.key)?;
@@ -691,7 +698,7 @@ impl Origin {
                 attempt = self.after_failure(&version.key, attempt, failure).await?;
             }
         };
-        let result = tokio::time::timeout(self.deadline, attempts).await;
+        let result = tokio::time::timeout_at(started + self.deadline, attempts).await;
         result.unwrap_or_else(|_| Err(self.deadline_exceeded(&version.key, next - range.start)))
     }
 
@@ -788,7 +795,7 @@ impl Origin {
     }
 
     /// The deadline of a whole operation on `key` passed after `received` bytes of the body.
-    fn deadline_exceeded(&self, key: &str, received: u64) -> OriginError {
+    pub(crate) fn deadline_exceeded(&self, key: &str, received: u64) -> OriginError {
         OriginError::DeadlineExceeded {
             source_name: self.name.clone(),
             key: key.to_owned(),

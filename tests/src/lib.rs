@@ -8,7 +8,9 @@
 //! - [`daemon::DaemonProcess`] runs `larder daemon` as a child process with a real mount.
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
 //! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
-//! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS).
+//! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS), counts
+//!   the body bytes it returns, and injects a [`Fault`] switched at run time (latency, bandwidth,
+//!   stall after headers, a cut connection, a flipped byte): the TCP fault proxy of process tests.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
@@ -20,7 +22,7 @@ pub mod seaweed;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
-pub use proxy::RecordingProxy;
+pub use proxy::{Fault, RecordingProxy};
 pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_secret};
 
 /// Uploads `size` bytes of deterministic content with `seed` at `key`, in parts, without

@@ -1,38 +1,68 @@
-//! A logging HTTP proxy on a loopback port, for servers that keep no request log of their own.
+//! A logging HTTP fault proxy on a loopback port: in front of a server that keeps no request log
+//! of its own, or between a daemon process and its origin to inject faults at run time.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use hyper::body::Incoming;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::{Frame, Incoming};
 use hyper::http::uri::{Authority, Scheme, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::server::serve_on_loopback;
 use crate::{Bucket, ServedRequest};
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the proxy does to the traffic it forwards; switched at run time with
+/// [`RecordingProxy::set_fault`]. Body faults are applied chunk by chunk as the body passes, so
+/// a switch also reaches responses already under way, from their next chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward everything unchanged.
+    PassThrough,
+    /// Hold each request this long before forwarding it.
+    Latency(Duration),
+    /// Response bodies leave the proxy at most this many bytes a second, all responses together
+    /// (one shared link).
+    Bandwidth(u64),
+    /// Send response headers, then no byte of the body until the fault is switched to another
+    /// (forever, if it never is).
+    StallAfterHeaders,
+    /// Cut each response's connection after this many bytes of its body: the client gets a
+    /// body that ends early on a dead connection.
+    ResetAfter(u64),
+    /// Flip the bits of the body byte at this offset of each response (no byte flipped in a
+    /// body shorter than that).
+    FlipByte(u64),
+}
+
 /// Forwards every request to a bucket's server unchanged (the `Host` header too, so request
-/// signatures still verify) and logs it. Stops when dropped.
+/// signatures still verify), logs it, counts the body bytes it returns and applies the current
+/// [`Fault`]. Stops when dropped (a stalled body then ends with an error).
 #[derive(Debug)]
 pub struct RecordingProxy {
     addr: SocketAddr,
     url: String,
     log: Arc<Mutex<Vec<ServedRequest>>>,
+    fault: watch::Sender<Fault>,
+    body_bytes: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
 impl RecordingProxy {
-    /// Starts a proxy in front of `upstream`'s server.
+    /// Starts a pass-through proxy in front of `upstream`'s server.
     pub async fn start(upstream: &dyn Bucket) -> anyhow::Result<Self> {
-        Self::with_delay(upstream, std::time::Duration::ZERO).await
-    }
-
-    /// Like [`RecordingProxy::start`], holding each request `delay` before forwarding it: a
-    /// slow origin, so that tests can act while transfers are in flight.
-    pub async fn with_delay(upstream: &dyn Bucket, delay: std::time::Duration) -> anyhow::Result<Self> {
         let authority: Authority = upstream
             .endpoint()
             .parse::<Uri>()?
@@ -41,7 +71,10 @@ impl RecordingProxy {
             .ok_or_else(|| anyhow::anyhow!("{} has no host", upstream.endpoint()))?;
         let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new()).build_http();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let served = log.clone();
+        let (fault, _) = watch::channel(Fault::PassThrough);
+        let body_bytes = Arc::new(AtomicU64::new(0));
+        let link = Arc::new(Mutex::new(Instant::now()));
+        let (served, faults, counted) = (log.clone(), fault.clone(), body_bytes.clone());
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             served.lock().push(ServedRequest::of(&request));
             let (mut parts, body) = request.into_parts();
@@ -52,9 +85,20 @@ impl RecordingProxy {
                 parts.uri = uri;
                 client.request(hyper::Request::from_parts(parts, body))
             });
+            let body = FaultyBody {
+                faults: faults.subscribe(),
+                link: link.clone(),
+                counted: counted.clone(),
+                sent: 0,
+                cut: false,
+            };
             async move {
-                tokio::time::sleep(delay).await;
-                forward?.await.map_err(anyhow::Error::from)
+                let fault = *body.faults.borrow();
+                if let Fault::Latency(delay) = fault {
+                    tokio::time::sleep(delay).await;
+                }
+                let response = forward?.await.map_err(anyhow::Error::from)?;
+                Ok::<_, anyhow::Error>(response.map(|upstream| body.wrap(upstream)))
             }
         });
         let (addr, accept) = serve_on_loopback(service).await?;
@@ -62,13 +106,105 @@ impl RecordingProxy {
             addr,
             url: upstream.url(),
             log,
+            fault,
+            body_bytes,
             accept,
         })
+    }
+
+    /// Like [`RecordingProxy::start`], with [`Fault::Latency`] of `delay`: a slow origin, so
+    /// that tests can act while transfers are in flight.
+    pub async fn with_delay(upstream: &dyn Bucket, delay: Duration) -> anyhow::Result<Self> {
+        let proxy = Self::start(upstream).await?;
+        proxy.set_fault(Fault::Latency(delay));
+        Ok(proxy)
+    }
+
+    /// Switches what the proxy does from now on.
+    pub fn set_fault(&self, fault: Fault) {
+        self.fault.send_replace(fault);
     }
 
     /// Every request forwarded, in order.
     pub fn requests(&self) -> Vec<ServedRequest> {
         self.log.lock().clone()
+    }
+
+    /// Bytes of response bodies sent to clients so far.
+    pub fn body_bytes(&self) -> u64 {
+        self.body_bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// One response body on its way through the proxy.
+struct FaultyBody {
+    faults: watch::Receiver<Fault>,
+    /// When the shared link is free again, for [`Fault::Bandwidth`].
+    link: Arc<Mutex<Instant>>,
+    counted: Arc<AtomicU64>,
+    /// Body bytes of this response sent so far.
+    sent: u64,
+    /// [`Fault::ResetAfter`] was reached: the connection is cut before the next chunk.
+    cut: bool,
+}
+
+impl FaultyBody {
+    fn wrap(self, upstream: Incoming) -> UnsyncBoxBody<Bytes, BoxError> {
+        let frames = futures::stream::unfold(Some((self, upstream)), |state| async move {
+            let (mut body, mut upstream) = state?;
+            if body.cut {
+                let error = format!("connection cut by the fault proxy after {} body bytes", body.sent);
+                return Some((Err(error.into()), None));
+            }
+            let frame = match upstream.frame().await? {
+                Ok(frame) => frame,
+                Err(error) => return Some((Err(error.into()), None)),
+            };
+            match frame.into_data() {
+                Ok(data) => match body.pass(data).await {
+                    Ok(data) => Some((Ok(Frame::data(data)), Some((body, upstream)))),
+                    // The error aborts the connection; end the stream after it.
+                    Err(error) => Some((Err(error), None)),
+                },
+                Err(trailers) => Some((Ok(trailers), Some((body, upstream)))),
+            }
+        });
+        http_body_util::StreamBody::new(frames).boxed_unsync()
+    }
+
+    /// Applies the current fault to the next chunk of the body.
+    async fn pass(&mut self, mut data: Bytes) -> Result<Bytes, BoxError> {
+        let fault = *self
+            .faults
+            .wait_for(|fault| *fault != Fault::StallAfterHeaders)
+            .await
+            .map_err(|_| "the proxy stopped while the body was stalled")?;
+        let start = self.sent;
+        let end = start + data.len() as u64;
+        match fault {
+            Fault::Bandwidth(per_second) => {
+                let busy = Duration::from_secs_f64(data.len() as f64 / per_second.max(1) as f64);
+                let free_at = {
+                    let mut link = self.link.lock();
+                    *link = (*link).max(Instant::now()) + busy;
+                    *link
+                };
+                tokio::time::sleep_until(free_at).await;
+            }
+            Fault::ResetAfter(at) if end > at => {
+                data.truncate(at.saturating_sub(start) as usize);
+                self.cut = true;
+            }
+            Fault::FlipByte(at) if (start..end).contains(&at) => {
+                let mut flipped = data.to_vec();
+                flipped[(at - start) as usize] ^= 0xff;
+                data = Bytes::from(flipped);
+            }
+            _ => {}
+        }
+        self.sent = start + data.len() as u64;
+        self.counted.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data)
     }
 }
 

@@ -908,14 +908,13 @@ async fn origin_down_serves_cached_data_and_fails_cold_reads_within_the_deadline
     }
 }
 
-/// Blocks read again after they were stored survive a one-off scan larger than the cache.
-#[tokio::test]
-async fn a_scan_larger_than_the_cache_keeps_blocks_read_twice() {
-    let keys = ["hot.bin", "scan0.bin", "scan1.bin", "scan2.bin"];
-    let sizes = [2 * MIB, 6 * MIB, 6 * MIB, 6 * MIB];
-    let objects: Vec<(&str, u64)> = keys.iter().copied().zip(sizes).collect();
-    let server = server_with(&objects).await;
-    let dir = tempfile::tempdir().expect("tempdir");
+/// An 8 MiB cache of 1 MiB blocks over `objects`, whose `hot.bin` was read twice: filled, then
+/// read again from disk.
+async fn an_8_mib_cache_with_hot_bin_read_twice(
+    objects: &[(&str, u64)],
+    dir: &TempDir,
+) -> (CacheFixture, Arc<OpenObject>) {
+    let server = server_with(objects).await;
     let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
     config.cache.capacity = ByteSize(8 * MIB);
     let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
@@ -923,6 +922,49 @@ async fn a_scan_larger_than_the_cache_keeps_blocks_read_twice() {
     fx.read_all(&hot).await.expect("fill");
     fx.cache.flush().await;
     fx.read_all(&hot).await.expect("second read, from disk");
+    (fx, hot)
+}
+
+/// A block fetched ahead of its reader and then read from disk has been used once, not twice:
+/// a scan whose blocks were fetched ahead does not push the blocks read twice out of the
+/// protected segment, and the next scan evicts the scanned blocks, not those.
+#[tokio::test]
+async fn blocks_fetched_ahead_and_read_once_are_not_promoted_over_blocks_read_twice() {
+    let objects = [
+        ("hot.bin", 2 * MIB),
+        ("scan0.bin", 6 * MIB),
+        ("scan1.bin", 6 * MIB),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (fx, hot) = an_8_mib_cache_with_hot_bin_read_twice(&objects, &dir).await;
+    for key in ["scan0.bin", "scan1.bin"] {
+        let scan = fx.open_object(key).await.expect("open");
+        // Fetched ahead of any reader, then each block read once, from disk.
+        fx.cache.prefetch(&scan, 0..6 * MIB);
+        fx.cache.flush().await;
+        for index in 0..6 {
+            let offset = index * MIB + MIB / 2;
+            let got = fx.read(&scan, offset, 4096).await.expect("read");
+            assert!(got == expected(key, offset, 4096), "{key} block {index}");
+        }
+    }
+    assert!(fx.stats.snapshot().evicted_blocks >= 6);
+    for index in 0..2 {
+        assert!(
+            fx.cache.store().contains(hot.version().id(), index),
+            "hot block {index} evicted by a scan fetched ahead"
+        );
+    }
+}
+
+/// Blocks read again after they were stored survive a one-off scan larger than the cache.
+#[tokio::test]
+async fn a_scan_larger_than_the_cache_keeps_blocks_read_twice() {
+    let keys = ["hot.bin", "scan0.bin", "scan1.bin", "scan2.bin"];
+    let sizes = [2 * MIB, 6 * MIB, 6 * MIB, 6 * MIB];
+    let objects: Vec<(&str, u64)> = keys.iter().copied().zip(sizes).collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (fx, hot) = an_8_mib_cache_with_hot_bin_read_twice(&objects, &dir).await;
     for key in &keys[1..] {
         let open = fx.open_object(key).await.expect("open");
         fx.read_all(&open).await.expect("scan");

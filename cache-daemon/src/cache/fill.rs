@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures::FutureExt;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Shared};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
@@ -38,7 +38,8 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
 }
 
 /// The object store, through the object's own origin: ranged GETs pinned to its version,
-/// at most `concurrency` fills at a time.
+/// at most `concurrency` fills at a time, each bounded by the read deadline from the moment it
+/// starts waiting for its slot.
 #[derive(Debug)]
 pub struct OriginSource {
     permits: Arc<Semaphore>,
@@ -65,11 +66,17 @@ impl BlockSource for OriginSource {
         run: &'a mut Run<'_>,
     ) -> BoxFuture<'a, Result<(), ReadError>> {
         async move {
-            let _permit = self.permits.acquire().await.map_err(|_| ReadError::Abandoned)?;
+            // The wait for a slot counts against the read deadline: a read behind stalled fills
+            // fails when its deadline passes, not a deadline after they do.
+            let started = tokio::time::Instant::now();
+            let origin = &object.origin;
+            let _permit = tokio::time::timeout_at(started + origin.read_deadline(), self.permits.acquire())
+                .await
+                .map_err(|_| ReadError::Origin(Arc::new(origin.deadline_exceeded(&object.version.key, 0))))?
+                .map_err(|_| ReadError::Abandoned)?;
             let mut sink = |chunk: Bytes| run.push_from_origin(chunk);
-            object
-                .origin
-                .read_range(&object.version, range, &mut sink)
+            origin
+                .read_range(&object.version, range, started, &mut sink)
                 .await
                 .map_err(|e| ReadError::Origin(Arc::new(e)))
         }
@@ -203,10 +210,11 @@ impl Cache {
             next = run.next;
             waiters = run.waiters;
         }
-        // Blocks no source supplied: their waiters get the last error, and later reads may
-        // try again.
+        // Blocks no source supplied: their waiters get the last error, and so do later reads
+        // for a short while (then they try again).
         let error = result.err().unwrap_or(ReadError::Abandoned);
         let mut inflight = self.inner.inflight.lock();
+        self.remember_failure(object.id, next..next + waiters.len() as u32, &error);
         for (offset, tx) in waiters.enumerate() {
             inflight.remove(&(object.id, next + offset as u32));
             let _ = tx.send(Err(error.clone()));
@@ -224,6 +232,15 @@ impl Cache {
         waiter: Option<oneshot::Sender<FillResult>>,
         write_permit: Option<OwnedSemaphorePermit>,
     ) {
+        // Whether a reader is waiting for the block (the in-flight map holds one handle of its
+        // fill, each waiting reader another), or it was fetched ahead of any reader.
+        let served = self
+            .inner
+            .inflight
+            .lock()
+            .get(&(object.id, index))
+            .and_then(Shared::strong_count)
+            .is_some_and(|handles| handles > 1);
         if let Some(tx) = waiter {
             let _ = tx.send(Ok(Block {
                 bytes: block.bytes(),
@@ -238,7 +255,7 @@ impl Cache {
             if let Err(error) = cache
                 .inner
                 .store
-                .write_block(&object.version, index, &block)
+                .write_block(&object.version, index, &block, served)
                 .await
             {
                 let stats = &cache.inner.stats;

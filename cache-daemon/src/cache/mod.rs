@@ -17,8 +17,13 @@
 //! [`Reader`] (one per file handle) adds the sequential detector ([`readahead`]) and holds the
 //! blocks around its position.
 //!
+//! A block whose fill failed fails again at once, with the same error, for
+//! [`FAILED_FILL_MEMORY`]: the kernel retries the failed page of a buffered read right away,
+//! and a new fill would make the read wait a second read deadline.
+//!
 //! Lock order, where two are held at once: a reader's state → [`Cache`]'s held-blocks map or
-//! its in-flight map → the block store's state. None is held across an `.await`.
+//! its in-flight map → its failed-fills map or the block store's state. None is held across an
+//! `.await`.
 
 pub mod fill;
 pub mod readahead;
@@ -28,7 +33,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -63,6 +68,18 @@ pub enum ReadError {
 
 /// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
 const WRITE_BEHIND_BYTES: u64 = 512 << 20;
+
+/// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
+/// least one block): the readahead window, a fill's run (the origin part), the write-behind.
+/// Blocks fetched ahead must still be in the cache when their reader gets to them, or a cold
+/// read larger than the cache costs the origin its bytes several times over; the kernel's own
+/// readahead (16 MiB of requests at once) comes on top (a quarter still cost up to 1.11×).
+const AHEAD_SHARE_OF_CAPACITY: u64 = 8;
+
+/// How long a block whose fill failed keeps failing with the same error, without a new fill:
+/// the kernel retries a failed page of a buffered read at once, and must get the failure then,
+/// not a second full read deadline.
+pub const FAILED_FILL_MEMORY: Duration = Duration::from_secs(3);
 
 /// Disk lookups of one block that may find it evicted or replaced while being read before the
 /// read goes to a fill instead.
@@ -125,6 +142,8 @@ struct Inner {
     /// The tiers a missing run is fetched from, in order.
     sources: Vec<Arc<dyn BlockSource>>,
     inflight: Mutex<HashMap<BlockKey, SharedFill>>,
+    /// Blocks whose fill failed less than [`FAILED_FILL_MEMORY`] ago, with the error and when.
+    failed: Mutex<HashMap<BlockKey, (ReadError, Instant)>>,
     /// Blocks fetched but not yet written: bounds the memory a fast origin and a slow disk
     /// can pile up.
     write_permits: Arc<Semaphore>,
@@ -156,17 +175,21 @@ const HELD_SWEEP_MIN: usize = 1024;
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`.
     pub fn new(store: Arc<BlockStore>, config: &OriginConfig, stats: Arc<Stats>) -> Self {
-        let part_blocks = (config.part_size.as_u64() / store.block_size()).max(1) as u32;
-        let write_behind = (WRITE_BEHIND_BYTES / store.block_size()).max(2 * u64::from(part_blocks));
+        let block_size = store.block_size();
+        let ahead = (store.capacity() / AHEAD_SHARE_OF_CAPACITY).max(block_size);
+        let part_blocks = (config.part_size.as_u64().min(ahead) / block_size).max(1) as u32;
+        let write_behind = (WRITE_BEHIND_BYTES.min(ahead) / block_size).max(2 * u64::from(part_blocks));
+        let readahead_max = config.readahead_max.as_u64().min(ahead);
         let origin = OriginSource::new(config.concurrency.max(1));
         Self {
             inner: Arc::new(Inner {
                 store,
                 sources: vec![Arc::new(origin)],
                 inflight: Mutex::new(HashMap::new()),
+                failed: Mutex::new(HashMap::new()),
                 write_permits: Arc::new(Semaphore::new(write_behind as usize)),
                 part_blocks,
-                readahead: config.readahead_min.as_u64()..config.readahead_max.as_u64(),
+                readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
                 stats,
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
@@ -262,7 +285,10 @@ impl Cache {
         let mut index = (range.start / block_size) as u32;
         let mut inflight = self.inner.inflight.lock();
         while index <= last {
-            if inflight.contains_key(&(object.id, index)) || self.inner.store.contains(object.id, index) {
+            if inflight.contains_key(&(object.id, index))
+                || self.inner.store.contains(object.id, index)
+                || self.failed_lately((object.id, index)).is_some()
+            {
                 index += 1;
             } else {
                 let started = self.start_fill(object, index, &mut inflight);
@@ -293,6 +319,9 @@ impl Cache {
                 Some(fill) => fill.clone(),
                 None if inner.store.contains(object.id, index) => return Ok(false),
                 None => {
+                    if let Some(error) = self.failed_lately(key) {
+                        return Err(error);
+                    }
                     self.start_fill(object, index, &mut inflight);
                     inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?
                 }
@@ -311,6 +340,29 @@ impl Cache {
                 return Err(ReadError::NotStored);
             }
             written.await;
+        }
+    }
+
+    /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]
+    /// ago: a read of it fails at once instead of starting another fill.
+    fn failed_lately(&self, key: BlockKey) -> Option<ReadError> {
+        let failed = self.inner.failed.lock();
+        let (error, at) = failed.get(&key)?;
+        (at.elapsed() < FAILED_FILL_MEMORY).then(|| error.clone())
+    }
+
+    /// Remembers that the fills of `blocks` of `object` failed with `error` (an origin's error:
+    /// an abandoned fill is not the block's fault), and forgets failures older than
+    /// [`FAILED_FILL_MEMORY`].
+    fn remember_failure(&self, object: ObjectId, blocks: Range<u32>, error: &ReadError) {
+        if !matches!(error, ReadError::Origin(_)) || blocks.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut failed = self.inner.failed.lock();
+        failed.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
+        for index in blocks {
+            failed.insert((object, index), (error.clone(), now));
         }
     }
 
@@ -385,6 +437,9 @@ impl Cache {
             // the disk keeps losing it.
             if attempts < LOOKUP_ATTEMPTS && self.inner.store.contains(object.id, index) {
                 continue;
+            }
+            if let Some(error) = self.failed_lately(key) {
+                return Err(error);
             }
             add(&stats.lookup_miss, 1);
             self.start_fill(object, index, &mut inflight);

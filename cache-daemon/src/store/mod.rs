@@ -188,6 +188,10 @@ struct BlockMeta {
     /// Written by this process, or read back and checked since it started: what passthrough
     /// (which bypasses the checks on read) requires of every block of a file.
     verified: bool,
+    /// Served to a reader since it was fetched (from memory before it was written, or from
+    /// disk): a disk read then counts as a use again. A block fetched ahead and not yet read is
+    /// not: its first disk read is its first use, and keeps it in probation.
+    served: bool,
 }
 
 #[derive(Debug)]
@@ -414,6 +418,7 @@ impl BlockStore {
                     hash,
                     generation: state.next_generation,
                     verified: false,
+                    served: true,
                 },
             );
             state.used += align_up(self.block_len(size, index));
@@ -434,6 +439,11 @@ impl BlockStore {
     /// The configured block size.
     pub fn block_size(&self) -> u64 {
         self.block_size
+    }
+
+    /// The configured capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
     }
 
     /// Length of block `index` of an object of `size` bytes.
@@ -612,8 +622,13 @@ impl BlockStore {
             return Ok(Lookup::LostRace);
         };
         current.verified |= checked_whole;
-        // Only a read that served bytes counts as a use for the eviction policy.
-        state.policy.touch(&(id, index));
+        // Only a read that served bytes counts as a use for the eviction policy; the first use
+        // of a block fetched ahead is not a second one.
+        if std::mem::replace(&mut current.served, true) {
+            state.policy.touch(&(id, index));
+        } else {
+            state.policy.refresh(&(id, index));
+        }
         Ok(Lookup::Hit(bytes))
     }
 
@@ -725,12 +740,14 @@ impl BlockStore {
     }
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
-    /// unpinned blocks), writes the bytes, then records them.
+    /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
+    /// the bytes (a block fetched ahead has not been read yet).
     pub async fn write_block(
         &self,
         version: &ObjectVersion,
         index: u32,
         block: &VerifiedBlock,
+        served: bool,
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
@@ -779,6 +796,7 @@ impl BlockStore {
                     hash: block.tree.root,
                     generation: state.next_generation,
                     verified: true,
+                    served,
                 },
             );
             state.used += alloc;

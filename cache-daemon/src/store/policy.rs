@@ -2,8 +2,10 @@
 //!
 //! A block enters the probation segment when it is written. A hit on a block in probation
 //! promotes it to the protected segment, which holds at most a fixed share of the capacity
-//! (its least recently used blocks are demoted back to probation). Victims come from the
-//! least recently used end of probation first. A one-off scan of a large dataset therefore
+//! (its least recently used blocks are demoted back to probation). The first read of a block
+//! fetched ahead of its reader is its first use, not a hit: it only makes the block the newest
+//! in probation, so a sequential read's blocks fetched ahead are not the first victims of the
+//! blocks it has read. Victims come from the least recently used end of probation first. A one-off scan of a large dataset therefore
 //! cycles through probation and does not flush the weights that every job reads again.
 
 use std::hash::Hash;
@@ -58,6 +60,16 @@ impl<K: Hash + Eq + Copy> Slru<K> {
                 self.probation.insert(demoted, bytes);
                 self.probation_bytes += bytes;
             }
+        } else if self.protected.contains_key(key) {
+            self.protected.to_back(key);
+        }
+    }
+
+    /// Records a first use: the key becomes the most recently used of its segment, without
+    /// a promotion.
+    pub(crate) fn refresh(&mut self, key: &K) {
+        if self.probation.contains_key(key) {
+            self.probation.to_back(key);
         } else if self.protected.contains_key(key) {
             self.protected.to_back(key);
         }
@@ -123,6 +135,16 @@ mod tests {
         // 0 was demoted when 2 was promoted; a hit on 1 makes 2 the older protected key.
         policy.touch(&1);
         assert_eq!(drain(&mut policy), [0, 2, 1]);
+    }
+
+    #[test]
+    fn a_first_use_keeps_a_key_in_probation_as_its_newest() {
+        let mut policy = Slru::new(100);
+        for key in 0..3 {
+            policy.insert(key, 10);
+        }
+        policy.refresh(&0);
+        assert_eq!(drain(&mut policy), [1, 2, 0]);
     }
 
     #[test]

@@ -1,0 +1,149 @@
+//! End to end: a daemon process whose origin is reached through the fault proxy, read through
+//! the kernel's page cache: what a stalled origin costs a buffered read, and what a cold
+//! sequential read costs the origin when the cache is small.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use larder_tests::daemon::DaemonProcess;
+use larder_tests::{Fault, RecordingProxy, S3Server, content, seed};
+
+const MIB: u64 = 1 << 20;
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+
+/// The read deadline the daemons of these tests are given (`--read-deadline 3s`).
+const READ_DEADLINE: Duration = Duration::from_secs(3);
+
+/// Runs `read`, which must fail with EIO well before twice [`READ_DEADLINE`].
+fn fails_with_eio_in_time(what: &str, read: impl FnOnce() -> std::io::Result<usize>) {
+    let started = Instant::now();
+    let error = read().expect_err(what);
+    let elapsed = started.elapsed();
+    println!("{what}: {error} after {elapsed:?}");
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{what}: {error}");
+    assert!(
+        elapsed < READ_DEADLINE + Duration::from_secs(2),
+        "{what} took {elapsed:?} with a read deadline of {READ_DEADLINE:?}"
+    );
+}
+
+/// A buffered read of a stalled origin fails with EIO within the read deadline, though the
+/// kernel retries the failed page: the retry gets the remembered failure at once instead of a
+/// fill of its own. Once the origin is back and the failure forgotten, the read succeeds.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_buffered_read_of_a_stalled_origin_fails_within_the_read_deadline() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let key = "stalled/model.bin";
+    let size = 8 * MIB as usize;
+    server.put(key, seed(key, 0), size).await.expect("put");
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--request-timeout", "1s", "--read-deadline", "3s"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let path = daemon.mount.join(key);
+    let mut file = std::fs::File::open(&path).expect("open");
+
+    proxy.set_fault(Fault::StallAfterHeaders);
+    let file = tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0; MIB as usize];
+        fails_with_eio_in_time("buffered read of a stalled origin", || file.read(&mut buf));
+        file
+    })
+    .await
+    .expect("join");
+
+    proxy.set_fault(Fault::PassThrough);
+    tokio::time::sleep(larder_cache_daemon::cache::FAILED_FILL_MEMORY + Duration::from_millis(500)).await;
+    let bytes = tokio::task::spawn_blocking(move || {
+        drop(file);
+        std::fs::read(path).expect("a read once the origin is back")
+    })
+    .await
+    .expect("join");
+    assert!(bytes == content(seed(key, 0), 0, size), "wrong bytes");
+}
+
+/// A read whose fill waits for an origin slot held by a stalled fill still fails within the
+/// read deadline: the wait counts against it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_waiting_for_an_origin_slot_fails_within_the_read_deadline() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let keys = ["slots/first.bin", "slots/second.bin"];
+    for key in keys {
+        server
+            .put(key, seed(key, 0), 4 * MIB as usize)
+            .await
+            .expect("put");
+    }
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = [
+        "--origin-concurrency",
+        "1",
+        "--request-timeout",
+        "1s",
+        "--read-deadline",
+        "3s",
+    ];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let [mut first, mut second] = keys.map(|key| std::fs::File::open(daemon.mount.join(key)).expect("open"));
+
+    proxy.set_fault(Fault::StallAfterHeaders);
+    let holder = std::thread::spawn(move || first.read(&mut [0; 4096]));
+    // The first read's fill takes the only origin slot.
+    while !proxy
+        .requests()
+        .iter()
+        .any(|r| r.path.ends_with(keys[0]) && r.range.is_some())
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::task::spawn_blocking(move || {
+        fails_with_eio_in_time("read waiting for an origin slot", || second.read(&mut [0; 4096]))
+    })
+    .await
+    .expect("join");
+    let held = holder.join().expect("first reader");
+    assert_eq!(held.expect_err("stalled").raw_os_error(), Some(libc::EIO));
+}
+
+/// A cold sequential read of an object ten times the cache's size: the readahead fits in the
+/// cache, so the origin serves each byte about once (blocks fetched ahead are not evicted
+/// before the reader gets to them).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cold_read_larger_than_the_cache_costs_the_origin_its_size_once() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let key = "big/shard.bin";
+    let size = 256 * MIB;
+    let client = server.client().expect("client");
+    larder_tests::upload(client.as_ref(), key, seed(key, 0), size)
+        .await
+        .expect("upload");
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--cache-capacity", "32MiB"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let path = daemon.mount.join(key);
+    let read = tokio::task::spawn_blocking(move || {
+        let mut file = std::fs::File::open(path).expect("open");
+        let mut buf = vec![0; MIB as usize];
+        let mut offset = 0u64;
+        loop {
+            let n = file.read(&mut buf).expect("read");
+            if n == 0 {
+                break offset;
+            }
+            assert!(
+                buf[..n] == content(seed(key, 0), offset, n),
+                "wrong bytes at {offset}"
+            );
+            offset += n as u64;
+        }
+    });
+    assert_eq!(read.await.expect("join"), size);
+    let ratio = proxy.body_bytes() as f64 / size as f64;
+    println!("origin bytes / object size: {ratio:.3}");
+    assert!(ratio <= 1.1, "the origin served {ratio:.3}× the object");
+    drop(daemon);
+}
