@@ -127,3 +127,27 @@ async fn a_cache_dir_deleted_under_the_daemon_is_left_to_whoever_locks_it_next()
         );
     });
 }
+
+/// A cache file system with less free space than `min_free_fraction` asks for: reads are
+/// served, nothing is cached, and the log says why once, naming the setting.
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_skipped_for_free_space_are_explained_once() {
+    let keys = ["m/a.bin", "m/b.bin"];
+    let server = server(&keys).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--min-free-fraction", "0.999"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    tokio::task::block_in_place(|| {
+        for key in keys {
+            read_checked(&daemon, key);
+        }
+        assert_eq!(daemon.status()["blocks"], 0);
+    });
+    drop(daemon);
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    let explained = log
+        .lines()
+        .filter(|l| l.contains("cache.min_free_fraction"))
+        .count();
+    assert_eq!(explained, 1, "{log}");
+}

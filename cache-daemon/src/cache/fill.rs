@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -260,10 +261,19 @@ impl Cache {
             {
                 let stats = &cache.inner.stats;
                 match error {
-                    // Said once, when the dir was found gone.
-                    StoreError::NoSpace(_) | StoreError::DirLost(_) => {
-                        crate::stats::add(&stats.cache_writes_skipped, 1)
+                    // Lasts until pins go or space is freed: said once, then only counted.
+                    StoreError::NoSpace { .. } => {
+                        crate::stats::add(&stats.cache_writes_skipped, 1);
+                        if !cache.inner.no_space_said.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                %error,
+                                "a block was served but not cached; later skips are only counted \
+                                 (larder_cache_writes_skipped_total)"
+                            );
+                        }
                     }
+                    // Said once, when the dir was found gone.
+                    StoreError::DirLost(_) => crate::stats::add(&stats.cache_writes_skipped, 1),
                     _ => {
                         crate::stats::add(&stats.cache_write_failures, 1);
                         tracing::warn!(%error, "cache write failed; the block was served from memory");

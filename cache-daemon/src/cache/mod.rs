@@ -32,7 +32,7 @@ mod reader;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -155,6 +155,8 @@ struct Inner {
     stop: CancellationToken,
     /// Woken after each cache write ends, written or not.
     written: tokio::sync::Notify,
+    /// A write skipped for lack of room has been logged (see fill.rs).
+    no_space_said: AtomicBool,
     /// Blocks some reader holds: another reader of the same version near the same place
     /// shares them instead of reading them again.
     held: Mutex<HeldBlocks>,
@@ -194,6 +196,7 @@ impl Cache {
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
                 written: tokio::sync::Notify::new(),
+                no_space_said: AtomicBool::new(false),
                 held: Mutex::new(HeldBlocks {
                     blocks: HashMap::new(),
                     sweep_at: HELD_SWEEP_MIN,
@@ -406,7 +409,7 @@ impl Cache {
             StoreError::Corrupt { .. } => add(&stats.lookup_corrupt, 1),
             StoreError::Io { .. }
             | StoreError::Locked(_)
-            | StoreError::NoSpace(_)
+            | StoreError::NoSpace { .. }
             | StoreError::DirLost(_) => add(&stats.cache_read_errors, 1),
         }
         tracing::warn!(%error, "cached block dropped; fetching it again");

@@ -70,8 +70,13 @@ pub enum StoreError {
     #[error("cache dir {0} was deleted or replaced under the daemon; restart it to cache again")]
     DirLost(PathBuf),
     /// No room could be made without evicting pinned or in-use blocks.
-    #[error("no room for a {0}-byte block: the rest of the cache is pinned or in use")]
-    NoSpace(u64),
+    #[error("no room for a {bytes}-byte block: {reason}")]
+    NoSpace {
+        /// The block's size on disk.
+        bytes: u64,
+        /// What is short: the capacity or the file system's free space.
+        reason: &'static str,
+    },
     /// A block read back from disk was short or did not match its recorded BLAKE3.
     #[error("block {index} of object {id} on disk is {reason}")]
     Corrupt {
@@ -865,7 +870,13 @@ impl BlockStore {
         });
         let mut need = over_capacity.max(over_free_space);
         if need > state.policy.bytes() {
-            return Err(StoreError::NoSpace(alloc));
+            let reason = if over_free_space > over_capacity {
+                "the cache file system has less free space than cache.min_free_fraction keeps, \
+                 and evicting every unpinned block would not make enough"
+            } else {
+                "the rest of the cache is pinned or in use"
+            };
+            return Err(StoreError::NoSpace { bytes: alloc, reason });
         }
         let mut chosen = Vec::new();
         while need > 0 {
