@@ -3,9 +3,10 @@
 //! never recreated by it, and a second daemon then started on that path owns it alone.
 
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use larder_tests::daemon::DaemonProcess;
+use larder_tests::fixture::files_with_extension;
 use larder_tests::{S3Server, content, seed};
 
 const MIB: usize = 1 << 20;
@@ -38,23 +39,6 @@ fn drop_page_cache() {
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop caches (needs root)");
 }
 
-/// Files under `dir` whose names end in `suffix`.
-fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut dirs = vec![dir.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.to_string_lossy().ends_with(suffix) {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 /// 16 bytes flipped in a block's data file after the daemon checked it: every read through
 /// the daemon checks what it reads, so the block is dropped and fetched again, and readers get
 /// the right bytes. (Passthrough, where the kernel reads the file itself, is off here: what it
@@ -69,7 +53,7 @@ async fn bytes_changed_on_disk_after_the_first_check_are_never_served() {
     tokio::task::spawn_blocking(move || {
         prefetch(&daemon, KEY);
         read_checked(&daemon, KEY);
-        let data = files_ending(&daemon.cache, ".data");
+        let data = files_with_extension(&daemon.cache, "data");
         assert_eq!(data.len(), 1, "{data:?}");
         let file = std::fs::OpenOptions::new()
             .write(true)
@@ -121,7 +105,7 @@ async fn a_cache_dir_deleted_under_the_daemon_is_left_to_whoever_locks_it_next()
             read_checked(&first, key);
         }
         assert_eq!(
-            files_ending(&cache, ".rec").len(),
+            files_with_extension(&cache, "rec").len(),
             1,
             "the first daemon wrote into the second's cache dir"
         );

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use larder_tests::daemon::{DaemonProcess, is_mounted};
+use larder_tests::fixture::files_with_extension;
 use larder_tests::{Fault, RecordingProxy, S3Server, content, seed};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -71,23 +72,6 @@ fn read_until(mount: &Path, key: &str, want: &[u8], stop: &AtomicBool, tally: &T
     None
 }
 
-/// Every file under `dir` whose name ends with `suffix`.
-fn files_ending(dir: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.to_string_lossy().ends_with(suffix) {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
-
 /// Detaches the mount at its path when dropped, if one is there: a test that fails between a
 /// kill and the next start leaves no dead mount behind.
 struct DetachOnDrop(PathBuf);
@@ -139,7 +123,7 @@ async fn kill_9_during_reads_and_a_prefetch_never_serves_wrong_bytes() {
             let daemon = DaemonProcess::start(Path::new(BIN), proxy.as_ref(), &dir_path, &[]).expect("start");
             mount.get_or_insert_with(|| DetachOnDrop(daemon.mount.clone()));
             assert_eq!(
-                files_ending(&cache, ".tmp"),
+                files_with_extension(&cache, "tmp"),
                 Vec::<PathBuf>::new(),
                 "round {round}"
             );
@@ -167,7 +151,7 @@ async fn kill_9_during_reads_and_a_prefetch_never_serves_wrong_bytes() {
             println!("round {round}: killed after {alive:?}; readers saw {tally:?}");
             verified += tally.verified.load(Ordering::Relaxed);
             // A record compaction cut by the kill leaves its temporary copy beside the record.
-            if let Some(record) = files_ending(&cache, ".rec").first() {
+            if let Some(record) = files_with_extension(&cache, "rec").first() {
                 std::fs::write(record.with_extension("tmp"), b"torn").expect("plant a torn copy");
             }
         }
@@ -176,7 +160,7 @@ async fn kill_9_during_reads_and_a_prefetch_never_serves_wrong_bytes() {
         proxy.set_fault(Fault::PassThrough);
         let daemon =
             DaemonProcess::start(Path::new(BIN), proxy.as_ref(), &dir_path, &[]).expect("last start");
-        assert_eq!(files_ending(&cache, ".tmp"), Vec::<PathBuf>::new());
+        assert_eq!(files_with_extension(&cache, "tmp"), Vec::<PathBuf>::new());
         let job = prefetch(&daemon, &["--wait", "models:prefetch"]);
         assert!(job.status.success(), "{}", String::from_utf8_lossy(&job.stderr));
         for &(key, size) in READ.iter().chain([&PREFETCHED]) {

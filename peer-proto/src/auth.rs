@@ -334,22 +334,15 @@ mod tests {
         let key = key(&"s".repeat(40));
         let tag = key.block_tag(&[1; 16], 3, 100, &[9; 32]);
         assert!(key.block_tag_matches(&[1; 16], 3, 100, &[9; 32], &tag));
-        assert!(
-            !key.block_tag_matches(&[2; 16], 3, 100, &[9; 32], &tag),
-            "another request"
-        );
-        assert!(
-            !key.block_tag_matches(&[1; 16], 4, 100, &[9; 32], &tag),
-            "another block"
-        );
-        assert!(
-            !key.block_tag_matches(&[1; 16], 3, 99, &[9; 32], &tag),
-            "another length"
-        );
-        assert!(
-            !key.block_tag_matches(&[1; 16], 3, 100, &[8; 32], &tag),
-            "another hash"
-        );
+        let others = [
+            ([2; 16], 3, 100, [9; 32], "another request"),
+            ([1; 16], 4, 100, [9; 32], "another block"),
+            ([1; 16], 3, 99, [9; 32], "another length"),
+            ([1; 16], 3, 100, [8; 32], "another hash"),
+        ];
+        for (nonce, index, len, hash, what) in others {
+            assert!(!key.block_tag_matches(&nonce, index, len, &hash, &tag), "{what}");
+        }
     }
 
     #[test]

@@ -638,10 +638,11 @@ impl BlockStore {
     }
 
     /// The disk read of [`BlockStore::read`] and its check: bytes `range` of the block, and
-    /// whether the whole block was checked. With the block's stored group values, only the
-    /// groups `range` touches are read and checked; without them (a block written before they
-    /// were kept, or whose values were lost) the block is read and checked whole, and its
-    /// values stored for the next read.
+    /// whether the whole block was checked. A read of the whole block is checked against the
+    /// recorded root directly. A read of part of it reads and checks only the groups it
+    /// touches, against the block's stored group values; without them (a block written before
+    /// they were kept, or whose values were lost) the block is read and checked whole, and its
+    /// values stored for the next such read.
     async fn read_checked(
         &self,
         version: &ObjectVersion,
@@ -663,23 +664,26 @@ impl BlockStore {
             ));
         }
         let groups = tree::groups_in(block_len);
-        if let Some(stored) = self.stored_values(&files, index, groups).await {
-            let from = range.start / GROUP * GROUP;
-            let to = (range.end.div_ceil(GROUP) * GROUP).min(block_len);
+        let from = range.start / GROUP * GROUP;
+        let to = (range.end.div_ceil(GROUP) * GROUP).min(block_len);
+        // Part of a block is checked by its groups; a whole block against the root directly,
+        // with no values to read.
+        let partial = groups > 0 && to - from < block_len;
+        if partial && let Some(stored) = self.stored_values(&files, index, groups).await {
             let buf = self.read_data(&files, id, index, from..to).await?;
             if !tree::check_groups(buf.as_ref(), from / GROUP, &stored, block_len, &meta.hash) {
                 return Err(corrupt("not what its record's BLAKE3 names"));
             }
-            let whole = from == 0 && to == block_len;
             return Ok((
                 Bytes::from_owner(buf).slice(range.start - from..range.end - from),
-                whole,
+                false,
             ));
         }
         let buf = self.read_data(&files, id, index, 0..block_len).await?;
         let block = VerifiedBlock::verify(Arc::new(buf), meta.hash)
             .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
-        if groups > 0 {
+        // A part asked for without values: store them for the next such read.
+        if partial {
             let (tree, slot) = (block.tree.clone(), self.values_slot(index));
             let path = self.home.path(&Names::of(id).values);
             let stored = blocking(move || write_values(&files.values, slot, &tree, &path)).await;
