@@ -25,6 +25,15 @@ fn ends_url(c: char, in_parentheses: bool) -> bool {
     c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>' | '`') || (in_parentheses && c == ')')
 }
 
+/// Where the scheme that ends `before_separator` (the text before a `://`) starts.
+fn start_of_scheme(before_separator: &str) -> usize {
+    before_separator
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        .map_or(0, |(i, c)| i + c.len_utf8())
+}
+
 /// `text` with the secrets of every URL in it hidden (see the [module](self)).
 #[derive(Debug, Clone, Copy)]
 pub struct Redacted<'a>(pub &'a str);
@@ -33,14 +42,17 @@ impl fmt::Display for Redacted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut rest = self.0;
         while let Some(at) = rest.find("://") {
-            let scheme_start = rest[..at]
-                .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
-                .map_or(0, |i| i + 1);
+            let scheme_start = start_of_scheme(&rest[..at]);
             let scheme = &rest[scheme_start..at];
             f.write_str(&rest[..at + 3])?;
             let after = &rest[at + 3..];
             let in_parentheses = rest[..scheme_start].ends_with('(');
-            let end = after.find(|c| ends_url(c, in_parentheses)).unwrap_or(after.len());
+            let mut end = after.find(|c| ends_url(c, in_parentheses)).unwrap_or(after.len());
+            // A URL inside this one (`s3://b/https://user:pw@host`) is shown as a URL of
+            // its own, so that its user info is found.
+            if let Some(inner) = after[..end].find("://") {
+                end = start_of_scheme(&after[..inner]);
+            }
             write_url(f, scheme, &after[..end])?;
             rest = &after[end..];
         }
@@ -173,6 +185,21 @@ mod tests {
             shown("abfss://data:PW@account.dfs.core.windows.net/x"),
             "abfss://***@account.dfs.core.windows.net/x"
         );
+    }
+
+    /// A scheme starts after the last character that cannot be in one, however many bytes
+    /// that character takes (a fuzzed source URL once split one in half), and a URL inside
+    /// another is a URL of its own.
+    #[test]
+    fn where_a_scheme_starts() {
+        assert_eq!(shown("\u{1970}://x"), "\u{1970}://x");
+        assert_eq!(shown("é s3://a:PW@b/c"), "é s3://***@b/c");
+        assert_eq!(shown("(ü)s3://a:PW@b/c"), "(ü)s3://***@b/c");
+        assert_eq!(
+            shown("s3://b/https://u:PW@h/x?sig=S"),
+            "s3://b/https://***@h/x?sig=***"
+        );
+        assert_eq!(shown("a://0://a:PW@"), "a://0://***@");
     }
 
     #[test]

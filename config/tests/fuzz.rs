@@ -3,7 +3,7 @@
 //! Each gives a configuration or a typed error naming the setting, never a panic.
 
 use clap::Parser;
-use larder_config::{Config, ConfigArgs, ConfigError};
+use larder_config::{Config, ConfigArgs, ConfigError, Redacted};
 use proptest::prelude::*;
 
 /// Every key of the file with a value that must be quoted text, and every flag but
@@ -133,5 +133,19 @@ proptest! {
             ),
             Err(other) => prop_assert!(false, "{}: {}", flag, other),
         }
+    }
+
+    /// Redaction of text made of URL pieces (schemes, user info, queries) and wide characters:
+    /// never a panic, and never a password that was in the text.
+    #[test]
+    fn redaction_of_url_like_text(
+        pieces in prop::collection::vec(
+            "[ (é\u{1970}]{0,2}[a-z0-9+.-]{0,3}://([a-z]{1,3}:PW@)?[a-zé/@:?#&=%\\\\)]{0,12}",
+            1..4,
+        ),
+    ) {
+        let text = pieces.concat();
+        let shown = Redacted(&text).to_string();
+        prop_assert!(!shown.contains(":PW@"), "{} shown as {}", text, shown);
     }
 }
