@@ -35,7 +35,7 @@ use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
 use crate::redact::Redacted;
-use crate::schema::{Config, IoEngineKind, SourceConfig, parse_listen};
+use crate::schema::{Config, IoEngineKind, PeerConfig, PeerMember, SourceConfig, parse_listen};
 
 /// The flags themselves; [`ConfigArgs`] adds where each value came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
@@ -228,6 +228,93 @@ struct Flags {
     )]
     metrics_listen: Option<OsString>,
 
+    /// This node's id in the rack, default the host name [peer.node_id].
+    #[arg(long, env = "LARDER_NODE_ID", value_name = "ID", help_heading = "Peers")]
+    node_id: Option<OsString>,
+
+    /// This node's rack label [peer.rack].
+    #[arg(long, env = "LARDER_RACK", value_name = "RACK", help_heading = "Peers")]
+    rack: Option<OsString>,
+
+    /// Address and port the peer listener binds, or "off" (the default) [peer.listen].
+    #[arg(
+        long,
+        env = "LARDER_PEER_LISTEN",
+        value_name = "ADDR:PORT|off",
+        help_heading = "Peers"
+    )]
+    peer_listen: Option<OsString>,
+
+    /// Static members as ID=HOST:PORT[@RACK]; repeatable, comma-separated in the variable;
+    /// replaces the file's list [peer.members].
+    #[arg(
+        long,
+        env = "LARDER_PEERS",
+        value_name = "ID=HOST:PORT[@RACK]",
+        value_delimiter = ',',
+        help_heading = "Peers"
+    )]
+    peers: Vec<OsString>,
+
+    /// A DNS name whose addresses are the members, as NAME:PORT [peer.dns].
+    #[arg(
+        long,
+        env = "LARDER_PEER_DNS",
+        value_name = "NAME:PORT",
+        help_heading = "Peers"
+    )]
+    peer_dns: Option<OsString>,
+
+    /// How often the DNS name is resolved again, e.g. "10s" [peer.dns_interval].
+    #[arg(
+        long,
+        env = "LARDER_PEER_DNS_INTERVAL",
+        value_name = "DURATION",
+        help_heading = "Peers"
+    )]
+    peer_dns_interval: Option<OsString>,
+
+    /// File holding the cluster secret, mode 0600; or put the secret in LARDER_CLUSTER_KEY
+    /// [peer.cluster_key_file].
+    #[arg(
+        long,
+        env = "LARDER_CLUSTER_KEY_FILE",
+        value_name = "PATH",
+        help_heading = "Peers"
+    )]
+    cluster_key_file: Option<OsString>,
+
+    /// Serve and ask peers without a cluster key; alone it means true [peer.insecure].
+    #[arg(
+        long,
+        env = "LARDER_PEER_INSECURE",
+        value_name = "true|false",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        help_heading = "Peers"
+    )]
+    peer_insecure: Option<OsString>,
+
+    /// How long a peer has to answer before the run goes elsewhere, e.g. "500ms"
+    /// [peer.first_byte_timeout].
+    #[arg(
+        long,
+        env = "LARDER_PEER_FIRST_BYTE_TIMEOUT",
+        value_name = "DURATION",
+        help_heading = "Peers"
+    )]
+    peer_first_byte_timeout: Option<OsString>,
+
+    /// How long a peer's answer may stall before the rest goes elsewhere, e.g. "3s"
+    /// [peer.stall_timeout].
+    #[arg(
+        long,
+        env = "LARDER_PEER_STALL_TIMEOUT",
+        value_name = "DURATION",
+        help_heading = "Peers"
+    )]
+    peer_stall_timeout: Option<OsString>,
+
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
     /// In LARDER_SOURCES, separate several with commas [source.name, source.url].
@@ -339,8 +426,9 @@ impl CommandFactory for ConfigArgs {
 
 impl Parser for ConfigArgs {}
 
-/// `LARDER_*` variables read elsewhere than here: the `larder` binary's log filter.
-const OTHER_VARIABLES: [&str; 1] = ["LARDER_LOG"];
+/// `LARDER_*` variables read elsewhere than here: the `larder` binary's log filter, and the
+/// cluster secret (read by the daemon, never a flag).
+const OTHER_VARIABLES: [&str; 2] = ["LARDER_LOG", "LARDER_CLUSTER_KEY"];
 
 /// The `LARDER_*` variables among `names` that nothing reads (a misspelling, or a setting
 /// that does not exist), each with the known variable it is most like, if one is close.
@@ -641,6 +729,8 @@ impl ConfigArgs {
             parse_listen,
         )?;
 
+        self.apply_peer(&mut config.peer, names)?;
+
         // Source by source: the file's, then the variable's, then the flags'; a later entry
         // for a name replaces that source's URL.
         for (setting, spec) in self.list(names, "sources", &flags.sources)? {
@@ -674,6 +764,87 @@ impl ConfigArgs {
             let source = find_source(config, source, &spec, &setting)?;
             source.metadata_ttl =
                 duration::parse(value).map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
+        }
+        Ok(())
+    }
+
+    /// Lays the `[peer]` overrides over `peer`.
+    fn apply_peer(&self, peer: &mut PeerConfig, names: &mut Names) -> Result<(), ConfigError> {
+        let flags = &self.flags;
+        for (target, value, key, id) in [
+            (&mut peer.node_id, &flags.node_id, "peer.node_id", "node_id"),
+            (&mut peer.rack, &flags.rack, "peer.rack", "rack"),
+        ] {
+            set(names, target, value, key, id, |text| {
+                Ok::<_, String>(text.to_owned())
+            })?;
+        }
+        set(
+            names,
+            &mut peer.listen,
+            &flags.peer_listen,
+            "peer.listen",
+            "peer_listen",
+            parse_listen,
+        )?;
+        set(
+            names,
+            &mut peer.dns,
+            &flags.peer_dns,
+            "peer.dns",
+            "peer_dns",
+            |text| Ok::<_, String>(Some(text.to_owned())),
+        )?;
+        set(
+            names,
+            &mut peer.cluster_key_file,
+            &flags.cluster_key_file,
+            "peer.cluster_key_file",
+            "cluster_key_file",
+            |text| Ok::<_, String>(Some(PathBuf::from(text))),
+        )?;
+        set(
+            names,
+            &mut peer.insecure,
+            &flags.peer_insecure,
+            "peer.insecure",
+            "peer_insecure",
+            parse_bool,
+        )?;
+        for (target, value, key, id) in [
+            (
+                &mut peer.dns_interval,
+                &flags.peer_dns_interval,
+                "peer.dns_interval",
+                "peer_dns_interval",
+            ),
+            (
+                &mut peer.first_byte_timeout,
+                &flags.peer_first_byte_timeout,
+                "peer.first_byte_timeout",
+                "peer_first_byte_timeout",
+            ),
+            (
+                &mut peer.stall_timeout,
+                &flags.peer_stall_timeout,
+                "peer.stall_timeout",
+                "peer_stall_timeout",
+            ),
+        ] {
+            set(names, target, value, key, id, duration::parse)?;
+        }
+        // The members given by flags or the variable replace the file's list as a whole: a
+        // member list is one fact about the cluster, not entries to merge.
+        let members = self.list(names, "peers", &flags.peers)?;
+        if !members.is_empty() {
+            peer.members.clear();
+            for (setting, spec) in members {
+                let member = spec
+                    .parse::<PeerMember>()
+                    .map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
+                names.overridden.insert("peer.members".to_owned(), setting);
+                peer.members.push(member);
+            }
         }
         Ok(())
     }
@@ -827,6 +998,16 @@ mod tests {
             ("readahead-min", "LARDER_READAHEAD_MIN"),
             ("readahead-max", "LARDER_READAHEAD_MAX"),
             ("metrics-listen", "LARDER_METRICS_LISTEN"),
+            ("node-id", "LARDER_NODE_ID"),
+            ("rack", "LARDER_RACK"),
+            ("peer-listen", "LARDER_PEER_LISTEN"),
+            ("peers", "LARDER_PEERS"),
+            ("peer-dns", "LARDER_PEER_DNS"),
+            ("peer-dns-interval", "LARDER_PEER_DNS_INTERVAL"),
+            ("cluster-key-file", "LARDER_CLUSTER_KEY_FILE"),
+            ("peer-insecure", "LARDER_PEER_INSECURE"),
+            ("peer-first-byte-timeout", "LARDER_PEER_FIRST_BYTE_TIMEOUT"),
+            ("peer-stall-timeout", "LARDER_PEER_STALL_TIMEOUT"),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),
@@ -1210,6 +1391,10 @@ mod tests {
         }
         let mut config = Config::default();
         config.sources.push(SourceConfig::new("a", "s3://x"));
+        // Keys that are left out when they hold nothing.
+        config.peer.members.push("a=h:1".parse().unwrap());
+        config.peer.dns = Some("h:1".into());
+        config.peer.cluster_key_file = Some("k".into());
         let value = toml::Value::try_from(&config).unwrap();
         let mut schema = BTreeSet::new();
         keys("", &value, &mut schema);
@@ -1243,6 +1428,45 @@ mod tests {
         assert!(
             missing.is_empty(),
             "keys without a flag and a variable: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn peer_flags_set_the_peer_table_and_errors_name_the_flag() {
+        let config = args(&[
+            "--source",
+            "a=s3://x",
+            "--node-id",
+            "n1",
+            "--peers",
+            "n1=127.0.0.2:7470@r1,n2=127.0.0.3:7470@r1",
+            "--peer-listen",
+            "127.0.0.2:7470",
+            "--peer-insecure",
+        ])
+        .load()
+        .unwrap();
+        assert_eq!(config.peer.node_id, "n1");
+        assert!(config.peer.insecure);
+        assert_eq!(config.peer.members.len(), 2);
+        assert_eq!(config.peer.members[1].address, "127.0.0.3:7470");
+        assert!(config.peer.enabled());
+
+        let error = args(&["--source", "a=s3://x", "--peers", "n1=nohost"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--peers") && error.contains("HOST:PORT"),
+            "{error}"
+        );
+        let error = args(&["--source", "a=s3://x", "--peers", "n=h:1,n=h:2"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--peers") && error.contains("also member 0"),
+            "{error}"
         );
     }
 

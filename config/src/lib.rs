@@ -23,5 +23,5 @@ pub use error::ConfigError;
 pub use redact::{Redacted, SourceUrl};
 pub use schema::{
     CacheConfig, Config, ControlConfig, DEFAULT_CONTROL_SOCKET, IoEngineKind, MetricsConfig, MountConfig,
-    OriginConfig, SourceConfig,
+    OriginConfig, PeerConfig, PeerMember, SourceConfig,
 };

@@ -37,6 +37,18 @@
 //! [control]
 //! socket = "/run/larder/control.sock"
 //!
+//! [peer]                     # rack peers; off unless members or a DNS name are given
+//! node_id = "gpu-017"        # default: the host name
+//! rack = "r12"
+//! listen = "10.0.3.17:7470"  # or "off"
+//! members = ["gpu-017=10.0.3.17:7470@r12", "gpu-018=10.0.3.18:7470@r12"]
+//! dns = "larder-peers.larder.svc:7470"
+//! dns_interval = "10s"
+//! cluster_key_file = "/etc/larder/cluster.key"  # or LARDER_CLUSTER_KEY in the environment
+//! insecure = false           # serve and ask without a key (a closed network only)
+//! first_byte_timeout = "500ms"
+//! stall_timeout = "3s"
+//!
 //! [[source]]
 //! name = "datasets"
 //! url = "s3://bucket/prefix"
@@ -72,6 +84,8 @@ pub struct Config {
     pub mount: MountConfig,
     /// The control socket of `larder prefetch` and `larder status`.
     pub control: ControlConfig,
+    /// Rack peers: who they are, and how this node serves and asks them.
+    pub peer: PeerConfig,
     /// The object stores served; written as `[[source]]` tables in TOML.
     /// At least one is required by [`Config::validate`].
     #[serde(rename = "source", skip_serializing_if = "Vec::is_empty")]
@@ -313,6 +327,169 @@ impl Default for ControlConfig {
     }
 }
 
+/// Rack peers (`[peer]`). Peers are on when `members` or `dns` name any; a node serves its
+/// blocks to them when `listen` is set.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeerConfig {
+    /// This node's id, unique in the cluster: 1 to 128 characters of `A-Z a-z 0-9 . _ -`.
+    /// Empty (the default) takes the host name.
+    pub node_id: String,
+    /// This node's rack label (same characters, may be empty): runs are owned within the
+    /// asker's rack first. Default empty.
+    pub rack: String,
+    /// Address and port the peer listener binds, or `"off"` (the default).
+    #[serde(with = "listen_serde")]
+    pub listen: Option<SocketAddr>,
+    /// Static members, each `ID=HOST:PORT[@RACK]`; this node may be among them.
+    pub members: Vec<PeerMember>,
+    /// A DNS name and port, `NAME:PORT`, whose addresses are the members (a headless
+    /// Service); re-resolved every `dns_interval`. Each address's node id and rack are
+    /// asked of the member itself.
+    pub dns: Option<String>,
+    /// How often `dns` is resolved again. Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub dns_interval: Duration,
+    /// File holding the cluster secret (at least 32 bytes, mode 0600 or 0400). The variable
+    /// `LARDER_CLUSTER_KEY` may hold the secret instead; it is never a flag, so that it stays
+    /// out of process listings.
+    pub cluster_key_file: Option<PathBuf>,
+    /// Serve and ask peers without a cluster key: anyone who can reach the listener can read
+    /// cached blocks and feed unauthenticated ones (still checked against sealed manifests).
+    /// Default false.
+    pub insecure: bool,
+    /// How long a peer has to answer a request's head before the run goes to the next
+    /// candidate or the origin. Default 500ms.
+    #[serde(with = "humantime_serde")]
+    pub first_byte_timeout: Duration,
+    /// How long an answer may go without bytes before the rest of the run goes to the next
+    /// candidate or the origin. Default 3s.
+    #[serde(with = "humantime_serde")]
+    pub stall_timeout: Duration,
+}
+
+impl Default for PeerConfig {
+    fn default() -> Self {
+        Self {
+            node_id: String::new(),
+            rack: String::new(),
+            listen: None,
+            members: Vec::new(),
+            dns: None,
+            dns_interval: Duration::from_secs(10),
+            cluster_key_file: None,
+            insecure: false,
+            first_byte_timeout: Duration::from_millis(500),
+            stall_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl PeerConfig {
+    /// Whether rack peers are on: some member is named, statically or by DNS.
+    pub fn enabled(&self) -> bool {
+        !self.members.is_empty() || self.dns.is_some()
+    }
+}
+
+/// A statically configured member: `ID=HOST:PORT[@RACK]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct PeerMember {
+    /// The member's node id.
+    pub id: String,
+    /// Host (name or IP address) and port of its peer listener.
+    pub address: String,
+    /// Its rack label; empty if not given.
+    pub rack: String,
+}
+
+/// Whether `text` may be a node id or rack label: `A-Z a-z 0-9 . _ -`, at most 128.
+pub(crate) fn is_peer_label(text: &str) -> bool {
+    text.len() <= 128
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Checks `HOST:PORT`: a host name or IP address (IPv6 in brackets) and a port.
+pub(crate) fn check_host_port(text: &str) -> Result<(), String> {
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?}: expected HOST:PORT"))?;
+    port.parse::<u16>()
+        .ok()
+        .filter(|&port| port != 0)
+        .ok_or_else(|| format!("{text:?}: {port:?} is not a port"))?;
+    let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+    let valid = match bare {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host.len() <= 253
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'))
+        }
+    };
+    if valid {
+        Ok(())
+    } else {
+        Err(format!("{text:?}: {host:?} is not a host name or IP address"))
+    }
+}
+
+impl FromStr for PeerMember {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (id, rest) = text
+            .split_once('=')
+            .ok_or_else(|| format!("{text:?}: expected ID=HOST:PORT[@RACK]"))?;
+        let (address, rack) = rest.split_once('@').unwrap_or((rest, ""));
+        if id.is_empty() || !is_peer_label(id) {
+            return Err(format!(
+                "{text:?}: node id {id:?} must be 1 to 128 characters of A-Z a-z 0-9 . _ -"
+            ));
+        }
+        if !is_peer_label(rack) {
+            return Err(format!(
+                "{text:?}: rack {rack:?} must be at most 128 characters of A-Z a-z 0-9 . _ -"
+            ));
+        }
+        check_host_port(address)?;
+        Ok(Self {
+            id: id.to_owned(),
+            address: address.to_owned(),
+            rack: rack.to_owned(),
+        })
+    }
+}
+
+impl TryFrom<String> for PeerMember {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
+    }
+}
+
+impl From<PeerMember> for String {
+    fn from(member: PeerMember) -> Self {
+        member.to_string()
+    }
+}
+
+impl fmt::Display for PeerMember {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.id, self.address)?;
+        if !self.rack.is_empty() {
+            write!(f, "@{}", self.rack)?;
+        }
+        Ok(())
+    }
+}
+
 /// One object store served by the daemon (`[[source]]`).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -457,6 +634,18 @@ mod tests {
         [control]
         socket = "/run/larder-test.sock"
 
+        [peer]
+        node_id = "gpu-1"
+        rack = "r1"
+        listen = "10.0.0.1:7470"
+        members = ["gpu-1=10.0.0.1:7470@r1", "gpu-2=gpu-2.example:7470"]
+        dns = "peers.larder.svc:7470"
+        dns_interval = "30s"
+        cluster_key_file = "/etc/larder/key"
+        insecure = true
+        first_byte_timeout = "250ms"
+        stall_timeout = "1s"
+
         [[source]]
         name = "datasets"
         url = "s3://training-data/datasets"
@@ -484,6 +673,32 @@ mod tests {
         assert_eq!(config.mount.path, Path::new("/models"));
         assert_eq!(config.mount.shutdown_grace, Duration::from_secs(10));
         assert_eq!(config.control.socket, Path::new("/run/larder/control.sock"));
+        assert!(!config.peer.enabled());
+        assert_eq!(config.peer.listen, None);
+        assert_eq!(config.peer.first_byte_timeout, Duration::from_millis(500));
+        assert_eq!(config.peer.stall_timeout, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn peer_members_read_back_as_written_and_bad_ones_say_why() {
+        for text in ["a=10.0.0.1:7470@r1", "node-2.x=host.example:1", "b=[::1]:7470"] {
+            let member: PeerMember = text.parse().unwrap();
+            assert_eq!(member.to_string(), text);
+        }
+        for (text, says) in [
+            ("10.0.0.1:7470", "expected ID=HOST:PORT"),
+            ("a=10.0.0.1", "expected HOST:PORT"),
+            ("a=10.0.0.1:0", "is not a port"),
+            ("a=10.0.0.1:99999", "is not a port"),
+            ("a=ho st:7470", "is not a host name"),
+            ("=h:1", "node id"),
+            ("a b=h:1", "node id"),
+            ("a=h:1@r 1", "rack"),
+            ("a=[zz]:1", "is not a host name"),
+        ] {
+            let error = text.parse::<PeerMember>().unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
     }
 
     #[test]
@@ -523,6 +738,29 @@ mod tests {
             control: ControlConfig {
                 socket: PathBuf::from("/run/larder-test.sock"),
             },
+            peer: PeerConfig {
+                node_id: "gpu-1".into(),
+                rack: "r1".into(),
+                listen: Some("10.0.0.1:7470".parse().unwrap()),
+                members: vec![
+                    PeerMember {
+                        id: "gpu-1".into(),
+                        address: "10.0.0.1:7470".into(),
+                        rack: "r1".into(),
+                    },
+                    PeerMember {
+                        id: "gpu-2".into(),
+                        address: "gpu-2.example:7470".into(),
+                        rack: String::new(),
+                    },
+                ],
+                dns: Some("peers.larder.svc:7470".into()),
+                dns_interval: Duration::from_secs(30),
+                cluster_key_file: Some(PathBuf::from("/etc/larder/key")),
+                insecure: true,
+                first_byte_timeout: Duration::from_millis(250),
+                stall_timeout: Duration::from_secs(1),
+            },
             sources: vec![
                 SourceConfig {
                     name: "datasets".into(),
@@ -556,6 +794,18 @@ mod tests {
         expected
             .sources
             .push(SourceConfig::new("datasets", "s3://bucket/prefix"));
+        expected.peer = PeerConfig {
+            node_id: "gpu-017".into(),
+            rack: "r12".into(),
+            listen: Some("10.0.3.17:7470".parse().unwrap()),
+            members: vec![
+                "gpu-017=10.0.3.17:7470@r12".parse().unwrap(),
+                "gpu-018=10.0.3.18:7470@r12".parse().unwrap(),
+            ],
+            dns: Some("larder-peers.larder.svc:7470".into()),
+            cluster_key_file: Some("/etc/larder/cluster.key".into()),
+            ..PeerConfig::default()
+        };
         assert_eq!(config, expected);
     }
 

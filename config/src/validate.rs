@@ -13,7 +13,9 @@ use url::Url;
 use crate::bytesize::ByteSize;
 use crate::error::ConfigError;
 use crate::redact::SourceUrl;
-use crate::schema::{CacheConfig, Config, OriginConfig, SourceConfig};
+use crate::schema::{
+    CacheConfig, Config, OriginConfig, PeerConfig, SourceConfig, check_host_port, is_peer_label,
+};
 
 /// Smallest allowed `cache.block_size`.
 const MIN_BLOCK_SIZE: ByteSize = ByteSize::mib(1);
@@ -53,6 +55,7 @@ impl Config {
         if self.control.socket.as_os_str().is_empty() {
             return Err(ConfigError::invalid("control.socket", "", "must not be empty"));
         }
+        validate_peer(&self.peer)?;
         validate_sources(&self.sources)
     }
 }
@@ -156,6 +159,32 @@ fn validate_origin(origin: &OriginConfig, block: ByteSize) -> Result<(), ConfigE
         ));
     }
     Ok(())
+}
+
+fn validate_peer(peer: &PeerConfig) -> Result<(), ConfigError> {
+    const LABEL: &str = "must be at most 128 characters of A-Z a-z 0-9 . _ -";
+    if !is_peer_label(&peer.node_id) {
+        return Err(ConfigError::invalid("peer.node_id", &peer.node_id, LABEL));
+    }
+    if !is_peer_label(&peer.rack) {
+        return Err(ConfigError::invalid("peer.rack", &peer.rack, LABEL));
+    }
+    if let Some(dns) = &peer.dns {
+        check_host_port(dns).map_err(|reason| ConfigError::invalid("peer.dns", dns, reason))?;
+    }
+    let mut seen = HashMap::new();
+    for (index, member) in peer.members.iter().enumerate() {
+        if let Some(first) = seen.insert(member.id.as_str(), index) {
+            return Err(ConfigError::invalid(
+                "peer.members",
+                member,
+                format!("node id {:?} is also member {first}", member.id),
+            ));
+        }
+    }
+    check_non_zero("peer.dns_interval", peer.dns_interval)?;
+    check_non_zero("peer.first_byte_timeout", peer.first_byte_timeout)?;
+    check_non_zero("peer.stall_timeout", peer.stall_timeout)
 }
 
 fn validate_sources(sources: &[SourceConfig]) -> Result<(), ConfigError> {
