@@ -44,6 +44,28 @@ counters! {
     served_nvme_bytes,
     /// Bytes handed to readers that came from the origin (including joined in-flight fills).
     served_origin_bytes,
+    /// Bytes handed to readers that came from a rack peer (including joined in-flight fills).
+    served_peer_bytes,
+    /// Block bytes received from rack peers and checked: bytes the origin did not have to send.
+    peer_fetched_bytes,
+    /// Block bytes this node sent to rack peers.
+    peer_sent_bytes,
+    /// Run requests to peers answered with blocks the peer had cached.
+    peer_requests_hit,
+    /// Run requests to peers answered with blocks the peer filled from its origin (or joined).
+    peer_requests_filled,
+    /// Run requests to peers that had no owner to ask or that the owner declined (404/503).
+    peer_requests_miss,
+    /// Run requests not sent because the member's circuit was open, or refused at connect.
+    peer_requests_refused,
+    /// Run requests whose answer did not start or stalled past its deadline.
+    peer_requests_timeout,
+    /// Run requests the peer refused as unauthenticated (401), or answers whose tags failed.
+    peer_requests_unauthorized,
+    /// Answers with a block whose bytes did not match its hash or the sealed manifest.
+    peer_requests_bad_data,
+    /// Requests from peers that this node refused (bad MAC, stale, replayed, malformed).
+    peer_served_refused,
     /// Block lookups answered by the block store.
     lookup_hit,
     /// Block lookups that started a fill.
@@ -188,6 +210,9 @@ pub struct Latencies {
     /// One origin fill (a ranged GET of up to a part), from its start (waiting for an origin
     /// slot included) to its last block; successful fills only.
     pub fill_origin: Histogram,
+    /// One run fetched from a rack peer, from the request to its last block; complete runs
+    /// only.
+    pub fill_peer: Histogram,
     /// FUSE requests from arrival to reply, indexed by `Operation as usize`.
     fuse: [Histogram; Operation::ALL.len()],
 }
@@ -199,6 +224,8 @@ pub struct LatencySnapshot {
     pub fill_nvme: HistogramSnapshot,
     /// See [`Latencies::fill_origin`].
     pub fill_origin: HistogramSnapshot,
+    /// See [`Latencies::fill_peer`].
+    pub fill_peer: HistogramSnapshot,
     fuse: [HistogramSnapshot; Operation::ALL.len()],
 }
 
@@ -212,6 +239,7 @@ impl Latencies {
         LatencySnapshot {
             fill_nvme: self.fill_nvme.snapshot(),
             fill_origin: self.fill_origin.snapshot(),
+            fill_peer: self.fill_peer.snapshot(),
             fuse: std::array::from_fn(|i| self.fuse[i].snapshot()),
         }
     }
