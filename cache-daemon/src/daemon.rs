@@ -12,25 +12,33 @@
 //! whose directory is missing is refused by config validation; a stale mount left at the
 //! mount point by a killed daemon is detached first; a live mount there is an error.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use larder_config::{Config, ConfigArgs, ConfigError};
+use larder_config::{Config, ConfigArgs, ConfigError, PeerConfig};
 use larder_fuse_mount::{Detached, MountOptions, detach};
+use larder_peer_proto::auth::{ClusterKey, Verifier};
+use larder_peer_proto::client::Client;
+use larder_peer_proto::wire::Hello;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::Cache;
+use crate::cache::fill::BlockSource;
 use crate::control::{self, Control};
 use crate::control_api::Settings;
 use crate::engine;
 use crate::http;
+use crate::members::Membership;
 use crate::metrics::{self, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
+use crate::peer::listener::PeerListener;
+use crate::peer::{self, PeerSetupError, PeerSource};
 use crate::prefetch::Jobs;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
@@ -89,6 +97,17 @@ pub enum DaemonError {
         /// The OS error.
         source: io::Error,
     },
+    /// Rack peers cannot start (no usable cluster key).
+    #[error(transparent)]
+    Peer(#[from] PeerSetupError),
+    /// The peer listener cannot be bound.
+    #[error("cannot listen for rack peers on {address} (peer.listen): {source}")]
+    PeerListen {
+        /// The configured address.
+        address: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -118,12 +137,31 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Some(address) => Some(serve_metrics(address, &stats, &store, stop.clone()).await?),
         None => None,
     };
-    let cache = Cache::new(store, &config.origin, stats.clone());
+    let peers = Peers::new(&config.peer)?;
+    let peer_source = config.peer.enabled().then(|| {
+        Arc::new(PeerSource::new(
+            peers.client.clone(),
+            peers.members.clone(),
+            stats.clone(),
+        )) as Arc<dyn BlockSource>
+    });
+    let cache = Cache::new(store, &config.origin, stats.clone(), peer_source);
     let sources = sources(&config, &stats)?;
-    let origins = sources
+    let origins: Vec<(String, Arc<Origin>)> = sources
         .iter()
         .map(|(name, s)| (name.clone(), s.origin.clone()))
         .collect();
+    let peer_task = match config.peer.listen {
+        Some(address) => {
+            let by_name = origins.iter().cloned().collect();
+            Some(
+                peers
+                    .serve(address, &cache, by_name, &stats, stop.clone())
+                    .await?,
+            )
+        }
+        None => None,
+    };
     let jobs = Arc::new(Jobs::new(
         cache.clone(),
         origins,
@@ -214,7 +252,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     cache.stop_fills();
     cache.flush().await;
-    if let Some(task) = metrics_task {
+    for task in [metrics_task, peer_task].into_iter().flatten() {
         let _ = task.await;
     }
     detached.map(drop).map_err(|source| DaemonError::Io {
@@ -246,6 +284,80 @@ async fn serve_metrics(
         metrics::LIMITS,
         stop,
     )))
+}
+
+/// This node as a rack peer: who it is, its key, and how it asks others.
+struct Peers {
+    key: Option<ClusterKey>,
+    hello: Hello,
+    client: Client,
+    members: Membership,
+}
+
+impl Peers {
+    /// Reads the key (needed when peers are on or the listener is, unless told to run
+    /// without one) and the node's id: the configured one, or the host name.
+    fn new(config: &PeerConfig) -> Result<Self, DaemonError> {
+        let key = if config.enabled() || config.listen.is_some() {
+            peer::cluster_key(config)?
+        } else {
+            None
+        };
+        let node = match config.node_id.as_str() {
+            "" => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|name| name.trim().to_owned())
+                .unwrap_or_default(),
+            id => id.to_owned(),
+        };
+        let hello = Hello {
+            node: node.clone(),
+            rack: config.rack.clone(),
+        };
+        let client = Client::new(
+            key.clone(),
+            node.clone(),
+            config.first_byte_timeout,
+            config.stall_timeout,
+        );
+        let members = Membership::new(config, node, config.rack.clone());
+        Ok(Self {
+            key,
+            hello,
+            client,
+            members,
+        })
+    }
+
+    /// Binds the peer listener and serves `cache`'s blocks of `origins` on a task of its own
+    /// until `stop`.
+    async fn serve(
+        &self,
+        address: SocketAddr,
+        cache: &Cache,
+        origins: HashMap<String, Arc<Origin>>,
+        stats: &Arc<Stats>,
+        stop: CancellationToken,
+    ) -> Result<JoinHandle<()>, DaemonError> {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| DaemonError::PeerListen { address, source })?;
+        let bound = listener.local_addr().unwrap_or(address);
+        let authenticated = self.key.is_some();
+        tracing::info!(address = %bound, node = %self.hello.node, authenticated, "serving rack peers");
+        let service = PeerListener::new(
+            self.key.clone().map(Verifier::new),
+            self.hello.clone(),
+            cache.clone(),
+            origins,
+            stats.clone(),
+        );
+        Ok(tokio::spawn(http::serve(
+            listener,
+            peer::listener::service(service),
+            peer::listener::LIMITS,
+            stop,
+        )))
+    }
 }
 
 fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {

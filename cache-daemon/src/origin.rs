@@ -437,6 +437,16 @@ impl Origin {
         &self.url
     }
 
+    /// The source's name in the config.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The canonical spelling of the source's URL, which the versions it gives carry.
+    pub fn identity_url(&self) -> &str {
+        &self.identity_url
+    }
+
     /// Lists directories page by page through `pager` (the same store as the origin's).
     pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> Self {
         self.pager = Some(pager);

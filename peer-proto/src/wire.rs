@@ -1,5 +1,5 @@
-//! What goes over the wire: a request for a run of blocks (path and query), and the frames of
-//! the answer.
+//! What goes over the wire: a request for a run of blocks (path and query), the frames of
+//! the answer, and the hello that tells who a member is.
 //!
 //! A request names one object version the way the owner needs it to fill the run from its own
 //! configured source: the source's name (never a URL, so a requester cannot make the owner
@@ -12,6 +12,18 @@ use url::form_urlencoded;
 
 /// The path of run requests.
 pub const RUN_PATH: &str = "/v1/run";
+
+/// The path of hello requests: who a member behind an address is.
+pub const HELLO_PATH: &str = "/v1/hello";
+
+/// The answer to a hello: the member's node id and rack.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Hello {
+    /// The node id.
+    pub node: String,
+    /// The rack label.
+    pub rack: String,
+}
 
 /// The most blocks one request may ask for.
 pub const MAX_RUN_BLOCKS: u32 = 64;

@@ -89,7 +89,7 @@ impl CacheFixture {
             config.cache.io_queue_depth,
         )?);
         let store = Arc::new(BlockStore::open(&config.cache, disk.clone(), stats.clone()).await?);
-        let cache = Cache::new(store, &config.origin, stats.clone());
+        let cache = Cache::new(store, &config.origin, stats.clone(), None);
         Ok(Self {
             server,
             faults,

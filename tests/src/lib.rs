@@ -7,6 +7,7 @@
 //!   can be checked without keeping a copy.
 //! - [`daemon::DaemonProcess`] runs `larder daemon` as a child process with a real mount.
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
+//! - [`rack::Rack`] runs several daemons as the members of one rack, on loopback addresses.
 //! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
 //! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS), counts
 //!   the body bytes it returns, and injects a [`Fault`] switched at run time (latency, bandwidth,
@@ -15,9 +16,11 @@
 //!   injecting the faults of a [`FaultPlan`].
 
 pub mod daemon;
+pub mod fake_peer;
 mod fault;
 pub mod fixture;
 mod proxy;
+pub mod rack;
 pub mod seaweed;
 mod server;
 

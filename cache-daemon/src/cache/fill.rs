@@ -38,6 +38,17 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<(), ReadError>>;
 }
 
+/// Whom a fill is for. This node's readers and jobs are served by every tier; a rack peer's
+/// request only by this node's origin, so that a run asked of its owner is never passed on
+/// (no request loops between nodes whose member lists disagree for a moment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillFor {
+    /// This node.
+    Node,
+    /// A rack peer that asked this node.
+    Peer,
+}
+
 /// The object store, through the object's own origin: ranged GETs pinned to its version,
 /// at most `concurrency` fills at a time, each bounded by the read deadline from the moment it
 /// starts waiting for its slot.
@@ -121,6 +132,58 @@ impl Run<'_> {
         }
     }
 
+    /// Block `index` from a rack peer, whose answer said it hashes to `hash`: accepted only
+    /// if it is the next block of the run and its bytes hash to `hash` (and to `sealed`, the
+    /// hash a sealed manifest gives, where there is one). Then delivered and written like a
+    /// block from the origin.
+    pub fn push_from_peer(
+        &mut self,
+        index: u32,
+        bytes: &[u8],
+        hash: [u8; 32],
+        sealed: Option<[u8; 32]>,
+    ) -> Result<(), String> {
+        if index != self.next || self.waiters.as_slice().is_empty() {
+            return Err(format!(
+                "block {index} is not the next of the run ({})",
+                self.next
+            ));
+        }
+        if sealed.is_some_and(|sealed| sealed != hash) {
+            return Err("the block's hash is not the sealed manifest's".into());
+        }
+        let mut buf = AlignedBuf::new(bytes.len());
+        buf.extend_from_slice(bytes);
+        let block = VerifiedBlock::verify(Arc::new(buf), hash)
+            .map_err(|_| "the bytes do not hash to the block's hash".to_owned())?;
+        let waiter = self.waiters.next();
+        let write = self.writes.split(1);
+        self.cache
+            .deliver(self.object, self.next, block, Source::Peer, waiter, write);
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The block the run waits for next.
+    pub fn next_block(&self) -> u32 {
+        self.next
+    }
+
+    /// Blocks of the run not yet supplied.
+    pub fn blocks_left(&self) -> u32 {
+        self.waiters.len() as u32
+    }
+
+    /// The cache's block size.
+    pub fn block_size(&self) -> u64 {
+        self.cache.inner.store.block_size()
+    }
+
+    /// Blocks in one origin part: the unit runs are owned by.
+    pub fn part_blocks(&self) -> u32 {
+        self.cache.inner.part_blocks
+    }
+
     /// The bytes still missing, from the start of the first incomplete block.
     fn remaining(&self) -> Range<u64> {
         let block_size = self.cache.inner.store.block_size();
@@ -138,6 +201,7 @@ impl Cache {
         object: &Arc<OpenObject>,
         first: u32,
         inflight: &mut HashMap<BlockKey, SharedFill>,
+        fill_for: FillFor,
     ) -> Range<u32> {
         let part_blocks = self.inner.part_blocks;
         let part_end = ((first / part_blocks + 1) * part_blocks).min(self.block_count(object));
@@ -162,12 +226,18 @@ impl Cache {
         let object = object.clone();
         self.inner
             .tasks
-            .spawn(async move { cache.run_fill(object, first, waiters).await });
+            .spawn(async move { cache.run_fill(object, first, waiters, fill_for).await });
         first..end
     }
 
     /// The body of a fill task: the run from each source in turn until it is complete.
-    async fn run_fill(self, object: Arc<OpenObject>, first: u32, waiters: Vec<oneshot::Sender<FillResult>>) {
+    async fn run_fill(
+        self,
+        object: Arc<OpenObject>,
+        first: u32,
+        waiters: Vec<oneshot::Sender<FillResult>>,
+        fill_for: FillFor,
+    ) {
         let started = Instant::now();
         // Write-behind first, so a slow disk holds fills back instead of piling up memory.
         let writes = self
@@ -188,7 +258,12 @@ impl Cache {
                 waiters,
                 writes,
             };
-            for source in &self.inner.sources {
+            let sources = self
+                .inner
+                .sources
+                .iter()
+                .filter(|source| fill_for == FillFor::Node || source.kind() != Source::Peer);
+            for source in sources {
                 let range = run.remaining();
                 if range.is_empty() {
                     break;

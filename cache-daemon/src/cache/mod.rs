@@ -48,7 +48,7 @@ use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
 use crate::store::{BlockStore, Lookup, StoreError};
-use fill::{BlockSource, OriginSource};
+use fill::{BlockSource, FillFor, OriginSource};
 pub use reader::Reader;
 
 /// Why a read failed.
@@ -60,6 +60,10 @@ pub enum ReadError {
     /// The fill was dropped before it finished (the daemon is shutting down).
     #[error("the fill was abandoned before it finished")]
     Abandoned,
+    /// No rack peer supplied the run (this node owns it, or the owner failed). Only ever a
+    /// source's error on the way to the next one: the origin comes after the peers.
+    #[error("no rack peer supplied the blocks: {0}")]
+    Peer(Arc<str>),
     /// The block was fetched but could not be written to the cache (no space that is not
     /// pinned, or a disk error). Only [`Cache::fill`] reports it; reads are served anyway.
     #[error("the block was fetched but could not be stored in the cache")]
@@ -97,6 +101,8 @@ pub enum Source {
     Nvme,
     /// The object store.
     Origin,
+    /// A rack peer (its NVMe, or its own fill from the object store).
+    Peer,
 }
 
 /// Bytes of one block (the whole block, or the part a read wanted), where they start in the
@@ -127,6 +133,16 @@ impl OpenObject {
     /// The pinned version.
     pub fn version(&self) -> &ObjectVersion {
         &self.version
+    }
+
+    /// The version's id.
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    /// The origin it comes from.
+    pub fn origin(&self) -> &Arc<Origin> {
+        &self.origin
     }
 }
 
@@ -175,8 +191,14 @@ struct HeldBlocks {
 const HELD_SWEEP_MIN: usize = 1024;
 
 impl Cache {
-    /// A cache over `store`, fetching with the origin settings of `config`.
-    pub fn new(store: Arc<BlockStore>, config: &OriginConfig, stats: Arc<Stats>) -> Self {
+    /// A cache over `store`, fetching with the origin settings of `config`, asking `peers`
+    /// (the rack peer tier, if any) before the origin.
+    pub fn new(
+        store: Arc<BlockStore>,
+        config: &OriginConfig,
+        stats: Arc<Stats>,
+        peers: Option<Arc<dyn BlockSource>>,
+    ) -> Self {
         let block_size = store.block_size();
         let ahead = (store.capacity() / AHEAD_SHARE_OF_CAPACITY).max(block_size);
         let part_blocks = (config.part_size.as_u64().min(ahead) / block_size).max(1) as u32;
@@ -186,7 +208,7 @@ impl Cache {
         Self {
             inner: Arc::new(Inner {
                 store,
-                sources: vec![Arc::new(origin)],
+                sources: peers.into_iter().chain([Arc::new(origin) as _]).collect(),
                 inflight: Mutex::new(HashMap::new()),
                 failed: Mutex::new(HashMap::new()),
                 write_permits: Arc::new(Semaphore::new(write_behind as usize)),
@@ -263,7 +285,7 @@ impl Cache {
             return block;
         }
         let (cache, object) = (self.clone(), object.clone());
-        let block = tokio::spawn(async move { cache.block(&object, index, None).await })
+        let block = tokio::spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
             .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
             .boxed()
             .shared();
@@ -294,7 +316,7 @@ impl Cache {
             {
                 index += 1;
             } else {
-                let started = self.start_fill(object, index, &mut inflight);
+                let started = self.start_fill(object, index, &mut inflight, FillFor::Node);
                 add(&self.inner.stats.readahead_blocks, started.len() as u64);
                 index = started.end;
             }
@@ -325,7 +347,7 @@ impl Cache {
                     if let Some(error) = self.failed_lately(key) {
                         return Err(error);
                     }
-                    self.start_fill(object, index, &mut inflight);
+                    self.start_fill(object, index, &mut inflight, FillFor::Node);
                     inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?
                 }
             }
@@ -415,13 +437,21 @@ impl Cache {
         tracing::warn!(%error, "cached block dropped; fetching it again");
     }
 
+    /// The whole of block `index` for a rack peer that asked this node for it: from disk, a
+    /// fill in flight, or a new fill from this node's origin (never from another peer).
+    /// Nothing counts as served here; the peer listener counts what it sends.
+    pub async fn block_for_peer(&self, object: &Arc<OpenObject>, index: u32) -> Result<Bytes, ReadError> {
+        Ok(self.block(object, index, None, FillFor::Peer).await?.bytes)
+    }
+
     /// Bytes `part` of block `index` (the whole block with `None`): from disk, else from a
-    /// fill in flight or a new one (which always fetch the whole block).
+    /// fill in flight or a new one for `fill_for` (which always fetch the whole block).
     async fn block(
         &self,
         object: &Arc<OpenObject>,
         index: u32,
         part: Option<Range<usize>>,
+        fill_for: FillFor,
     ) -> Result<Block, ReadError> {
         let stats = &self.inner.stats;
         let key = (object.id, index);
@@ -445,7 +475,7 @@ impl Cache {
                 return Err(error);
             }
             add(&stats.lookup_miss, 1);
-            self.start_fill(object, index, &mut inflight);
+            self.start_fill(object, index, &mut inflight, fill_for);
             break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
         };
         fill.await

@@ -11,6 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
+use super::fill::FillFor;
 use super::readahead::Readahead;
 use super::{Block, Cache, OpenObject, ReadError, SharedBlock, Source};
 use crate::stats::{Stats, add};
@@ -132,7 +133,8 @@ impl Reader {
                 if !step.sequential {
                     let (cache, object) = (cache.clone(), self.object.clone());
                     let part = span.within(index, block_size);
-                    return async move { cache.block(&object, index, Some(part)).await }.boxed();
+                    return async move { cache.block(&object, index, Some(part), FillFor::Node).await }
+                        .boxed();
                 }
                 state
                     .blocks
@@ -188,6 +190,7 @@ impl Span {
             let counter = match block.source {
                 Source::Nvme => &stats.served_nvme_bytes,
                 Source::Origin => &stats.served_origin_bytes,
+                Source::Peer => &stats.served_peer_bytes,
             };
             add(counter, bytes.len() as u64);
             bytes

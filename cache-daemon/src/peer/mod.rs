@@ -1,0 +1,57 @@
+//! Rack peers: the tier between this node's NVMe and the object store.
+//!
+//! A miss on this node asks the run's owner (rendezvous hashing over the live members, this
+//! rack first; see [`crate::members`]) before the origin: [`PeerSource`] is the fill path's
+//! [`BlockSource`](crate::cache::fill::BlockSource) for that. The owner answers from its own
+//! NVMe, or joins or starts its own fill from its origin and streams the blocks as they
+//! arrive ([`listener`]), so a rack fetches each part from the object store about once.
+//!
+//! Every block from a peer is checked before it reaches a reader or the cache: its tag under
+//! the cluster key and the request's nonce, its place and length in the run, its bytes
+//! against its BLAKE3. A peer that is down, slow, or sends anything wrong costs at most the
+//! first-byte or stall deadline; the member's circuit opens, and the rest of the run comes
+//! from the next candidate or the origin. A peer never fails a read.
+
+pub mod listener;
+mod source;
+
+use std::path::Path;
+
+use larder_config::PeerConfig;
+use larder_peer_proto::auth::{ClusterKey, KeyError};
+
+pub use source::PeerSource;
+
+/// The variable that may hold the cluster secret instead of a file.
+pub const CLUSTER_KEY_VARIABLE: &str = "LARDER_CLUSTER_KEY";
+
+/// Why rack peers cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerSetupError {
+    /// The key cannot be used.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// No key, and not told to run without one.
+    #[error(
+        "rack peers need a cluster key: give --cluster-key-file (peer.cluster_key_file) or \
+         {CLUSTER_KEY_VARIABLE}, or run without one on a closed network with --peer-insecure"
+    )]
+    NoKey,
+}
+
+/// The cluster key as configured: the file, else the variable; `None` only when told to run
+/// without one.
+pub fn cluster_key(config: &PeerConfig) -> Result<Option<ClusterKey>, PeerSetupError> {
+    if let Some(path) = &config.cluster_key_file {
+        return Ok(Some(ClusterKey::from_file(Path::new(path))?));
+    }
+    if let Some(secret) = std::env::var_os(CLUSTER_KEY_VARIABLE) {
+        use std::os::unix::ffi::OsStrExt;
+        return Ok(Some(ClusterKey::from_secret(secret.as_bytes())?));
+    }
+    if config.insecure {
+        Ok(None)
+    } else {
+        Err(PeerSetupError::NoKey)
+    }
+}

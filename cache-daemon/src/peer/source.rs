@@ -1,0 +1,142 @@
+//! The peer tier of the fill path: ask the run's owner, then the next candidate, before the
+//! origin.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use larder_peer_proto::client::{Client, PeerError};
+use larder_peer_proto::owner::Run as OwnedRun;
+use larder_peer_proto::wire::RunRequest;
+
+use crate::cache::fill::{BlockSource, Run};
+use crate::cache::{OpenObject, ReadError, Source};
+use crate::members::Membership;
+use crate::object::ObjectVersion;
+use crate::stats::{Stats, add};
+
+/// Owners asked for one run at most, before the origin.
+const CANDIDATES_ASKED: usize = 2;
+
+/// Asks rack peers for runs.
+#[derive(Debug)]
+pub struct PeerSource {
+    client: Client,
+    members: Membership,
+    stats: Arc<Stats>,
+}
+
+impl PeerSource {
+    /// A peer tier asking `members` with `client`.
+    pub fn new(client: Client, members: Membership, stats: Arc<Stats>) -> Self {
+        Self {
+            client,
+            members,
+            stats,
+        }
+    }
+
+    /// Counts a failed request by its result, and opens the member's circuit unless the
+    /// member only declined.
+    fn failed(&self, member: &str, error: &PeerError) {
+        let stats = &self.stats;
+        let counter = match error {
+            PeerError::Declined(_) => &stats.peer_requests_miss,
+            PeerError::Connect { .. } | PeerError::Broken(_) => &stats.peer_requests_refused,
+            PeerError::Timeout(_) => &stats.peer_requests_timeout,
+            PeerError::Unauthorized | PeerError::BadTag(_) => &stats.peer_requests_unauthorized,
+            PeerError::BadData { .. } => &stats.peer_requests_bad_data,
+        };
+        add(counter, 1);
+        if !matches!(error, PeerError::Declined(_)) {
+            self.members.failed(member);
+        }
+        match error {
+            PeerError::Unauthorized | PeerError::BadTag(_) | PeerError::BadData { .. } => {
+                tracing::warn!(peer = member, %error, "rack peer failed; its runs go elsewhere for a while");
+            }
+            _ => tracing::debug!(peer = member, %error, "rack peer failed"),
+        }
+    }
+}
+
+/// The version as a request names it: `e:` and the ETag, `v:` and the version id, or `-`.
+pub(crate) fn version_tag(version: &ObjectVersion) -> String {
+    match (&version.etag, &version.version) {
+        (Some(etag), _) => format!("e:{etag}"),
+        (None, Some(id)) => format!("v:{id}"),
+        (None, None) => "-".to_owned(),
+    }
+}
+
+impl BlockSource for PeerSource {
+    fn kind(&self) -> Source {
+        Source::Peer
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        object: &'a OpenObject,
+        range: Range<u64>,
+        run: &'a mut Run<'_>,
+    ) -> BoxFuture<'a, Result<(), ReadError>> {
+        async move {
+            let block_size = run.block_size();
+            let first = (range.start / block_size) as u32;
+            let owned = OwnedRun {
+                object: object.id().0,
+                part: u64::from(first / run.part_blocks()),
+            };
+            let version = object.version();
+            let mut last = "this node owns the run".to_owned();
+            for peer in self.members.owners(&owned).into_iter().take(CANDIDATES_ASKED) {
+                if peer.id == self.members.self_id() {
+                    break;
+                }
+                let request = RunRequest {
+                    object: object.id().0,
+                    source: object.origin().name().to_owned(),
+                    key: version.key.clone(),
+                    version: version_tag(version),
+                    size: version.size,
+                    block_size,
+                    first: run.next_block(),
+                    count: run.blocks_left(),
+                };
+                let started = Instant::now();
+                let mut received = 0;
+                let answer = self
+                    .client
+                    .fetch_run(&peer.address, &request, |head, bytes| {
+                        run.push_from_peer(head.index, &bytes, head.hash, None)?;
+                        received += bytes.len() as u64;
+                        Ok(())
+                    })
+                    .await;
+                add(&self.stats.peer_fetched_bytes, received);
+                self.members.received(&peer.id, received);
+                match answer {
+                    Ok(answer) => {
+                        let counter = if answer.hit {
+                            &self.stats.peer_requests_hit
+                        } else {
+                            &self.stats.peer_requests_filled
+                        };
+                        add(counter, 1);
+                        self.stats.latency.fill_peer.observe(started.elapsed());
+                        self.members.succeeded(&peer.id);
+                        return Ok(());
+                    }
+                    Err(error) => {
+                        self.failed(&peer.id, &error);
+                        last = format!("{}: {error}", peer.id);
+                    }
+                }
+            }
+            Err(ReadError::Peer(last.into()))
+        }
+        .boxed()
+    }
+}

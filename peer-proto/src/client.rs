@@ -1,0 +1,244 @@
+//! The asker's side: one HTTP/1.1 request per run, on a connection of its own, with deadlines
+//! on the answer's start and on every gap in its bytes.
+//!
+//! [`Client::fetch_run`] checks each block's tag (with a key) and that the blocks come in
+//! order with the lengths the run implies, then hands the block's header and bytes to the
+//! caller, which must check the bytes against the header's hash before using them (it hashes
+//! them anyway, to build its own record of the block). An answer that ends early or stalls
+//! leaves the blocks it gave with the caller and returns an error: the rest of the run is the
+//! next tier's.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::header::HOST;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::time::{Instant, timeout_at};
+
+use crate::auth::{ClusterKey, RequestHead, header};
+use crate::wire::{FRAME_HEADER_LEN, FrameHeader, HELLO_PATH, Hello, RunRequest};
+
+/// Response header saying whether the owner had every block of the run before it answered.
+pub const RUN_HIT_HEADER: &str = "x-larder-run";
+
+/// Why a run or a hello could not be had from a peer; each maps to one result of the peer
+/// request counters.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// No connection: refused, unreachable, or not within the first-byte deadline.
+    #[error("cannot connect to {address}: {reason}")]
+    Connect {
+        /// The peer.
+        address: String,
+        /// Why.
+        reason: String,
+    },
+    /// The answer did not start within the first-byte deadline, or stalled past the stall
+    /// deadline.
+    #[error("{0}")]
+    Timeout(&'static str),
+    /// The peer refused the request as unauthenticated (401).
+    #[error("the peer refused the request as unauthenticated; is the cluster key the same?")]
+    Unauthorized,
+    /// A block's tag did not match: the answer was not made with the cluster key.
+    #[error("block {0}: bad tag")]
+    BadTag(u32),
+    /// The peer has not the run and will not fill it, or refused it otherwise.
+    #[error("the peer declined the request: {0}")]
+    Declined(StatusCode),
+    /// A block was out of order, of the wrong length, or its bytes failed the caller's check.
+    #[error("block {index}: {reason}")]
+    BadData {
+        /// The block.
+        index: u32,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The connection failed or the answer ended before the run did.
+    #[error("the answer broke off: {0}")]
+    Broken(String),
+}
+
+/// How a run was had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAnswer {
+    /// The owner had every block cached when it answered (else it filled some).
+    pub hit: bool,
+}
+
+/// Asks peers for runs.
+#[derive(Debug, Clone)]
+pub struct Client {
+    key: Option<ClusterKey>,
+    node: String,
+    first_byte_timeout: Duration,
+    stall_timeout: Duration,
+}
+
+impl Client {
+    /// A client for node `node`, signing with `key` (none: a cluster run without keys).
+    pub fn new(
+        key: Option<ClusterKey>,
+        node: String,
+        first_byte_timeout: Duration,
+        stall_timeout: Duration,
+    ) -> Self {
+        Self {
+            key,
+            node,
+            first_byte_timeout,
+            stall_timeout,
+        }
+    }
+
+    /// Fetches `request` from the peer at `address` (`HOST:PORT`), calling `on_block` with
+    /// each block's header and bytes, in order. `on_block` must check the bytes against
+    /// `header.hash`; its error ends the fetch as [`PeerError::BadData`].
+    pub async fn fetch_run(
+        &self,
+        address: &str,
+        request: &RunRequest,
+        mut on_block: impl FnMut(&FrameHeader, Bytes) -> Result<(), String>,
+    ) -> Result<RunAnswer, PeerError> {
+        let (response, nonce) = self.send(address, &request.path_and_query()).await?;
+        let hit = response
+            .headers()
+            .get(RUN_HIT_HEADER)
+            .is_some_and(|value| value == "hit");
+        let mut body = response.into_body();
+        let mut pending = BytesMut::new();
+        for index in request.first..request.first + request.count {
+            let want = request.block_len(index) as usize;
+            let mut deadline = Instant::now() + self.stall_timeout;
+            // The header, then the block's bytes, each deadline from the last bytes received.
+            while pending.len() < FRAME_HEADER_LEN {
+                pull(&mut body, &mut pending, &mut deadline, self.stall_timeout).await?;
+            }
+            let mut head = [0; FRAME_HEADER_LEN];
+            pending.copy_to_slice(&mut head);
+            let head = FrameHeader::decode(&head);
+            if let Some(key) = &self.key
+                && !key.block_tag_matches(&nonce, head.index, head.len, &head.hash, &head.tag)
+            {
+                return Err(PeerError::BadTag(head.index));
+            }
+            if head.index != index || head.len as usize != want {
+                return Err(PeerError::BadData {
+                    index,
+                    reason: format!(
+                        "got block {} of {} bytes, expected {want} bytes",
+                        head.index, head.len
+                    ),
+                });
+            }
+            while pending.len() < want {
+                pull(&mut body, &mut pending, &mut deadline, self.stall_timeout).await?;
+            }
+            let bytes = pending.split_to(want).freeze();
+            on_block(&head, bytes).map_err(|reason| PeerError::BadData { index, reason })?;
+        }
+        Ok(RunAnswer { hit })
+    }
+
+    /// Asks the peer at `address` who it is.
+    pub async fn hello(&self, address: &str) -> Result<Hello, PeerError> {
+        let (response, _) = self.send(address, HELLO_PATH).await?;
+        let deadline = Instant::now() + self.stall_timeout;
+        let body = timeout_at(deadline, response.into_body().collect())
+            .await
+            .map_err(|_| PeerError::Timeout("no hello within the stall deadline"))?
+            .map_err(|e| PeerError::Broken(e.to_string()))?
+            .to_bytes();
+        serde_json::from_slice(&body).map_err(|e| PeerError::Broken(format!("bad hello: {e}")))
+    }
+
+    /// Sends a signed GET of `path_and_query` and waits for a 200 answer's head, all within
+    /// the first-byte deadline. Returns the answer and the request's nonce.
+    async fn send(
+        &self,
+        address: &str,
+        path_and_query: &str,
+    ) -> Result<(Response<Incoming>, [u8; 16]), PeerError> {
+        let deadline = Instant::now() + self.first_byte_timeout;
+        let connect = |reason: String| PeerError::Connect {
+            address: address.to_owned(),
+            reason,
+        };
+        let stream = timeout_at(deadline, tokio::net::TcpStream::connect(address))
+            .await
+            .map_err(|_| connect("no connection within the first-byte deadline".into()))?
+            .map_err(|e| connect(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| connect(e.to_string()))?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "peer connection ended");
+            }
+        });
+
+        let nonce: [u8; 16] = rand::random();
+        let time_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let mut builder = Request::get(path_and_query)
+            .header(HOST, address)
+            .header(header::NODE, &self.node)
+            .header(header::TIME, time_ms.to_string())
+            .header(header::NONCE, hex::encode(nonce));
+        if let Some(key) = &self.key {
+            let head = RequestHead {
+                method: "GET",
+                path_and_query,
+                node: &self.node,
+                time_ms,
+                nonce,
+            };
+            builder = builder.header(header::MAC, hex::encode(key.request_mac(&head)));
+        }
+        let request = builder
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| PeerError::Broken(e.to_string()))?;
+        let response = timeout_at(deadline, sender.send_request(request))
+            .await
+            .map_err(|_| PeerError::Timeout("no answer within the first-byte deadline"))?
+            .map_err(|e| PeerError::Broken(e.to_string()))?;
+        match response.status() {
+            StatusCode::OK => Ok((response, nonce)),
+            StatusCode::UNAUTHORIZED => Err(PeerError::Unauthorized),
+            status => Err(PeerError::Declined(status)),
+        }
+    }
+}
+
+/// Appends the answer's next bytes to `pending`, waiting at most until `deadline`, which then
+/// moves `stall` past now.
+async fn pull(
+    body: &mut Incoming,
+    pending: &mut BytesMut,
+    deadline: &mut Instant,
+    stall: Duration,
+) -> Result<(), PeerError> {
+    loop {
+        let frame = timeout_at(*deadline, body.frame())
+            .await
+            .map_err(|_| PeerError::Timeout("the answer stalled past the stall deadline"))?;
+        match frame {
+            None => return Err(PeerError::Broken("the answer ended before the run did".into())),
+            Some(Err(error)) => return Err(PeerError::Broken(error.to_string())),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data()
+                    && !data.is_empty()
+                {
+                    pending.extend_from_slice(&data);
+                    *deadline = Instant::now() + stall;
+                    return Ok(());
+                }
+            }
+        }
+    }
+}

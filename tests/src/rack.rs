@@ -1,0 +1,119 @@
+//! Several `larder daemon` processes as one rack: each on a loopback address of its own
+//! (127.0.0.11, .12, ...), all with every member in `--peers`, the same cluster key, and the
+//! same source.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+
+use tempfile::TempDir;
+
+use crate::Bucket;
+use crate::daemon::DaemonProcess;
+
+/// The loopback address of member `index`.
+pub fn member_ip(index: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, 11 + index as u8)
+}
+
+/// A port free on `ip` when asked (nothing holds it afterwards).
+pub fn free_port(ip: Ipv4Addr) -> anyhow::Result<u16> {
+    Ok(TcpListener::bind(SocketAddr::from((ip, 0)))?.local_addr()?.port())
+}
+
+/// Writes a cluster key file (mode 0600) of 64 hex digits into `dir`.
+pub fn write_key_file(dir: &Path, secret: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("cluster.key");
+    std::fs::write(&path, secret)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(path)
+}
+
+/// A secret for tests.
+pub const SECRET: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// The daemons of one rack, and their directories.
+#[derive(Debug)]
+pub struct Rack {
+    /// The members' daemons, by index; `None` once killed.
+    pub daemons: Vec<Option<DaemonProcess>>,
+    /// The members' peer addresses.
+    pub addresses: Vec<SocketAddr>,
+    /// The cluster key file.
+    pub key_file: PathBuf,
+    /// Where each member keeps its mount, cache and log.
+    pub dirs: Vec<PathBuf>,
+    _root: TempDir,
+}
+
+impl Rack {
+    /// Starts `n` members named `n0`, `n1`, ... in rack `r1` serving `bucket`, each with
+    /// `extra` arguments, plus `others` (`ID=HOST:PORT` of members started elsewhere) in their
+    /// member lists.
+    pub fn start(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        n: usize,
+        extra: &[&str],
+        others: &[String],
+    ) -> anyhow::Result<Self> {
+        let root = tempfile::tempdir()?;
+        let key_file = write_key_file(root.path(), SECRET)?;
+        let addresses = (0..n)
+            .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut members: Vec<String> = addresses
+            .iter()
+            .enumerate()
+            .map(|(i, address)| format!("n{i}={address}@r1"))
+            .collect();
+        members.extend(others.iter().cloned());
+        let members = members.join(",");
+        let mut daemons = Vec::new();
+        let mut dirs = Vec::new();
+        for (i, address) in addresses.iter().enumerate() {
+            let dir = root.path().join(format!("n{i}"));
+            std::fs::create_dir_all(&dir)?;
+            let (id, listen) = (format!("n{i}"), address.to_string());
+            let mut args = vec![
+                "--node-id",
+                &id,
+                "--rack",
+                "r1",
+                "--peer-listen",
+                &listen,
+                "--peers",
+                &members,
+                "--cluster-key-file",
+            ];
+            let key = key_file.to_string_lossy().into_owned();
+            args.push(&key);
+            args.extend_from_slice(extra);
+            // Failed peer requests are logged at debug: the log says why a run went elsewhere.
+            let log = [("LARDER_LOG", "info,larder_cache_daemon::peer=debug")];
+            daemons.push(Some(DaemonProcess::start_with_env(
+                bin, bucket, &dir, &args, &log,
+            )?));
+            dirs.push(dir);
+        }
+        Ok(Self {
+            daemons,
+            addresses,
+            key_file,
+            dirs,
+            _root: root,
+        })
+    }
+
+    /// Member `index`'s daemon.
+    pub fn daemon(&self, index: usize) -> &DaemonProcess {
+        self.daemons[index]
+            .as_ref()
+            .unwrap_or_else(|| panic!("member {index} is gone"))
+    }
+
+    /// Member `index`'s log so far.
+    pub fn log(&self, index: usize) -> String {
+        std::fs::read_to_string(self.dirs[index].join("daemon.log")).unwrap_or_default()
+    }
+}
