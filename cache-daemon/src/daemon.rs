@@ -1,5 +1,5 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
-//! then stop: cancel the prefetch jobs (no new fills), detach the mount (it leaves the
+//! then stop: cancel the prefetch and seal jobs (no new fills), detach the mount (it leaves the
 //! namespace at once) and serve the files still open under it until they close,
 //! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still
 //! in flight, wait for the cache writes of blocks already received, exit.
@@ -28,10 +28,12 @@ use crate::control::{self, Control};
 use crate::control_api::Settings;
 use crate::engine;
 use crate::http;
+use crate::manifest::Manifests;
 use crate::metrics::{self, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
 use crate::prefetch::Jobs;
+use crate::seal::Sealer;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
 
@@ -120,15 +122,22 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     let cache = Cache::new(store, &config.origin, stats.clone());
     let sources = sources(&config, &stats)?;
-    let origins = sources
+    let origins: Vec<_> = sources
         .iter()
         .map(|(name, s)| (name.clone(), s.origin.clone()))
         .collect();
     let jobs = Arc::new(Jobs::new(
         cache.clone(),
-        origins,
+        origins.clone(),
         mountpoint.clone(),
         stats.clone(),
+    ));
+    let sealer = Arc::new(Sealer::new(
+        origins,
+        mountpoint.clone(),
+        config.cache.block_size.as_u64(),
+        config.origin.part_size.as_u64(),
+        Manifests::new(),
     ));
     let settings = Settings {
         mount: mountpoint.display().to_string(),
@@ -142,6 +151,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     let control = Arc::new(Control::new(
         jobs.clone(),
+        sealer.clone(),
         stats.clone(),
         cache.store().clone(),
         settings,
@@ -188,12 +198,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         what: "waiting for signals",
         source,
     })?;
-    tracing::info!("stopping: cancelling prefetch jobs");
+    tracing::info!("stopping: cancelling prefetch and seal jobs");
     stop.cancel();
     sample_task.abort();
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     jobs.shutdown().await;
+    sealer.shutdown().await;
     let grace = config.mount.shutdown_grace;
     tracing::info!(
         grace = %humantime::format_duration(grace),
