@@ -1,10 +1,16 @@
 //! End to end: `larder seal` against a daemon process. The manifests it writes are read back
 //! from the object store and every block hash checked against the BLAKE3 of the object's
-//! bytes computed here; the mount does not show them, prefetch does not fetch them, a re-seal
+//! bytes computed here and against the hashes the block store records for the same blocks;
+//! the mount does not show them, prefetch does not fetch them, a re-seal
 //! writes the same bytes, and wrong targets are refused with a clear message.
 
 use std::path::Path;
 use std::process::Output;
+use std::time::SystemTime;
+
+use larder_cache_daemon::object::{ObjectVersion, canonical_source_url};
+use larder_cache_daemon::store::format::replay;
+use larder_cache_daemon::store::object_paths;
 
 use larder_tests::daemon::DaemonProcess;
 use larder_tests::seaweed::Seaweed;
@@ -137,6 +143,25 @@ async fn a_sealed_prefix_has_a_manifest_of_every_block_hidden_from_the_mount_and
     let output = larder(&daemon, &["prefetch", "--wait", "models:"]).await;
     assert!(output.status.success(), "prefetch: {}", stderr(&output));
     assert!(stderr(&output).contains(": 4 objects,"), "{}", stderr(&output));
+
+    // The block store recorded the very hashes the manifests hold.
+    for (&(key, size), (_, bytes)) in SEALED.iter().zip(&manifests) {
+        let version = ObjectVersion {
+            origin_url: canonical_source_url(&server.url()),
+            key: key.to_owned(),
+            etag: client.head(&Key::from(key)).await.expect("head").e_tag,
+            version: None,
+            size,
+            modified: SystemTime::UNIX_EPOCH,
+        };
+        let (_, record) = object_paths(&daemon.cache, version.id());
+        let recorded = replay(&std::fs::read(&record).expect("record")).expect("replay");
+        let manifest: serde_json::Value = serde_json::from_slice(bytes).expect("JSON");
+        for (index, hash) in manifest["blocks"].as_array().expect("blocks").iter().enumerate() {
+            let stored = recorded.blocks.get(&(index as u32)).map(hex::encode);
+            assert_eq!(stored.as_deref(), hash.as_str(), "{key} block {index}");
+        }
+    }
 
     // A re-seal of the unchanged objects writes the same manifests, byte for byte.
     let output = larder(&daemon, &["seal", "--wait", "models:llama/"]).await;
