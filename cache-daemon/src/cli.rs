@@ -1,4 +1,4 @@
-//! `larder prefetch`, `unpin` and `status`: clients of the daemon's control socket. They speak
+//! `larder prefetch`, `unpin`, `seal` and `status`: clients of the daemon's control socket. They speak
 //! the wire types of [`crate::control_api`] and nothing else of the daemon.
 
 use std::fmt::Write as _;
@@ -16,7 +16,10 @@ use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::control_api::{self, ErrorBody, JobReport, JobState, Served, Status, TargetsRequest, Unpinned};
+use crate::control_api::{
+    self, ErrorBody, JobReport, JobState, SealReport, SealRequest, SealState, Served, Status, TargetsRequest,
+    Unpinned,
+};
 
 /// Where the daemon listens for control requests unless told otherwise.
 pub const DEFAULT_SOCKET: &str = larder_config::DEFAULT_CONTROL_SOCKET;
@@ -70,13 +73,13 @@ struct Plan {
     pin: bool,
 }
 
-/// Sends one request to the control socket at `socket`; the answer's JSON body as `T`, or the
-/// daemon's error message as an error.
+/// Sends one request to the control socket at `socket`, with the JSON `body`; the answer's JSON
+/// body as `T`, or the daemon's error message as an error.
 async fn call<T: DeserializeOwned>(
     socket: &Path,
     method: Method,
     path: &str,
-    body: Option<&TargetsRequest>,
+    body: Option<Vec<u8>>,
 ) -> anyhow::Result<T> {
     let (status, bytes) = exchange(socket, method, path, body)
         .await
@@ -100,17 +103,14 @@ async fn exchange(
     socket: &Path,
     method: Method,
     path: &str,
-    body: Option<&TargetsRequest>,
+    body: Option<Vec<u8>>,
 ) -> anyhow::Result<(hyper::StatusCode, Bytes)> {
     let stream = tokio::net::UnixStream::connect(socket)
         .await
         .with_context(|| format!("connecting to the daemon's control socket {}", socket.display()))?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
-    let body = match body {
-        Some(body) => serde_json::to_vec(body)?,
-        None => Vec::new(),
-    };
+    let body = body.unwrap_or_default();
     let request = Request::builder()
         .method(method)
         .uri(path)
@@ -198,7 +198,8 @@ pub async fn prefetch(args: PrefetchArgs) -> anyhow::Result<ExitCode> {
         bail!("nothing to prefetch: give targets or --plan FILE");
     }
     let body = TargetsRequest { targets, pin };
-    let job: JobReport = call(&args.socket, Method::POST, control_api::PREFETCH, Some(&body)).await?;
+    let body = serde_json::to_vec(&body)?;
+    let job: JobReport = call(&args.socket, Method::POST, control_api::PREFETCH, Some(body)).await?;
     eprintln!(
         "job {}: {} objects, {} planned{}",
         job.id,
@@ -431,8 +432,86 @@ pub async fn unpin(args: UnpinArgs) -> anyhow::Result<()> {
         targets: absolute_targets(args.targets)?,
         pin: false,
     };
-    let answer: Unpinned = call(&args.socket, Method::POST, control_api::UNPIN, Some(&body)).await?;
+    let body = serde_json::to_vec(&body)?;
+    let answer: Unpinned = call(&args.socket, Method::POST, control_api::UNPIN, Some(body)).await?;
     print_stdout(&format!("unpinned {} objects\n", answer.unpinned))
+}
+
+/// Arguments of `larder seal`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SealArgs {
+    /// The daemon's control socket.
+    #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Wait until every object is sealed; print each one's outcome; exit non-zero if any
+    /// failed.
+    #[arg(long)]
+    pub wait: bool,
+    /// `SOURCE:PREFIX`, paths under the mount, or URLs of configured sources; a prefix means
+    /// every object under it.
+    #[arg(required = true)]
+    pub targets: Vec<String>,
+}
+
+/// Runs `larder seal`.
+pub async fn seal(args: SealArgs) -> anyhow::Result<ExitCode> {
+    let body = SealRequest {
+        targets: absolute_targets(args.targets)?,
+    };
+    let body = serde_json::to_vec(&body)?;
+    let mut job: SealReport = call(&args.socket, Method::POST, control_api::SEAL, Some(body)).await?;
+    eprintln!(
+        "seal job {}: {} objects, {} to read and hash",
+        job.id,
+        job.objects.len(),
+        HumanBytes(job.planned_bytes)
+    );
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = control_api::seal_job(job.id);
+    let mut last_line = Instant::now();
+    while job.state == JobState::Running {
+        tokio::time::sleep(POLL).await;
+        job = call(&args.socket, Method::GET, &path, None)
+            .await
+            .context("the daemon stopped answering; run the same command again to seal what is left")?;
+        if last_line.elapsed() >= PLAIN_EVERY {
+            last_line = Instant::now();
+            eprintln!(
+                "seal job {}: {} of {} hashed",
+                job.id,
+                HumanBytes(job.hashed_bytes),
+                HumanBytes(job.planned_bytes)
+            );
+        }
+    }
+    let mut out = String::new();
+    for object in &job.objects {
+        match (object.state, &object.error) {
+            (SealState::Sealed, _) => writeln!(out, "sealed {} -> {}", object.key, object.manifest)?,
+            (SealState::Failed, Some(error)) => writeln!(out, "failed {}: {error}", object.key)?,
+            (state, _) => writeln!(out, "{state:?} {}", object.key)?,
+        }
+    }
+    print_stdout(&out)?;
+    let sealed = job
+        .objects
+        .iter()
+        .filter(|o| o.state == SealState::Sealed)
+        .count();
+    eprintln!(
+        "seal job {} {:?}: {sealed} of {} objects sealed in {:.1}s",
+        job.id,
+        job.state,
+        job.objects.len(),
+        job.elapsed_seconds
+    );
+    Ok(if job.state == JobState::Done {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The control API's server: HTTP/JSON on a Unix socket (mode 0600) for `larder prefetch`,
-//! `unpin` and `status`, served by [`crate::http::serve`] under [`LIMITS`]. The routes and
+//! `unpin`, `seal` and `status`, served by [`crate::http::serve`] under [`LIMITS`]. The routes and
 //! their bodies are in [`crate::control_api`].
 
 use std::collections::VecDeque;
@@ -17,9 +17,12 @@ use tokio::net::UnixListener;
 
 use larder_config::Redacted;
 
-use crate::control_api::{Lookups, OriginErrors, Served, Settings, Status, TargetsRequest, Unpinned};
+use crate::control_api::{
+    Lookups, OriginErrors, SealRequest, Served, Settings, Status, TargetsRequest, Unpinned,
+};
 use crate::http::{self, Body, Limits};
 use crate::prefetch::{Jobs, PrefetchError};
+use crate::seal::{SealError, Sealer};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::BlockStore;
 
@@ -54,6 +57,7 @@ fn served_between(old: &StatsSnapshot, new: &StatsSnapshot) -> Served {
 #[derive(Debug)]
 pub struct Control {
     jobs: Arc<Jobs>,
+    sealer: Arc<Sealer>,
     stats: Arc<Stats>,
     store: Arc<BlockStore>,
     settings: Settings,
@@ -63,10 +67,17 @@ pub struct Control {
 
 impl Control {
     /// The API over the daemon's parts.
-    pub fn new(jobs: Arc<Jobs>, stats: Arc<Stats>, store: Arc<BlockStore>, settings: Settings) -> Self {
+    pub fn new(
+        jobs: Arc<Jobs>,
+        sealer: Arc<Sealer>,
+        stats: Arc<Stats>,
+        store: Arc<BlockStore>,
+        settings: Settings,
+    ) -> Self {
         let first = (Instant::now(), StatsSnapshot::default());
         Self {
             jobs,
+            sealer,
             stats,
             store,
             settings,
@@ -117,7 +128,10 @@ impl Control {
             },
             evicted_blocks: now.evicted_blocks,
             evicted_bytes: now.evicted_bytes,
-            origin_requests: now.origin_get_requests + now.origin_head_requests + now.origin_list_requests,
+            origin_requests: now.origin_get_requests
+                + now.origin_head_requests
+                + now.origin_list_requests
+                + now.origin_put_requests,
             origin_errors: OriginErrors {
                 not_found: now.origin_errors_not_found,
                 permission: now.origin_errors_permission,
@@ -169,7 +183,30 @@ impl Control {
                     }
                 }
             }
-            (_, ["v1", "status" | "jobs" | "prefetch" | "unpin"]) => error(
+            (&Method::POST, ["v1", "seal"]) => {
+                let request: SealRequest = match serde_json::from_slice(&body) {
+                    Ok(request) => request,
+                    Err(e) => return error(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
+                };
+                match self.sealer.start(request.targets).await {
+                    Ok(report) => json(StatusCode::ACCEPTED, &report),
+                    Err(SealError::Target(e)) => prefetch_error(&e),
+                    Err(e @ SealError::TooManyObjects { .. }) => {
+                        error(StatusCode::BAD_REQUEST, e.to_string())
+                    }
+                }
+            }
+            (&Method::GET, ["v1", "seal", id]) => {
+                let Ok(id) = id.parse::<u64>() else {
+                    return error(StatusCode::BAD_REQUEST, format!("{id:?} is not a job number"));
+                };
+                match self.sealer.report(id) {
+                    Some(report) => json(StatusCode::OK, &report),
+                    None => error(StatusCode::NOT_FOUND, format!("no seal job {id}")),
+                }
+            }
+            (_, ["v1", "seal", _]) => error(StatusCode::METHOD_NOT_ALLOWED, "use GET".into()),
+            (_, ["v1", "status" | "jobs" | "prefetch" | "unpin" | "seal"]) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("{} is not allowed here", parts.method),
             ),

@@ -11,6 +11,8 @@
 //! | `GET /v1/jobs/{id}` | the job's [`JobReport`] |
 //! | `DELETE /v1/jobs/{id}` | cancels the job; its [`JobReport`] |
 //! | `POST /v1/unpin` [`TargetsRequest`] | [`Unpinned`] |
+//! | `POST /v1/seal` [`SealRequest`] | 202 and the seal job's [`SealReport`] |
+//! | `GET /v1/seal/{id}` | the seal job's [`SealReport`] |
 //!
 //! Errors are [`ErrorBody`] with 400 (malformed request, bad target), 404 (no such job or
 //! target), 405, 408 (the body came too slowly), 413 (body over 1 MiB), 502 (the origin
@@ -26,6 +28,13 @@ pub const PREFETCH: &str = "/v1/prefetch";
 pub const UNPIN: &str = "/v1/unpin";
 /// `GET`: every job.
 pub const JOBS: &str = "/v1/jobs";
+/// `POST`: start a seal job.
+pub const SEAL: &str = "/v1/seal";
+
+/// The path of seal job `id`: `GET` its report.
+pub fn seal_job(id: u64) -> String {
+    format!("{SEAL}/{id}")
+}
 
 /// The path of job `id`: `GET` its report, `DELETE` to cancel it.
 pub fn job(id: u64) -> String {
@@ -41,6 +50,61 @@ pub struct TargetsRequest {
     /// Keep the objects in the cache until unpinned (prefetch only).
     #[serde(default)]
     pub pin: bool,
+}
+
+/// A body of `POST /v1/seal`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SealRequest {
+    /// `SOURCE:PREFIX`, paths under the mount, or URLs of configured sources: every object
+    /// under them is sealed.
+    pub targets: Vec<String>,
+}
+
+/// Where the sealing of one object is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SealState {
+    /// Not sealed yet.
+    Pending,
+    /// Its manifest is written.
+    Sealed,
+    /// Not sealed: see the error.
+    Failed,
+}
+
+/// One object of a seal job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SealedObject {
+    /// The object's key, relative to its source.
+    pub key: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Where its sealing is.
+    pub state: SealState,
+    /// The key of its manifest, relative to the source.
+    pub manifest: String,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// A seal job's progress.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SealReport {
+    /// The job's number.
+    pub id: u64,
+    /// Where it is: `done` only when every object is sealed.
+    pub state: JobState,
+    /// The targets as given.
+    pub targets: Vec<String>,
+    /// Bytes of every object.
+    pub planned_bytes: u64,
+    /// Bytes read and hashed so far.
+    pub hashed_bytes: u64,
+    /// Seconds since it started (until it ended).
+    pub elapsed_seconds: f64,
+    /// Every object, in key order.
+    pub objects: Vec<SealedObject>,
 }
 
 /// What `POST /v1/unpin` answers.

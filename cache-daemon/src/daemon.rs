@@ -1,5 +1,5 @@
 //! `larder daemon`: validate the config, open the cache, mount, serve until SIGTERM/SIGINT,
-//! then stop: cancel the prefetch jobs (no new fills), detach the mount (it leaves the
+//! then stop: cancel the prefetch and seal jobs (no new fills), detach the mount (it leaves the
 //! namespace at once) and serve the files still open under it until they close,
 //! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still
 //! in flight, wait for the cache writes of blocks already received, exit.
@@ -33,6 +33,7 @@ use crate::control::{self, Control};
 use crate::control_api::Settings;
 use crate::engine;
 use crate::http;
+use crate::manifest::Manifests;
 use crate::members::Membership;
 use crate::metrics::{self, Snapshot};
 use crate::namespace::{Namespace, Source};
@@ -40,6 +41,7 @@ use crate::origin::{Origin, OriginError};
 use crate::peer::listener::PeerListener;
 use crate::peer::{self, PeerSetupError, PeerSource};
 use crate::prefetch::Jobs;
+use crate::seal::Sealer;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
 
@@ -138,10 +140,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let peers = Peers::new(&config.peer)?;
+    let manifests = Manifests::new();
     let peer_source = config.peer.enabled().then(|| {
         Arc::new(PeerSource::new(
             peers.client.clone(),
             peers.members.clone(),
+            manifests.clone(),
             stats.clone(),
         )) as Arc<dyn BlockSource>
     });
@@ -164,9 +168,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     let jobs = Arc::new(Jobs::new(
         cache.clone(),
-        origins,
+        origins.clone(),
         mountpoint.clone(),
         stats.clone(),
+    ));
+    let sealer = Arc::new(Sealer::new(
+        origins,
+        mountpoint.clone(),
+        config.cache.block_size.as_u64(),
+        config.origin.part_size.as_u64(),
+        manifests,
     ));
     let settings = Settings {
         mount: mountpoint.display().to_string(),
@@ -180,6 +191,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     let control = Arc::new(Control::new(
         jobs.clone(),
+        sealer.clone(),
         stats.clone(),
         cache.store().clone(),
         settings,
@@ -226,12 +238,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         what: "waiting for signals",
         source,
     })?;
-    tracing::info!("stopping: cancelling prefetch jobs");
+    tracing::info!("stopping: cancelling prefetch and seal jobs");
     stop.cancel();
     sample_task.abort();
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     jobs.shutdown().await;
+    sealer.shutdown().await;
     let grace = config.mount.shutdown_grace;
     tracing::info!(
         grace = %humantime::format_duration(grace),

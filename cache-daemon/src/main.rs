@@ -3,7 +3,7 @@
 use std::io::Write as _;
 
 use clap::{Parser, Subcommand};
-use larder_cache_daemon::cli::{self, PrefetchArgs, StatusArgs, UnpinArgs};
+use larder_cache_daemon::cli::{self, PrefetchArgs, SealArgs, StatusArgs, UnpinArgs};
 use larder_cache_daemon::daemon::{self, DaemonArgs};
 use larder_config::Redacted;
 
@@ -25,6 +25,9 @@ enum Command {
     Unpin(UnpinArgs),
     /// Show how the cache is doing.
     Status(StatusArgs),
+    /// Write a manifest of each object's block hashes into its source, against which blocks
+    /// from rack peers are checked.
+    Seal(SealArgs),
 }
 
 /// One log line, written to stderr whole when dropped, with the secrets of every URL in it
@@ -81,5 +84,6 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Prefetch(args) => runtime.block_on(cli::prefetch(args)),
         Command::Unpin(args) => runtime.block_on(cli::unpin(args)).map(|()| ok),
         Command::Status(args) => runtime.block_on(cli::status(args)).map(|()| ok),
+        Command::Seal(args) => runtime.block_on(cli::seal(args)),
     }
 }

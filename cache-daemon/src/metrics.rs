@@ -163,6 +163,7 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
         ("get", s.origin_get_requests),
         ("head", s.origin_head_requests),
         ("list", s.origin_list_requests),
+        ("put", s.origin_put_requests),
     ] {
         out.sample("larder_origin_requests_total", Some(("kind", kind)), n);
     }

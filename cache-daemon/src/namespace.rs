@@ -11,6 +11,8 @@
 //! segments or control characters (a listing steps over them), names longer than 255 bytes
 //! are skipped, and every key is parsed (never joined as text), so nothing outside a
 //! source's prefix is reachable. Names that are not UTF-8 are not found (keys are UTF-8).
+//! The directory of seal manifests at a source's root (`.larder-seal`, see
+//! [`crate::manifest`]) is neither listed nor found: it is Larder's, not the data's.
 //!
 //! Inodes. An inode number is a hash of the source and the path, so a listing can number its
 //! entries without remembering them. The table keeps only the nodes the kernel holds, with
@@ -40,6 +42,7 @@ use object_store::path::PathPart;
 use parking_lot::Mutex;
 
 use crate::cache::{Cache, OpenObject, ReadError, Reader};
+use crate::manifest::is_seal_key;
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{ListEntry, Origin, OriginError, PageToken};
 use crate::stats::add;
@@ -396,7 +399,7 @@ impl Namespace {
             let name = leaf(path);
             // A "directory marker" object named like its own directory or a sibling prefix.
             let marker = path == dir || (entry.kind() == NodeKind::File && prefixes.contains(path.as_str()));
-            if name.is_empty() || name.len() > NAME_MAX || marker {
+            if name.is_empty() || name.len() > NAME_MAX || marker || is_seal_key(path) {
                 continue;
             }
             self.remember_name(source, path.clone(), Some(entry.clone()));
@@ -485,6 +488,9 @@ impl FileTree for Namespace {
             }
             Some(source) => {
                 let path = join(&dir.path, name);
+                if is_seal_key(&path) {
+                    return Err(FsErrorKind::NotFound.into());
+                }
                 let entry = self
                     .resolve(source, path.clone())
                     .await?

@@ -447,6 +447,11 @@ impl Origin {
         &self.identity_url
     }
 
+    /// The counters it adds to.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
     /// Lists directories page by page through `pager` (the same store as the origin's).
     pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> Self {
         self.pager = Some(pager);
@@ -525,6 +530,36 @@ impl Origin {
             })
             .await?;
         Ok(self.version_of(key.to_owned(), &meta))
+    }
+
+    /// The whole of the current version of `key` if it is at most `max` bytes long; `None`
+    /// (its body not read) if it is longer. For small objects of Larder's own (manifests).
+    pub async fn get_at_most(&self, key: &str, max: u64) -> Result<Option<Bytes>, OriginError> {
+        let location = self.location(key)?;
+        self.with_retries(key, || async {
+            add(&self.stats.origin_get_requests, 1);
+            let response = self.store.get(&location).await?;
+            if response.meta.size > max {
+                return Ok(None);
+            }
+            let bytes = response.bytes().await?;
+            add(&self.stats.origin_bytes, bytes.len() as u64);
+            Ok(Some(bytes))
+        })
+        .await
+    }
+
+    /// Writes `bytes` as the whole of `key`, replacing what is there (retried: a whole-object
+    /// PUT is idempotent). For objects of Larder's own (manifests); the sources' data is never
+    /// written.
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), OriginError> {
+        let location = self.location(key)?;
+        self.with_retries(key, || {
+            add(&self.stats.origin_put_requests, 1);
+            self.store.put(&location, bytes.clone().into())
+        })
+        .await
+        .map(drop)
     }
 
     fn dir_location(&self, dir: &str) -> Result<Path, OriginError> {

@@ -12,6 +12,9 @@
 //! them all (a cancelled job starts no more fills and ends `cancelled`) and waits for their
 //! tasks, which the daemon does on SIGTERM before it unmounts.
 //!
+//! Seal manifests (`.larder-seal/` at a source's root, see [`crate::manifest`]) are never part
+//! of a plan, whatever the target names.
+//!
 //! A job is idempotent: blocks already cached count as done at once, so a second run of the
 //! same targets finishes without an origin request, and a run after a crash fetches only what
 //! is missing.
@@ -29,6 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache::{Cache, OpenObject, ReadError};
 pub use crate::control_api::{JobCounts, JobReport, JobState};
+use crate::manifest::is_seal_key;
 use crate::object::ObjectVersion;
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
@@ -47,7 +51,7 @@ const HEADS_IN_FLIGHT: usize = 32;
 const MAX_ERRORS: usize = 20;
 
 /// The longest key a target may name, in bytes (S3's limit).
-const MAX_KEY_LEN: usize = 1024;
+pub(crate) const MAX_KEY_LEN: usize = 1024;
 
 /// The longest target, in bytes (a path's limit, `PATH_MAX`).
 const MAX_TARGET_LEN: usize = 4096;
@@ -156,47 +160,22 @@ impl History {
     }
 }
 
-/// The daemon's prefetch jobs.
+/// What targets (of a prefetch, an unpin or a seal) can name: the configured sources, and
+/// paths under the mount.
 #[derive(Debug)]
-pub struct Jobs {
-    cache: Cache,
+pub(crate) struct Targets {
     sources: Vec<(String, Arc<Origin>)>,
     mount: PathBuf,
-    stats: Arc<Stats>,
-    jobs: Mutex<History>,
-    next: AtomicU64,
-    /// Parent of every job's token: cancelled at shutdown.
-    shutdown: CancellationToken,
-    /// The jobs' tasks.
-    tasks: TaskTracker,
 }
 
-impl Jobs {
-    /// Jobs over `sources`, filling `cache`; `mount` is where the daemon's tree is mounted, so
-    /// targets can be paths under it.
-    pub fn new(cache: Cache, sources: Vec<(String, Arc<Origin>)>, mount: PathBuf, stats: Arc<Stats>) -> Self {
-        Self {
-            cache,
-            sources,
-            mount,
-            stats,
-            jobs: Mutex::new(History::default()),
-            next: AtomicU64::new(1),
-            shutdown: CancellationToken::new(),
-            tasks: TaskTracker::new(),
-        }
-    }
-
-    /// Cancels every job, running or yet to start, and waits until their tasks have ended.
-    /// Fills a job had started are the cache's to finish or abandon.
-    pub async fn shutdown(&self) {
-        self.shutdown.cancel();
-        self.tasks.close();
-        self.tasks.wait().await;
+impl Targets {
+    /// Targets naming `sources` (name, origin) or paths under `mount`.
+    pub(crate) fn new(sources: Vec<(String, Arc<Origin>)>, mount: PathBuf) -> Self {
+        Self { sources, mount }
     }
 
     /// The source and the path relative to it that `target` names.
-    fn parse_target(&self, target: &str) -> Result<(usize, String), PrefetchError> {
+    fn parse(&self, target: &str) -> Result<(usize, String), PrefetchError> {
         let bad = |reason: &str| PrefetchError::BadTarget {
             target: target.to_owned(),
             reason: reason.to_owned(),
@@ -268,9 +247,10 @@ impl Jobs {
         Ok((source, key.to_owned()))
     }
 
-    /// Every object a target names: everything under it as a prefix, else the object itself.
+    /// Every object a target names: everything under it as a prefix, else the object itself;
+    /// never a seal manifest (a key under [`SEAL_DIR`](crate::manifest::SEAL_DIR)).
     async fn resolve(&self, target: &str) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
-        let (source, path) = self.parse_target(target)?;
+        let (source, path) = self.parse(target)?;
         let (name, origin) = &self.sources[source];
         let mut keys: Vec<String> = origin
             .list_all(&path)
@@ -278,9 +258,10 @@ impl Jobs {
             .map_err(Box::new)?
             .into_iter()
             .map(|v| v.key)
+            .filter(|key| !is_seal_key(key))
             .collect();
         // Not a prefix: then perhaps an object.
-        if keys.is_empty() && !path.is_empty() {
+        if keys.is_empty() && !path.is_empty() && !is_seal_key(&path) {
             keys.push(path);
         }
         // The version a HEAD gives is the one an open pins (a listing may lack the ETag or
@@ -310,9 +291,12 @@ impl Jobs {
 
     /// Every object the targets name, each once.
     /// Every target is checked before any is resolved, so a wrong one costs no origin request.
-    async fn plan(&self, targets: &[String]) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
+    pub(crate) async fn plan(
+        &self,
+        targets: &[String],
+    ) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
         for target in targets {
-            self.parse_target(target)?;
+            self.parse(target)?;
         }
         let mut plan = BTreeMap::new();
         for target in targets {
@@ -321,6 +305,44 @@ impl Jobs {
             }
         }
         Ok(plan.into_values().collect())
+    }
+}
+
+/// The daemon's prefetch jobs.
+#[derive(Debug)]
+pub struct Jobs {
+    cache: Cache,
+    targets: Targets,
+    stats: Arc<Stats>,
+    jobs: Mutex<History>,
+    next: AtomicU64,
+    /// Parent of every job's token: cancelled at shutdown.
+    shutdown: CancellationToken,
+    /// The jobs' tasks.
+    tasks: TaskTracker,
+}
+
+impl Jobs {
+    /// Jobs over `sources`, filling `cache`; `mount` is where the daemon's tree is mounted, so
+    /// targets can be paths under it.
+    pub fn new(cache: Cache, sources: Vec<(String, Arc<Origin>)>, mount: PathBuf, stats: Arc<Stats>) -> Self {
+        Self {
+            cache,
+            targets: Targets::new(sources, mount),
+            stats,
+            jobs: Mutex::new(History::default()),
+            next: AtomicU64::new(1),
+            shutdown: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Cancels every job, running or yet to start, and waits until their tasks have ended.
+    /// Fills a job had started are the cache's to finish or abandon.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     /// Plans a job and starts it in the background. Fails before fetching anything when a
@@ -336,7 +358,7 @@ impl Jobs {
                 reason: "no targets given".into(),
             });
         }
-        let plan = self.plan(&targets).await?;
+        let plan = self.targets.plan(&targets).await?;
         let planned: u64 = plan.iter().map(|(_, v)| v.size).sum();
         let capacity = self.cache.store().usage().capacity;
         if planned > capacity {
@@ -478,7 +500,7 @@ impl Jobs {
 
     /// Unpins every object the targets name; returns how many.
     pub async fn unpin(&self, targets: &[String]) -> Result<usize, PrefetchError> {
-        let plan = self.plan(targets).await?;
+        let plan = self.targets.plan(targets).await?;
         for (_, version) in &plan {
             self.cache.store().set_pinned(version, false);
         }

@@ -91,6 +91,8 @@ counters! {
     origin_head_requests,
     /// LIST requests sent to origins.
     origin_list_requests,
+    /// PUT requests sent to origins (seal manifests).
+    origin_put_requests,
     /// Attempts that were retries of an earlier one.
     origin_retries,
     /// Body bytes received from origins.

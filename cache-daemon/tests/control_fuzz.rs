@@ -11,7 +11,9 @@ use hyper::{Method, Request, StatusCode};
 use larder_cache_daemon::control::{self, Control};
 use larder_cache_daemon::control_api::Settings;
 use larder_cache_daemon::http::Service;
+use larder_cache_daemon::manifest::Manifests;
 use larder_cache_daemon::prefetch::Jobs;
+use larder_cache_daemon::seal::Sealer;
 use larder_config::IoEngineKind;
 use larder_tests::fixture::{CacheFixture, test_config};
 use larder_tests::{S3Server, seed};
@@ -46,6 +48,8 @@ fn request() -> impl Strategy<Value = (Method, String, Vec<u8>)> {
         Just("/v1/prefetch".to_owned()),
         Just("/v1/unpin".to_owned()),
         Just("/v1/status".to_owned()),
+        Just("/v1/seal".to_owned()),
+        "/v1/seal/[0-9a-z-]{0,24}",
         "/v1/jobs/[0-9a-z-]{0,24}",
         "/[a-z0-9/%.]{0,32}",
     ];
@@ -68,11 +72,19 @@ fn arbitrary_control_requests_are_answered() {
             .expect("put");
         let config = test_config(dir.path(), 1 << 20, IoEngineKind::Psync, &server.url());
         let fx = CacheFixture::open(server, config).await.expect("cache");
+        let sources = vec![("models".to_owned(), fx.origin.clone())];
         let jobs = Arc::new(Jobs::new(
             fx.cache.clone(),
-            vec![("models".into(), fx.origin.clone())],
+            sources.clone(),
             PathBuf::from(MOUNT),
             fx.stats.clone(),
+        ));
+        let sealer = Arc::new(Sealer::new(
+            sources,
+            PathBuf::from(MOUNT),
+            1 << 20,
+            16 << 20,
+            Manifests::new(),
         ));
         let settings = Settings {
             mount: MOUNT.into(),
@@ -80,7 +92,7 @@ fn arbitrary_control_requests_are_answered() {
             block_size: 1 << 20,
             sources: vec![],
         };
-        let control = Control::new(jobs, fx.stats.clone(), fx.cache.store().clone(), settings);
+        let control = Control::new(jobs, sealer, fx.stats.clone(), fx.cache.store().clone(), settings);
         (control::service(Arc::new(control)), fx)
     });
     let mut runner = TestRunner::new(Config::with_cases(256));
@@ -104,7 +116,7 @@ fn arbitrary_control_requests_are_answered() {
                 "{method} {path}: {answer:?}"
             );
             if method == Method::POST && serde_json::from_slice::<serde_json::Value>(&body).is_err() {
-                let expected = if path == "/v1/prefetch" || path == "/v1/unpin" {
+                let expected = if ["/v1/prefetch", "/v1/unpin", "/v1/seal"].contains(&path.as_str()) {
                     StatusCode::BAD_REQUEST
                 } else {
                     status

@@ -13,6 +13,7 @@ use larder_peer_proto::wire::RunRequest;
 
 use crate::cache::fill::{BlockSource, Run};
 use crate::cache::{OpenObject, ReadError, Source};
+use crate::manifest::Manifests;
 use crate::members::Membership;
 use crate::object::ObjectVersion;
 use crate::stats::{Stats, add};
@@ -25,15 +26,18 @@ const CANDIDATES_ASKED: usize = 2;
 pub struct PeerSource {
     client: Client,
     members: Membership,
+    manifests: Manifests,
     stats: Arc<Stats>,
 }
 
 impl PeerSource {
-    /// A peer tier asking `members` with `client`.
-    pub fn new(client: Client, members: Membership, stats: Arc<Stats>) -> Self {
+    /// A peer tier asking `members` with `client`, checking blocks against the sealed
+    /// manifests `manifests` finds.
+    pub fn new(client: Client, members: Membership, manifests: Manifests, stats: Arc<Stats>) -> Self {
         Self {
             client,
             members,
+            manifests,
             stats,
         }
     }
@@ -91,9 +95,15 @@ impl BlockSource for PeerSource {
             };
             let version = object.version();
             let mut last = "this node owns the run".to_owned();
-            for peer in self.members.owners(&owned).into_iter().take(CANDIDATES_ASKED) {
+            let mut sealed = None;
+            for (asked, peer) in self.members.owners(&owned).into_iter().take(CANDIDATES_ASKED).enumerate() {
                 if peer.id == self.members.self_id() {
                     break;
+                }
+                if asked == 0 {
+                    // Looked up once per version and kept: where the version is sealed, every
+                    // block must match the manifest, which a peer cannot forge.
+                    sealed = self.manifests.for_version(object.origin(), version, block_size).await;
                 }
                 let request = RunRequest {
                     object: object.id().0,
@@ -110,7 +120,8 @@ impl BlockSource for PeerSource {
                 let answer = self
                     .client
                     .fetch_run(&peer.address, &request, |head, bytes| {
-                        run.push_from_peer(head.index, &bytes, head.hash, None)?;
+                        let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
+                        run.push_from_peer(head.index, &bytes, head.hash, expected)?;
                         received += bytes.len() as u64;
                         Ok(())
                     })
