@@ -1,12 +1,16 @@
 //! Rack peers end to end: daemons as separate processes on loopback addresses of their own,
 //! SeaweedFS behind a counting proxy as the origin, reads through the kernel mounts.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use larder_tests::rack::Rack;
+use larder_peer_proto::auth::{ClusterKey, RequestHead, header};
+use larder_tests::fake_peer::{FakePeer, Misbehaviour};
+use larder_tests::rack::{Rack, SECRET};
 use larder_tests::seaweed::Seaweed;
-use larder_tests::{RecordingProxy, content, seed, upload};
+use larder_tests::{Fault, RecordingProxy, content, seed, upload};
 
 const MIB: u64 = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
@@ -96,4 +100,169 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
     for i in 0..4 {
         assert!(peer_bytes(&rack, i) > 0, "n{i} read nothing from peers");
     }
+}
+
+/// Counters of member `i`'s metrics that name `result` of peer requests, by its status.
+fn peer_requests(rack: &Rack, i: usize, result: &str) -> u64 {
+    let status = rack.daemon(i).status();
+    status["peers"]["requests"][result]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no peer requests {result} in {status}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_owner_costs_a_deadline_and_the_origin_serves_its_runs() {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin(size).await;
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let fake = FakePeer::start(key, Misbehaviour::StallAfterHead).await.expect("fake peer");
+    let member = format!("f={}@r1", fake.address);
+    let (rack, fake) = tokio::task::spawn_blocking(move || {
+        let extra = ["--peer-stall-timeout", "1s"];
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, &extra, &[member]).expect("rack");
+        read_everywhere(&rack, &[0], size);
+        (rack, fake)
+    })
+    .await
+    .expect("join");
+    assert!(fake.requests() > 0, "the stalled member owned no run of the model");
+    assert!(peer_requests(&rack, 0, "timeout") > 0);
+    assert_eq!(peer_bytes(&rack, 0), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes() {
+    let size = 256 * MIB;
+    let (_server, proxy) = origin(size).await;
+    // A slow origin, so that the owner dies with runs in flight.
+    proxy.set_fault(Fault::Latency(Duration::from_millis(200)));
+    tokio::task::spawn_blocking(move || {
+        let mut rack = Rack::start(Path::new(BIN), &proxy, 3, LOADED, &[]).expect("rack");
+        let expected = content(seed(MODEL, 0), 0, size as usize);
+        std::thread::scope(|scope| {
+            let readers: Vec<_> = [0, 1]
+                .into_iter()
+                .map(|i| {
+                    let path = rack.daemon(i).mount.join(MODEL);
+                    let expected = &expected;
+                    scope.spawn(move || {
+                        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
+                        assert!(bytes == *expected, "n{i} read wrong bytes");
+                    })
+                })
+                .collect();
+            // Killed once it has sent something to the others.
+            let started = Instant::now();
+            while rack.daemon(2).status()["peers"]["sent_bytes"].as_u64().unwrap_or(0) == 0 {
+                assert!(started.elapsed() < Duration::from_secs(60), "n2 never served a peer");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            rack.kill9(2).expect("kill n2");
+            for reader in readers {
+                reader.join().expect("reader");
+            }
+        });
+        for i in [0, 1] {
+            assert!(peer_bytes(&rack, i) > 0, "n{i} read nothing from peers");
+        }
+    })
+    .await
+    .expect("join");
+}
+
+/// The status line and headers of the answer to `request`, sent as is to `address`.
+fn exchange(address: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let _ = stream.write_all(request);
+    let mut answer = Vec::new();
+    let mut buf = [0; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A GET of `path` signed with `key` as node `node`, at `time_ms`, with `nonce`.
+fn signed(key: &ClusterKey, path: &str, node: &str, time_ms: u64, nonce: [u8; 16]) -> Vec<u8> {
+    let head = RequestHead {
+        method: "GET",
+        path_and_query: path,
+        node,
+        time_ms,
+        nonce,
+    };
+    let mac = hex::encode(key.request_mac(&head));
+    format!(
+        "GET {path} HTTP/1.1\r\nhost: x\r\n{}: {node}\r\n{}: {time_ms}\r\n{}: {}\r\n{}: {mac}\r\n\r\n",
+        header::NODE,
+        header::TIME,
+        header::NONCE,
+        hex::encode(nonce),
+        header::MAC,
+    )
+    .into_bytes()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_member_keeps_serving() {
+    let size = 8 * MIB;
+    let (_server, proxy) = origin(size).await;
+    tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, &[], &[]).expect("rack");
+        let address = rack.addresses[0];
+        let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+        let other = ClusterKey::from_secret(&[b'x'; 40]).expect("other key");
+        let requests_before = proxy.requests().len();
+
+        let status = |answer: &str| answer.lines().next().unwrap_or_default().to_owned();
+        let unsigned = exchange(address, b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n\r\n");
+        assert!(status(&unsigned).contains(" 401 "), "no headers: {unsigned}");
+        let wrong_key = exchange(address, &signed(&other, "/v1/hello", "a", now_ms(), [1; 16]));
+        assert!(status(&wrong_key).contains(" 401 "), "another key: {wrong_key}");
+        let stale = exchange(address, &signed(&key, "/v1/hello", "a", now_ms() - 120_000, [2; 16]));
+        assert!(status(&stale).contains(" 401 "), "two minutes old: {stale}");
+        let once = signed(&key, "/v1/hello", "a", now_ms(), [3; 16]);
+        assert!(status(&exchange(address, &once)).contains(" 200 "), "a good request");
+        let replayed = exchange(address, &once);
+        assert!(status(&replayed).contains(" 401 "), "replayed: {replayed}");
+        // A run of a URL-shaped source, and a run past the object's end: refused, nothing fetched.
+        let run = "/v1/run?object=00&source=http%3A%2F%2Felsewhere&key=k&version=-&size=1&block_size=4194304&first=0&count=1";
+        let malformed = exchange(address, &signed(&key, run, "a", now_ms(), [4; 16]));
+        assert!(status(&malformed).contains(" 400 "), "malformed run: {malformed}");
+
+        // A header of a megabyte: refused without reading it all.
+        let mut huge = b"GET /v1/hello HTTP/1.1\r\nhost: x\r\nx-filler: ".to_vec();
+        huge.extend(std::iter::repeat_n(b'a', 1 << 20));
+        huge.extend_from_slice(b"\r\n\r\n");
+        let answer = exchange(address, &huge);
+        assert!(
+            answer.is_empty() || status(&answer).contains(" 431 ") || status(&answer).contains(" 400 "),
+            "a megabyte of header: {answer}"
+        );
+        // A client that sends its head a byte at a time is cut off.
+        let mut slow = TcpStream::connect(address).expect("connect");
+        let started = Instant::now();
+        let cut = b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n".iter().any(|byte| {
+            std::thread::sleep(Duration::from_millis(300));
+            slow.write_all(&[*byte]).is_err()
+        });
+        let mut rest = Vec::new();
+        let _ = slow.read_to_end(&mut rest);
+        assert!(cut || started.elapsed() < Duration::from_secs(30), "a slow client was never cut off");
+
+        assert_eq!(proxy.requests().len(), requests_before, "refused requests reached the origin");
+        let hello = exchange(address, &signed(&key, "/v1/hello", "a", now_ms(), [5; 16]));
+        assert!(status(&hello).contains(" 200 "), "the member stopped serving: {hello}");
+        read_everywhere(&rack, &[0], size);
+    })
+    .await
+    .expect("join");
 }

@@ -112,6 +112,19 @@ impl Rack {
             .unwrap_or_else(|| panic!("member {index} is gone"))
     }
 
+    /// Kills member `index` with SIGKILL and detaches the dead mount it leaves.
+    pub fn kill9(&mut self, index: usize) -> anyhow::Result<()> {
+        let daemon = self.daemons[index].take().ok_or_else(|| anyhow::anyhow!("member {index} is gone"))?;
+        let mount = daemon.mount.clone();
+        daemon.kill9()?;
+        let path = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes())?;
+        // SAFETY: a valid C string; detaches the test's own dead mount.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(())
+    }
+
     /// Member `index`'s log so far.
     pub fn log(&self, index: usize) -> String {
         std::fs::read_to_string(self.dirs[index].join("daemon.log")).unwrap_or_default()
