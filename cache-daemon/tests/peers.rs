@@ -266,3 +266,28 @@ async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_membe
     .await
     .expect("join");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lying_member_is_caught_by_the_sealed_manifest_and_its_bytes_never_served_or_kept() {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin(size).await;
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let liar = FakePeer::start(key, Misbehaviour::Lie).await.expect("fake peer");
+    let member = format!("f={}@r1", liar.address);
+    let (rack, liar) = tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, &[], &[member]).expect("rack");
+        let sealed = rack.daemon(0).larder(&["seal", "--wait", "models:llama"]);
+        assert!(sealed.status.success(), "seal: {}", String::from_utf8_lossy(&sealed.stderr));
+        read_everywhere(&rack, &[0], size);
+        (rack, liar)
+    })
+    .await
+    .expect("join");
+    assert!(liar.requests() > 0, "the liar owned no run of the model");
+    assert!(peer_requests(&rack, 0, "bad_data") > 0);
+    assert_eq!(peer_bytes(&rack, 0), 0);
+    // What the cache kept is the origin's: a second read comes from disk, right.
+    tokio::task::spawn_blocking(move || read_everywhere(&rack, &[0], size))
+        .await
+        .expect("join");
+}
