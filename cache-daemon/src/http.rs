@@ -205,8 +205,10 @@ async fn connection<I, S>(
     let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
         let (service, idle) = (service.clone(), idle.clone());
         async move {
-            let _busy = Busy::new(idle);
-            Ok::<_, Infallible>(answer(request, service.as_ref(), &limits).await)
+            // Busy until the body has been sent: a streamed answer is not an idle connection.
+            let busy = Busy::new(idle);
+            let response = answer(request, service.as_ref(), &limits).await;
+            Ok::<_, Infallible>(response.map(|body| BusyBody { body, _busy: busy }.boxed()))
         }
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -280,6 +282,32 @@ impl Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A response body that keeps its connection marked busy until it is sent or dropped.
+struct BusyBody {
+    body: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for BusyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
     }
 }
 
