@@ -28,6 +28,7 @@ use crate::control::{self, Control};
 use crate::control_api::Settings;
 use crate::engine;
 use crate::http;
+use crate::members::Membership;
 use crate::metrics::{self, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
@@ -112,10 +113,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
     })?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+    let membership = Membership::from_config(&config.peer);
     // Stops the HTTP servers.
     let stop = CancellationToken::new();
     let metrics_task = match config.metrics.listen {
-        Some(address) => Some(serve_metrics(address, &stats, &store, stop.clone()).await?),
+        Some(address) => {
+            Some(serve_metrics(address, &stats, &store, membership.clone(), stop.clone()).await?)
+        }
         None => None,
     };
     let cache = Cache::new(store, &config.origin, stats.clone());
@@ -145,6 +149,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         stats.clone(),
         cache.store().clone(),
         settings,
+        membership,
     ));
     let listener = control::bind(&control_socket).map_err(|source| DaemonError::ControlSocket {
         path: control_socket.clone(),
@@ -228,6 +233,7 @@ async fn serve_metrics(
     address: SocketAddr,
     stats: &Arc<Stats>,
     store: &Arc<BlockStore>,
+    membership: Option<Membership>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
@@ -239,6 +245,7 @@ async fn serve_metrics(
     let snapshot = move || Snapshot {
         stats: stats.snapshot(),
         usage: store.usage(),
+        members: membership.as_ref().map(Membership::states).unwrap_or_default(),
     };
     Ok(tokio::spawn(http::serve(
         listener,

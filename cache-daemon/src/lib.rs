@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod engine;
 pub mod fs_error;
 pub mod http;
+pub mod members;
 pub mod metrics;
 pub mod namespace;
 pub mod object;

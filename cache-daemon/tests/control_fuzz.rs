@@ -80,7 +80,7 @@ fn arbitrary_control_requests_are_answered() {
             block_size: 1 << 20,
             sources: vec![],
         };
-        let control = Control::new(jobs, fx.stats.clone(), fx.cache.store().clone(), settings);
+        let control = Control::new(jobs, fx.stats.clone(), fx.cache.store().clone(), settings, None);
         (control::service(Arc::new(control)), fx)
     });
     let mut runner = TestRunner::new(Config::with_cases(256));

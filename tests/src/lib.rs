@@ -8,6 +8,8 @@
 //! - [`daemon::DaemonProcess`] runs `larder daemon` as a child process with a real mount.
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
 //! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
+//! - [`dns::DnsServer`] answers A/AAAA queries on loopback from a table the test changes, for
+//!   peer membership by DNS.
 //! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS), counts
 //!   the body bytes it returns, and injects a [`Fault`] switched at run time (latency, bandwidth,
 //!   stall after headers, a cut connection, a flipped byte): the TCP fault proxy of process tests.
@@ -15,6 +17,7 @@
 //!   injecting the faults of a [`FaultPlan`].
 
 pub mod daemon;
+pub mod dns;
 mod fault;
 pub mod fixture;
 mod proxy;
