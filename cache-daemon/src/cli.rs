@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::control_api::{
-    self, ErrorBody, JobReport, JobState, SealReport, SealRequest, SealState, Served, Status, TargetsRequest,
-    Unpinned,
+    self, ErrorBody, JobReport, JobState, MemberHealth, Peers, SealReport, SealRequest, SealState, Served,
+    Status, TargetsRequest, Unpinned,
 };
 
 /// Where the daemon listens for control requests unless told otherwise.
@@ -326,8 +326,9 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
     )?;
     writeln!(
         out,
-        "served through the daemon: {} from nvme, {} from origin",
+        "served through the daemon: {} from nvme, {} from peers, {} from origin",
         HumanBytes(status.served.nvme_bytes),
+        HumanBytes(status.served.peer_bytes),
         HumanBytes(status.served.origin_bytes)
     )?;
     writeln!(
@@ -359,6 +360,7 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
         errors.transient,
         errors.other
     )?;
+    peers_text(&mut out, status.peers.as_ref())?;
     let counts = &status.job_counts;
     writeln!(
         out,
@@ -401,6 +403,58 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
         writeln!(out, "source {source}")?;
     }
     Ok(out)
+}
+
+/// The rack peers' lines of `larder status`: this node, bytes from each rack, each member.
+fn peers_text(out: &mut String, peers: Option<&Peers>) -> std::fmt::Result {
+    let Some(peers) = peers else {
+        return writeln!(out, "peers: off");
+    };
+    let rack = |rack: &str| {
+        if rack.is_empty() {
+            "-".to_owned()
+        } else {
+            rack.to_owned()
+        }
+    };
+    writeln!(
+        out,
+        "peers: this node is {} in rack {}; {} other members",
+        peers.node_id,
+        rack(&peers.rack),
+        peers
+            .members
+            .iter()
+            .filter(|m| m.state != MemberHealth::This)
+            .count()
+    )?;
+    if !peers.received_by_rack.is_empty() {
+        let racks: Vec<String> = peers
+            .received_by_rack
+            .iter()
+            .map(|r| format!("{} from rack {}", HumanBytes(r.bytes), rack(&r.rack)))
+            .collect();
+        writeln!(out, "received from peers: {}", racks.join(", "))?;
+    }
+    for member in peers.members.iter().filter(|m| m.state != MemberHealth::This) {
+        let state = match (member.state, member.retry_in_seconds) {
+            (MemberHealth::Down, Some(seconds)) => format!("down (asked again in {seconds} s)"),
+            (MemberHealth::Down, None) => "down".to_owned(),
+            (MemberHealth::Up, _) => "up".to_owned(),
+            (MemberHealth::Unknown | MemberHealth::This, _) => "unknown".to_owned(),
+        };
+        writeln!(
+            out,
+            "peer {} (rack {}, {}): {}, {} failures in a row, {} received",
+            member.id,
+            rack(&member.rack),
+            member.address,
+            state,
+            member.failures,
+            HumanBytes(member.received_bytes)
+        )?;
+    }
+    Ok(())
 }
 
 /// Writes `text` to stdout. A reader that went away (`larder status | head`) is not an
@@ -534,6 +588,45 @@ mod tests {
         ] {
             assert_eq!(absolute_target(target.to_owned(), cwd), expected, "{target}");
         }
+    }
+
+    #[test]
+    fn status_lists_the_peers_or_says_they_are_off() {
+        let mut out = String::new();
+        peers_text(&mut out, None).unwrap();
+        assert_eq!(out, "peers: off\n");
+
+        let member = |id: &str, rack: &str, state, retry, failures, received| control_api::MemberState {
+            id: id.into(),
+            rack: rack.into(),
+            address: format!("{id}.rack:7070"),
+            state,
+            retry_in_seconds: retry,
+            failures,
+            received_bytes: received,
+        };
+        let peers = Peers {
+            node_id: "a".into(),
+            rack: "r1".into(),
+            members: vec![
+                member("a", "r1", MemberHealth::This, None, 0, 0),
+                member("b", "r1", MemberHealth::Up, None, 0, 3 << 20),
+                member("c", "", MemberHealth::Down, Some(17), 2, 0),
+            ],
+            received_by_rack: vec![control_api::RackBytes {
+                rack: "r1".into(),
+                bytes: 3 << 20,
+            }],
+        };
+        let mut out = String::new();
+        peers_text(&mut out, Some(&peers)).unwrap();
+        assert_eq!(
+            out,
+            "peers: this node is a in rack r1; 2 other members\n\
+             received from peers: 3.00 MiB from rack r1\n\
+             peer b (rack r1, b.rack:7070): up, 0 failures in a row, 3.00 MiB received\n\
+             peer c (rack -, c.rack:7070): down (asked again in 17 s), 2 failures in a row, 0 B received\n"
+        );
     }
 
     #[test]

@@ -18,9 +18,10 @@ use tokio::net::UnixListener;
 use larder_config::Redacted;
 
 use crate::control_api::{
-    Lookups, OriginErrors, SealRequest, Served, Settings, Status, TargetsRequest, Unpinned,
+    Lookups, OriginErrors, Peers, SealRequest, Served, Settings, Status, TargetsRequest, Unpinned,
 };
 use crate::http::{self, Body, Limits};
+use crate::members::Membership;
 use crate::prefetch::{Jobs, PrefetchError};
 use crate::seal::{SealError, Sealer};
 use crate::stats::{Stats, StatsSnapshot};
@@ -48,6 +49,7 @@ fn served_between(old: &StatsSnapshot, new: &StatsSnapshot) -> Served {
     Served::new(
         new.served_nvme_bytes - old.served_nvme_bytes,
         new.served_origin_bytes - old.served_origin_bytes,
+        new.served_peer_bytes - old.served_peer_bytes,
         new.passthrough_opens - old.passthrough_opens,
         new.passthrough_open_bytes - old.passthrough_open_bytes,
     )
@@ -61,18 +63,20 @@ pub struct Control {
     stats: Arc<Stats>,
     store: Arc<BlockStore>,
     settings: Settings,
+    membership: Option<Membership>,
     started: Instant,
     samples: Mutex<VecDeque<(Instant, StatsSnapshot)>>,
 }
 
 impl Control {
-    /// The API over the daemon's parts.
+    /// The API over the daemon's parts; `membership` is `None` when rack peers are off.
     pub fn new(
         jobs: Arc<Jobs>,
         sealer: Arc<Sealer>,
         stats: Arc<Stats>,
         store: Arc<BlockStore>,
         settings: Settings,
+        membership: Option<Membership>,
     ) -> Self {
         let first = (Instant::now(), StatsSnapshot::default());
         Self {
@@ -81,6 +85,7 @@ impl Control {
             stats,
             store,
             settings,
+            membership,
             started: Instant::now(),
             samples: Mutex::new(VecDeque::from([first])),
         }
@@ -142,6 +147,12 @@ impl Control {
             cache_write_failures: now.cache_write_failures + now.cache_writes_skipped,
             job_counts: self.jobs.counts(),
             jobs: self.jobs.reports(),
+            peers: self.membership.as_ref().map(|m| Peers {
+                node_id: m.self_id().to_owned(),
+                rack: m.self_rack().to_owned(),
+                members: m.states(),
+                received_by_rack: m.received_by_rack(),
+            }),
             settings: self.settings.clone(),
         }
     }

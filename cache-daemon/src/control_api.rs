@@ -184,26 +184,37 @@ pub struct Served {
     pub nvme_bytes: u64,
     /// Bytes read through the daemon from origins.
     pub origin_bytes: u64,
+    /// Bytes read through the daemon that rack peers sent.
+    #[serde(default)]
+    pub peer_bytes: u64,
     /// Opens of complete files handed to the kernel (FUSE passthrough).
     pub passthrough_opens: u64,
     /// Sizes of those files, summed: an upper bound on the bytes read through passthrough.
     pub passthrough_bytes: u64,
-    /// Bytes from the cache (`nvme + passthrough`) over all bytes (`nvme + passthrough +
-    /// origin`); `None` before any byte was served or file opened.
+    /// Bytes the origin did not have to send (`nvme + passthrough + peer`) over all bytes
+    /// (`nvme + passthrough + peer + origin`); `None` before any byte was served or file
+    /// opened.
     pub hit_rate: Option<f64>,
 }
 
 impl Served {
     /// The figures with their hit rate.
-    pub fn new(nvme_bytes: u64, origin_bytes: u64, passthrough_opens: u64, passthrough_bytes: u64) -> Self {
-        let cached = nvme_bytes + passthrough_bytes;
-        let total = cached + origin_bytes;
+    pub fn new(
+        nvme_bytes: u64,
+        origin_bytes: u64,
+        peer_bytes: u64,
+        passthrough_opens: u64,
+        passthrough_bytes: u64,
+    ) -> Self {
+        let not_origin = nvme_bytes + passthrough_bytes + peer_bytes;
+        let total = not_origin + origin_bytes;
         Self {
             nvme_bytes,
             origin_bytes,
+            peer_bytes,
             passthrough_opens,
             passthrough_bytes,
-            hit_rate: (total > 0).then(|| cached as f64 / total as f64),
+            hit_rate: (total > 0).then(|| not_origin as f64 / total as f64),
         }
     }
 }
@@ -253,6 +264,62 @@ pub struct OriginErrors {
     pub other: u64,
 }
 
+/// How a member of the rack is doing, as this node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberHealth {
+    /// This node.
+    #[serde(rename = "self")]
+    This,
+    /// The last request to it succeeded.
+    Up,
+    /// It failed: left out of ownership until its retry time.
+    Down,
+    /// Not asked yet, or its retry time came and it was not asked since.
+    Unknown,
+}
+
+/// One member of the rack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberState {
+    /// Its node id.
+    pub id: String,
+    /// Its rack label.
+    pub rack: String,
+    /// `HOST:PORT` of its peer listener (empty for this node when it does not listen).
+    pub address: String,
+    /// How it is doing.
+    pub state: MemberHealth,
+    /// Seconds until it is asked again, when down.
+    pub retry_in_seconds: Option<u64>,
+    /// Failed requests in a row.
+    pub failures: u32,
+    /// Block bytes received from it and checked.
+    pub received_bytes: u64,
+}
+
+/// Bytes received from the peers of one rack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RackBytes {
+    /// The rack label (empty when the peers gave none).
+    pub rack: String,
+    /// Block bytes received from its members since start.
+    pub bytes: u64,
+}
+
+/// Rack peers, when they are on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peers {
+    /// This node's id.
+    pub node_id: String,
+    /// This node's rack label.
+    pub rack: String,
+    /// Every member, this node first.
+    pub members: Vec<MemberState>,
+    /// Bytes received from peers by their rack, since start.
+    pub received_by_rack: Vec<RackBytes>,
+}
+
 /// What `GET /v1/status` answers.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Status {
@@ -293,6 +360,9 @@ pub struct Status {
     pub job_counts: JobCounts,
     /// Every running prefetch job and the last 100 finished, oldest first.
     pub jobs: Vec<JobReport>,
+    /// Rack peers; `None` when they are off.
+    #[serde(default)]
+    pub peers: Option<Peers>,
     /// Key settings.
     pub settings: Settings,
 }
@@ -303,10 +373,29 @@ mod tests {
 
     #[test]
     fn the_hit_rate_counts_passthrough_as_served_from_the_cache() {
-        assert_eq!(Served::new(0, 0, 0, 0).hit_rate, None);
-        assert_eq!(Served::new(0, 0, 1, 100).hit_rate, Some(1.0));
-        assert_eq!(Served::new(10, 30, 0, 0).hit_rate, Some(0.25));
-        assert_eq!(Served::new(10, 50, 2, 40).hit_rate, Some(0.5));
+        assert_eq!(Served::new(0, 0, 0, 0, 0).hit_rate, None);
+        assert_eq!(Served::new(0, 0, 0, 1, 100).hit_rate, Some(1.0));
+        assert_eq!(Served::new(10, 30, 0, 0, 0).hit_rate, Some(0.25));
+        assert_eq!(Served::new(10, 50, 0, 2, 40).hit_rate, Some(0.5));
+    }
+
+    #[test]
+    fn the_hit_rate_counts_peer_bytes_as_not_from_the_origin() {
+        assert_eq!(Served::new(0, 0, 100, 0, 0).hit_rate, Some(1.0));
+        assert_eq!(Served::new(10, 60, 30, 0, 0).hit_rate, Some(0.4));
+        assert_eq!(Served::new(10, 50, 30, 1, 10).hit_rate, Some(0.5));
+    }
+
+    #[test]
+    fn member_states_are_written_in_snake_case_with_self_for_this_node() {
+        let text = serde_json::to_string(&[
+            MemberHealth::This,
+            MemberHealth::Up,
+            MemberHealth::Down,
+            MemberHealth::Unknown,
+        ])
+        .unwrap();
+        assert_eq!(text, r#"["self","up","down","unknown"]"#);
     }
 
     #[test]

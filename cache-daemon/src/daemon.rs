@@ -26,6 +26,7 @@ use larder_peer_proto::client::Client;
 use larder_peer_proto::wire::Hello;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cache::Cache;
 use crate::cache::fill::BlockSource;
@@ -39,7 +40,7 @@ use crate::metrics::{self, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
 use crate::peer::listener::PeerListener;
-use crate::peer::{self, PeerSetupError, PeerSource};
+use crate::peer::{self, AskWho, PeerSetupError, PeerSource};
 use crate::prefetch::Jobs;
 use crate::seal::Sealer;
 use crate::stats::Stats;
@@ -133,22 +134,32 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
     })?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
-    // Stops the HTTP servers.
+    let peers = Peers::new(&config.peer)?;
+    let membership = peers.members.clone();
+    // Stops the HTTP servers and the members' DNS resolution.
     let stop = CancellationToken::new();
     let metrics_task = match config.metrics.listen {
-        Some(address) => Some(serve_metrics(address, &stats, &store, stop.clone()).await?),
+        Some(address) => {
+            Some(serve_metrics(address, &stats, &store, membership.clone(), stop.clone()).await?)
+        }
         None => None,
     };
-    let peers = Peers::new(&config.peer)?;
     let manifests = Manifests::new();
-    let peer_source = config.peer.enabled().then(|| {
+    let peer_source = peers.members.clone().map(|members| {
         Arc::new(PeerSource::new(
             peers.client.clone(),
-            peers.members.clone(),
+            members,
             manifests.clone(),
             stats.clone(),
         )) as Arc<dyn BlockSource>
     });
+    let member_tasks = TaskTracker::new();
+    if let Some(members) = &peers.members
+        && config.peer.dns.is_some()
+    {
+        let hello = Arc::new(AskWho(peers.client.clone()));
+        members.spawn_dns(&member_tasks, stop.clone(), hello);
+    }
     let cache = Cache::new(store, &config.origin, stats.clone(), peer_source);
     let sources = sources(&config, &stats)?;
     let origins: Vec<(String, Arc<Origin>)> = sources
@@ -195,6 +206,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         stats.clone(),
         cache.store().clone(),
         settings,
+        membership,
     ));
     let listener = control::bind(&control_socket).map_err(|source| DaemonError::ControlSocket {
         path: control_socket.clone(),
@@ -244,6 +256,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     jobs.shutdown().await;
+    member_tasks.close();
+    member_tasks.wait().await;
     sealer.shutdown().await;
     let grace = config.mount.shutdown_grace;
     tracing::info!(
@@ -279,6 +293,7 @@ async fn serve_metrics(
     address: SocketAddr,
     stats: &Arc<Stats>,
     store: &Arc<BlockStore>,
+    membership: Option<Membership>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
@@ -290,6 +305,7 @@ async fn serve_metrics(
     let snapshot = move || Snapshot {
         stats: stats.snapshot(),
         usage: store.usage(),
+        members: membership.as_ref().map(Membership::states).unwrap_or_default(),
     };
     Ok(tokio::spawn(http::serve(
         listener,
@@ -299,12 +315,13 @@ async fn serve_metrics(
     )))
 }
 
-/// This node as a rack peer: who it is, its key, and how it asks others.
+/// This node as a rack peer: who it is, its key, how it asks others, and its members
+/// (`None` when peers are off).
 struct Peers {
     key: Option<ClusterKey>,
     hello: Hello,
     client: Client,
-    members: Membership,
+    members: Option<Membership>,
 }
 
 impl Peers {
@@ -317,9 +334,7 @@ impl Peers {
             None
         };
         let node = match config.node_id.as_str() {
-            "" => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|name| name.trim().to_owned())
-                .unwrap_or_default(),
+            "" => rustix::system::uname().nodename().to_string_lossy().into_owned(),
             id => id.to_owned(),
         };
         let hello = Hello {
@@ -332,7 +347,9 @@ impl Peers {
             config.first_byte_timeout,
             config.stall_timeout,
         );
-        let members = Membership::new(config, node, config.rack.clone());
+        let members = config
+            .enabled()
+            .then(|| Membership::new(config, node, config.rack.clone()));
         Ok(Self {
             key,
             hello,

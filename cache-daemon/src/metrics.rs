@@ -1,11 +1,13 @@
-//! The Prometheus endpoint: [`render`] of a [`Snapshot`] (the daemon's counters and the block
-//! store's usage) in the text exposition format (version 0.0.4), and the [`service`] answering
-//! `GET /metrics`, served by [`crate::http::serve`] under [`LIMITS`].
+//! The Prometheus endpoint: [`render`] of a [`Snapshot`] (the daemon's counters, the block
+//! store's usage and the rack's members) in the text exposition format (version 0.0.4), and
+//! the [`service`] answering `GET /metrics`, served by [`crate::http::serve`] under
+//! [`LIMITS`].
 //!
 //! The endpoint is given a function that takes a snapshot, not the parts of the daemon it
 //! reads. Every metric name, its type, unit and labels are written out in [`render`], in one
 //! place; `docs/METRICS.md` describes each. Labels only take values from small closed sets
-//! (sources, lookup results, request kinds, FUSE operations), never keys, paths or addresses.
+//! (sources, lookup results, request kinds, peer results and member states, FUSE operations),
+//! never keys, paths, member ids or addresses.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -16,6 +18,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use larder_fuse_mount::Operation;
 
 use crate::http::{self, Body, Limits};
+use crate::members::{MemberHealth, MemberState};
 use crate::stats::{HistogramSnapshot, StatsSnapshot};
 use crate::store::Usage;
 
@@ -36,10 +39,12 @@ pub struct Snapshot {
     pub stats: StatsSnapshot,
     /// The block store's usage.
     pub usage: Usage,
+    /// The rack's members, this node included; empty when peers are off.
+    pub members: Vec<MemberState>,
 }
 
 /// Renders every metric in the Prometheus text format, version 0.0.4.
-pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
+pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> String {
     let mut out = Exposition::default();
     let s = stats;
 
@@ -57,6 +62,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
         "larder_read_bytes_total",
         Some(("source", "origin")),
         s.served_origin_bytes,
+    );
+    out.sample(
+        "larder_read_bytes_total",
+        Some(("source", "peer")),
+        s.served_peer_bytes,
     );
 
     out.family(
@@ -192,6 +202,52 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
         out.sample("larder_origin_errors_total", Some(("kind", kind)), n);
     }
 
+    out.family(
+        "larder_peer_requests_total",
+        "counter",
+        "Run requests to rack peers by result: hit (the peer had the blocks), filled (the peer fetched them from its origin or joined its fill), miss (no peer to ask, or it declined at once), refused (its circuit was open, or the connection was refused), timeout (no first byte, or a stall, past the deadline), unauthorized (401, or an answer whose tags failed), bad_data (a block that did not match its hash or the sealed manifest).",
+    );
+    for (result, n) in [
+        ("hit", s.peer_requests_hit),
+        ("filled", s.peer_requests_filled),
+        ("miss", s.peer_requests_miss),
+        ("refused", s.peer_requests_refused),
+        ("timeout", s.peer_requests_timeout),
+        ("unauthorized", s.peer_requests_unauthorized),
+        ("bad_data", s.peer_requests_bad_data),
+    ] {
+        out.sample("larder_peer_requests_total", Some(("result", result)), n);
+    }
+    out.counter(
+        "larder_peer_fetched_bytes_total",
+        "Block bytes received from rack peers and checked: bytes the origin did not have to send.",
+        s.peer_fetched_bytes,
+    );
+    out.counter(
+        "larder_peer_sent_bytes_total",
+        "Block bytes this node sent to rack peers.",
+        s.peer_sent_bytes,
+    );
+    out.counter(
+        "larder_peer_refused_requests_total",
+        "Requests from rack peers that this node refused (bad or missing MAC, stale, replayed, malformed).",
+        s.peer_served_refused,
+    );
+    out.family(
+        "larder_peer_members",
+        "gauge",
+        "Members of the rack by state as this node sees them: self (this node), up (the last request succeeded), down (failed, left out until its retry time), unknown (not asked since it joined or since its retry time). All zero when peers are off.",
+    );
+    for (state, name) in [
+        (MemberHealth::This, "self"),
+        (MemberHealth::Up, "up"),
+        (MemberHealth::Down, "down"),
+        (MemberHealth::Unknown, "unknown"),
+    ] {
+        let n = members.iter().filter(|m| m.state == state).count();
+        out.sample("larder_peer_members", Some(("state", name)), n);
+    }
+
     out.counter(
         "larder_prefetch_planned_bytes_total",
         "Bytes prefetch jobs set out to bring into the cache.",
@@ -205,9 +261,13 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage) -> String {
 
     out.histograms(
         "larder_fill_duration_seconds",
-        "Time to get one fill: a block read from the block store (nvme), or a ranged GET of up to one part from the origin, waiting for an origin slot included (origin).",
+        "Time to get one fill: a block read from the block store (nvme), a ranged GET of up to one part from the origin, waiting for an origin slot included (origin), or a run of blocks from a rack peer, from the request to its last block, complete runs only (peer).",
         "source",
-        &[("nvme", &s.latency.fill_nvme), ("origin", &s.latency.fill_origin)],
+        &[
+            ("nvme", &s.latency.fill_nvme),
+            ("origin", &s.latency.fill_origin),
+            ("peer", &s.latency.fill_peer),
+        ],
     );
     let fuse: Vec<_> = Operation::ALL
         .iter()
@@ -286,11 +346,15 @@ fn answer(request: &Request<Bytes>, snapshot: impl Fn() -> Snapshot) -> Response
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
-    let Snapshot { stats, usage } = snapshot();
+    let Snapshot {
+        stats,
+        usage,
+        members,
+    } = snapshot();
     http::full(
         StatusCode::OK,
         "text/plain; version=0.0.4; charset=utf-8",
-        render(&stats, &usage),
+        render(&stats, &usage, &members),
     )
 }
 
@@ -314,6 +378,18 @@ mod tests {
         }
     }
 
+    fn member(id: &str, state: MemberHealth) -> MemberState {
+        MemberState {
+            id: id.into(),
+            rack: "r1".into(),
+            address: "127.0.0.9:7000".into(),
+            state,
+            retry_in_seconds: None,
+            failures: 0,
+            received_bytes: 0,
+        }
+    }
+
     #[test]
     fn render_writes_every_family_with_help_type_and_values() {
         let stats = Stats::default();
@@ -324,17 +400,48 @@ mod tests {
         crate::stats::add(&stats.prefetch_done_bytes, 6);
         crate::stats::add(&stats.passthrough_opens, 2);
         crate::stats::add(&stats.passthrough_open_bytes, 7);
+        crate::stats::add(&stats.served_peer_bytes, 9);
+        crate::stats::add(&stats.peer_requests_bad_data, 3);
+        crate::stats::add(&stats.peer_fetched_bytes, 11);
+        crate::stats::add(&stats.peer_sent_bytes, 12);
+        crate::stats::add(&stats.peer_served_refused, 13);
         stats.latency.fill_origin.observe(Duration::from_millis(20));
+        stats.latency.fill_peer.observe(Duration::from_millis(3));
         stats
             .latency
             .fuse(Operation::Readdir)
             .observe(Duration::from_micros(300));
-        let text = render(&stats.snapshot(), &usage());
+        let members = [
+            member("a", MemberHealth::This),
+            member("b", MemberHealth::Up),
+            member("c", MemberHealth::Down),
+            member("d", MemberHealth::Down),
+        ];
+        let text = render(&stats.snapshot(), &usage(), &members);
 
         for line in [
             "# TYPE larder_read_bytes_total counter",
             "larder_read_bytes_total{source=\"nvme\"} 10",
             "larder_read_bytes_total{source=\"origin\"} 32",
+            "larder_read_bytes_total{source=\"peer\"} 9",
+            "# TYPE larder_peer_requests_total counter",
+            "larder_peer_requests_total{result=\"bad_data\"} 3",
+            "larder_peer_requests_total{result=\"hit\"} 0",
+            "larder_peer_requests_total{result=\"filled\"} 0",
+            "larder_peer_requests_total{result=\"miss\"} 0",
+            "larder_peer_requests_total{result=\"refused\"} 0",
+            "larder_peer_requests_total{result=\"timeout\"} 0",
+            "larder_peer_requests_total{result=\"unauthorized\"} 0",
+            "larder_peer_fetched_bytes_total 11",
+            "larder_peer_sent_bytes_total 12",
+            "larder_peer_refused_requests_total 13",
+            "# TYPE larder_peer_members gauge",
+            "larder_peer_members{state=\"self\"} 1",
+            "larder_peer_members{state=\"up\"} 1",
+            "larder_peer_members{state=\"down\"} 2",
+            "larder_peer_members{state=\"unknown\"} 0",
+            "larder_fill_duration_seconds_bucket{source=\"peer\",le=\"0.005\"} 1",
+            "larder_fill_duration_seconds_count{source=\"peer\"} 1",
             "larder_block_lookups_total{result=\"joined\"} 4",
             "larder_block_lookups_total{result=\"hit\"} 0",
             "larder_origin_errors_total{kind=\"version_changed\"} 5",
@@ -390,12 +497,14 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 26);
+        assert_eq!(families.len(), 31);
+        // No label value names a member.
+        assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }
 
     #[test]
     fn render_of_an_idle_daemon_is_all_zeros_but_the_gauges() {
-        let text = render(&Stats::default().snapshot(), &usage());
+        let text = render(&Stats::default().snapshot(), &usage(), &[]);
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             if !line.starts_with("larder_cache_") || line.contains("_total") {

@@ -92,7 +92,14 @@ fn arbitrary_control_requests_are_answered() {
             block_size: 1 << 20,
             sources: vec![],
         };
-        let control = Control::new(jobs, sealer, fx.stats.clone(), fx.cache.store().clone(), settings);
+        let control = Control::new(
+            jobs,
+            sealer,
+            fx.stats.clone(),
+            fx.cache.store().clone(),
+            settings,
+            None,
+        );
         (control::service(Arc::new(control)), fx)
     });
     let mut runner = TestRunner::new(Config::with_cases(256));

@@ -146,6 +146,30 @@ async fn metrics_count_the_bytes_read_cold_and_warm() {
     assert!(cold.observations("larder_fuse_request_duration_seconds", ("op", "lookup")) > 0.0);
     assert_eq!(cold.value("larder_cache_capacity_bytes", None), CAPACITY as f64);
     assert_eq!(cold.value("larder_origin_retries_total", None), 0.0);
+    // Peers are off: their series are there, at zero.
+    assert_eq!(cold.read_bytes("peer"), 0.0);
+    for result in [
+        "hit",
+        "filled",
+        "miss",
+        "refused",
+        "timeout",
+        "unauthorized",
+        "bad_data",
+    ] {
+        assert_eq!(
+            cold.value("larder_peer_requests_total", Some(("result", result))),
+            0.0,
+            "{result}"
+        );
+    }
+    for state in ["self", "up", "down", "unknown"] {
+        assert_eq!(cold.value("larder_peer_members", Some(("state", state))), 0.0);
+    }
+    assert_eq!(
+        cold.observations("larder_fill_duration_seconds", ("source", "peer")),
+        0.0
+    );
     for kind in ["not_found", "permission", "version_changed", "transient", "other"] {
         assert_eq!(
             cold.value("larder_origin_errors_total", Some(("kind", kind))),
@@ -163,6 +187,11 @@ async fn metrics_count_the_bytes_read_cold_and_warm() {
         "larder_fuse_request_duration_seconds",
         "larder_prefetch_planned_bytes_total",
         "larder_passthrough_open_bytes_total",
+        "larder_peer_requests_total",
+        "larder_peer_fetched_bytes_total",
+        "larder_peer_sent_bytes_total",
+        "larder_peer_refused_requests_total",
+        "larder_peer_members",
     ] {
         assert!(cold.docs.contains_key(name), "no HELP for {name}");
     }
@@ -241,4 +270,72 @@ async fn metrics_off_serves_nothing() {
     let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
     assert!(!log.contains("serving metrics"), "{log}");
     drop(daemon);
+}
+
+/// A daemon given static members lists them in `larder status` (text and JSON), this node
+/// first, and counts them by state in the metrics, with no member id or address in a label.
+#[tokio::test(flavor = "multi_thread")]
+async fn static_peers_show_in_status_and_metrics() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let address = format!("127.0.0.1:{}", free_port());
+    let args = [
+        "--metrics-listen",
+        &address,
+        "--node-id",
+        "node-a",
+        "--rack",
+        "r1",
+        "--peers",
+        "node-a=127.0.0.1:7001@r1,node-b=127.0.0.2:7001@r1,node-c=127.0.0.3:7001@r2",
+    ];
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+
+    let status = daemon.status();
+    let peers = &status["peers"];
+    assert_eq!(peers["node_id"], "node-a", "{status}");
+    assert_eq!(peers["rack"], "r1", "{status}");
+    let members = peers["members"].as_array().expect("members");
+    let listed: Vec<_> = members
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap(), m["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [("node-a", "self"), ("node-b", "unknown"), ("node-c", "unknown")]
+    );
+    assert_eq!(members[2]["address"], "127.0.0.3:7001");
+    assert_eq!(members[2]["rack"], "r2");
+    assert_eq!(members[2]["received_bytes"], 0);
+    assert_eq!(members[2]["failures"], 0);
+
+    let text = daemon.larder(&["status"]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("peers: this node is node-a in rack r1; 2 other members"),
+        "{text}"
+    );
+    assert!(
+        text.contains("peer node-c (rack r2, 127.0.0.3:7001): unknown, 0 failures in a row"),
+        "{text}"
+    );
+
+    let metrics = Metrics::scrape(&address).await;
+    assert_eq!(metrics.value("larder_peer_members", Some(("state", "self"))), 1.0);
+    assert_eq!(
+        metrics.value("larder_peer_members", Some(("state", "unknown"))),
+        2.0
+    );
+    assert_eq!(metrics.value("larder_peer_members", Some(("state", "down"))), 0.0);
+    assert!(metrics.samples.iter().all(|s| {
+        s.labels
+            .values()
+            .all(|v| !v.contains("node-") && !v.contains("127.0.0."))
+    }));
+    let status = tokio::task::spawn_blocking(move || daemon.stop())
+        .await
+        .expect("join")
+        .expect("stop");
+    assert!(status.success(), "exit status {status}");
 }

@@ -54,7 +54,7 @@ fn read_everywhere(rack: &Rack, members: &[usize], size: u64) {
 /// Bytes member `i` served its readers from peers, by its status.
 fn peer_bytes(rack: &Rack, i: usize) -> u64 {
     let status = rack.daemon(i).status();
-    status["served"]["peer"]
+    status["served"]["peer_bytes"]
         .as_u64()
         .unwrap_or_else(|| panic!("no peer bytes in {status}"))
 }
@@ -104,9 +104,14 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
 
     // The same with `larder prefetch --wait` on all four at once.
     let second = 256 * MIB;
-    upload(server.client().expect("client").as_ref(), SECOND, seed(SECOND, 0), second)
-        .await
-        .expect("upload");
+    upload(
+        server.client().expect("client").as_ref(),
+        SECOND,
+        seed(SECOND, 0),
+        second,
+    )
+    .await
+    .expect("upload");
     let before = proxy.body_bytes();
     let (rack, proxy) = tokio::task::spawn_blocking(move || {
         std::thread::scope(|scope| {
@@ -134,12 +139,10 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
     drop(rack);
 }
 
-/// Counters of member `i`'s metrics that name `result` of peer requests, by its status.
-fn peer_requests(rack: &Rack, i: usize, result: &str) -> u64 {
-    let status = rack.daemon(i).status();
-    status["peers"]["requests"][result]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no peer requests {result} in {status}"))
+/// Member `i`'s peer requests that ended with `result`, by its metrics.
+fn peer_requests(rack: &Rack, i: usize, result: &str) -> f64 {
+    let series = format!("larder_peer_requests_total{{result=\"{result}\"}}");
+    rack.metric(i, &series).expect("metrics")
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -147,7 +150,9 @@ async fn a_stalled_owner_costs_a_deadline_and_the_origin_serves_its_runs() {
     let size = 64 * MIB;
     let (_server, proxy) = origin(size).await;
     let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
-    let fake = FakePeer::start(key, Misbehaviour::StallAfterHead).await.expect("fake peer");
+    let fake = FakePeer::start(key, Misbehaviour::StallAfterHead)
+        .await
+        .expect("fake peer");
     let member = format!("f={}@r1", fake.address);
     let (rack, fake) = tokio::task::spawn_blocking(move || {
         let extra = ["--peer-stall-timeout", "1s"];
@@ -157,8 +162,11 @@ async fn a_stalled_owner_costs_a_deadline_and_the_origin_serves_its_runs() {
     })
     .await
     .expect("join");
-    assert!(fake.requests() > 0, "the stalled member owned no run of the model");
-    assert!(peer_requests(&rack, 0, "timeout") > 0);
+    assert!(
+        fake.requests() > 0,
+        "the stalled member owned no run of the model"
+    );
+    assert!(peer_requests(&rack, 0, "timeout") > 0.0);
     assert_eq!(peer_bytes(&rack, 0), 0);
 }
 
@@ -185,8 +193,11 @@ async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes(
                 .collect();
             // Killed once it has sent something to the others.
             let started = Instant::now();
-            while rack.daemon(2).status()["peers"]["sent_bytes"].as_u64().unwrap_or(0) == 0 {
-                assert!(started.elapsed() < Duration::from_secs(60), "n2 never served a peer");
+            while rack.metric(2, "larder_peer_sent_bytes_total").expect("metrics") == 0.0 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "n2 never served a peer"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
             rack.kill9(2).expect("kill n2");
@@ -205,7 +216,9 @@ async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes(
 /// The status line and headers of the answer to `request`, sent as is to `address`.
 fn exchange(address: SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(address).expect("connect");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let _ = stream.write_all(request);
     let mut answer = Vec::new();
     let mut buf = [0; 4096];
@@ -240,7 +253,10 @@ fn signed(key: &ClusterKey, path: &str, node: &str, time_ms: u64, nonce: [u8; 16
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -309,14 +325,18 @@ async fn a_lying_member_is_caught_by_the_sealed_manifest_and_its_bytes_never_ser
     let (rack, liar) = tokio::task::spawn_blocking(move || {
         let rack = Rack::start(Path::new(BIN), &proxy, 1, &[], &[member]).expect("rack");
         let sealed = rack.daemon(0).larder(&["seal", "--wait", "models:llama"]);
-        assert!(sealed.status.success(), "seal: {}", String::from_utf8_lossy(&sealed.stderr));
+        assert!(
+            sealed.status.success(),
+            "seal: {}",
+            String::from_utf8_lossy(&sealed.stderr)
+        );
         read_everywhere(&rack, &[0], size);
         (rack, liar)
     })
     .await
     .expect("join");
     assert!(liar.requests() > 0, "the liar owned no run of the model");
-    assert!(peer_requests(&rack, 0, "bad_data") > 0);
+    assert!(peer_requests(&rack, 0, "bad_data") > 0.0);
     assert_eq!(peer_bytes(&rack, 0), 0);
     // What the cache kept is the origin's: a second read comes from disk, right.
     tokio::task::spawn_blocking(move || read_everywhere(&rack, &[0], size))

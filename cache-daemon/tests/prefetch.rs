@@ -223,9 +223,14 @@ async fn status_counts_bytes_by_source_as_read() {
     assert_eq!(report["served"]["origin_bytes"], 0, "{report}");
     assert_eq!(report["served_recent"]["hit_rate"], 1.0, "{report}");
     assert_eq!(report["capacity_bytes"], 512 * MIB, "{report}");
+    assert_eq!(report["served"]["peer_bytes"], 0, "{report}");
+    assert!(report["peers"].is_null(), "peers are off: {report}");
     let human = daemon.larder(&["status"]);
     assert!(human.status.success());
-    println!("{}", String::from_utf8_lossy(&human.stdout));
+    let text = String::from_utf8_lossy(&human.stdout);
+    println!("{text}");
+    assert!(text.lines().any(|l| l == "peers: off"), "{text}");
+    assert!(text.contains("B from peers"), "{text}");
 }
 
 /// A daemon killed in the middle of a prefetch: after a restart, the same prefetch completes

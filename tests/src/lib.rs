@@ -9,6 +9,8 @@
 //! - [`fixture::CacheFixture`] is a block cache over that server, for the engine's tests.
 //! - [`rack::Rack`] runs several daemons as the members of one rack, on loopback addresses.
 //! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
+//! - [`dns::DnsServer`] answers A/AAAA queries on loopback from a table the test changes, for
+//!   peer membership by DNS.
 //! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS), counts
 //!   the body bytes it returns, and injects a [`Fault`] switched at run time (latency, bandwidth,
 //!   stall after headers, a cut connection, a flipped byte): the TCP fault proxy of process tests.
@@ -16,6 +18,7 @@
 //!   injecting the faults of a [`FaultPlan`].
 
 pub mod daemon;
+pub mod dns;
 pub mod fake_peer;
 mod fault;
 pub mod fixture;

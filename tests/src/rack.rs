@@ -39,6 +39,8 @@ pub struct Rack {
     pub daemons: Vec<Option<DaemonProcess>>,
     /// The members' peer addresses.
     pub addresses: Vec<SocketAddr>,
+    /// The members' metrics addresses.
+    pub metrics: Vec<SocketAddr>,
     /// The cluster key file.
     pub key_file: PathBuf,
     /// Where each member keeps its mount, cache and log.
@@ -69,13 +71,18 @@ impl Rack {
             .collect();
         members.extend(others.iter().cloned());
         let members = members.join(",");
+        let metrics = (0..n)
+            .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let mut daemons = Vec::new();
         let mut dirs = Vec::new();
         for (i, address) in addresses.iter().enumerate() {
             let dir = root.path().join(format!("n{i}"));
             std::fs::create_dir_all(&dir)?;
-            let (id, listen) = (format!("n{i}"), address.to_string());
+            let (id, listen, scrape) = (format!("n{i}"), address.to_string(), metrics[i].to_string());
             let mut args = vec![
+                "--metrics-listen",
+                &scrape,
                 "--node-id",
                 &id,
                 "--rack",
@@ -99,6 +106,7 @@ impl Rack {
         Ok(Self {
             daemons,
             addresses,
+            metrics,
             key_file,
             dirs,
             _root: root,
@@ -114,7 +122,9 @@ impl Rack {
 
     /// Kills member `index` with SIGKILL and detaches the dead mount it leaves.
     pub fn kill9(&mut self, index: usize) -> anyhow::Result<()> {
-        let daemon = self.daemons[index].take().ok_or_else(|| anyhow::anyhow!("member {index} is gone"))?;
+        let daemon = self.daemons[index]
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("member {index} is gone"))?;
         let mount = daemon.mount.clone();
         daemon.kill9()?;
         let path = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes())?;
@@ -123,6 +133,22 @@ impl Rack {
             return Err(std::io::Error::last_os_error().into());
         }
         Ok(())
+    }
+
+    /// The value of the series `series` (name and labels as Prometheus writes them, e.g.
+    /// `larder_peer_requests_total{result="hit"}`) in member `index`'s metrics; 0 if absent.
+    pub fn metric(&self, index: usize, series: &str) -> anyhow::Result<f64> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(self.metrics[index])?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        stream.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text)?;
+        let value = text
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(Ok(0.0), str::parse)?;
+        Ok(value)
     }
 
     /// Member `index`'s log so far.

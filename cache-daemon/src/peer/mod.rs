@@ -17,10 +17,30 @@ mod source;
 
 use std::path::Path;
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use larder_config::PeerConfig;
 use larder_peer_proto::auth::{ClusterKey, KeyError};
+use larder_peer_proto::client::Client;
+
+use crate::members::Hello;
 
 pub use source::PeerSource;
+
+/// Asks the member behind an address who it is (its node id and rack), over the peer
+/// protocol: how members found by DNS get their ids.
+#[derive(Debug)]
+pub struct AskWho(pub Client);
+
+impl Hello for AskWho {
+    fn hello<'a>(&'a self, address: &'a str) -> BoxFuture<'a, Result<(String, String), String>> {
+        async move {
+            let hello = self.0.hello(address).await.map_err(|e| e.to_string())?;
+            Ok((hello.node, hello.rack))
+        }
+        .boxed()
+    }
+}
 
 /// The variable that may hold the cluster secret instead of a file.
 pub const CLUSTER_KEY_VARIABLE: &str = "LARDER_CLUSTER_KEY";

@@ -96,14 +96,23 @@ impl BlockSource for PeerSource {
             let version = object.version();
             let mut last = "this node owns the run".to_owned();
             let mut sealed = None;
-            for (asked, peer) in self.members.owners(&owned).into_iter().take(CANDIDATES_ASKED).enumerate() {
+            for (asked, peer) in self
+                .members
+                .owners(&owned)
+                .into_iter()
+                .take(CANDIDATES_ASKED)
+                .enumerate()
+            {
                 if peer.id == self.members.self_id() {
                     break;
                 }
                 if asked == 0 {
                     // Looked up once per version and kept: where the version is sealed, every
                     // block must match the manifest, which a peer cannot forge.
-                    sealed = self.manifests.for_version(object.origin(), version, block_size).await;
+                    sealed = self
+                        .manifests
+                        .for_version(object.origin(), version, block_size)
+                        .await;
                 }
                 let request = RunRequest {
                     object: object.id().0,
