@@ -51,6 +51,19 @@ fn read_everywhere(rack: &Rack, members: &[usize], size: u64) {
     });
 }
 
+/// Prints how many peer requests of each member failed, and the first failure.
+fn report_failures(rack: &Rack, members: &[usize]) {
+    for &i in members {
+        let log = rack.log(i);
+        let failures: Vec<_> = log.lines().filter(|l| l.contains("rack peer failed")).collect();
+        eprintln!(
+            "n{i}: {} failed peer requests; first: {:?}",
+            failures.len(),
+            failures.first()
+        );
+    }
+}
+
 /// Bytes member `i` served its readers from peers, by its status.
 fn peer_bytes(rack: &Rack, i: usize) -> u64 {
     let status = rack.daemon(i).status();
@@ -79,19 +92,7 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
     .expect("join");
     let (rack, proxy) = rack;
     let fetched = proxy.body_bytes();
-    for i in 0..4 {
-        let failures: Vec<_> = rack
-            .log(i)
-            .lines()
-            .filter(|l| l.contains("rack peer failed"))
-            .map(str::to_owned)
-            .collect();
-        eprintln!(
-            "n{i}: {} failed peer requests; first: {:?}",
-            failures.len(),
-            failures.first()
-        );
-    }
+    report_failures(&rack, &[0, 1, 2, 3]);
     eprintln!("origin sent {fetched} bytes for a model of {size}");
     assert!(
         fetched as f64 <= 1.15 * size as f64,
@@ -205,9 +206,18 @@ async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes(
                 reader.join().expect("reader");
             }
         });
-        for i in [0, 1] {
-            assert!(peer_bytes(&rack, i) > 0, "n{i} read nothing from peers");
-        }
+        report_failures(&rack, &[0, 1]);
+        let fetched = |i| {
+            rack.metric(i, "larder_peer_fetched_bytes_total")
+                .expect("metrics")
+        };
+        assert!(
+            fetched(0) > 0.0 && fetched(1) > 0.0,
+            "a member fetched nothing from peers"
+        );
+        // The kill cut answers short (a connection that broke off counts as refused).
+        let cut = peer_requests(&rack, 0, "refused") + peer_requests(&rack, 1, "refused");
+        assert!(cut > 0.0, "no answer was cut by the kill");
     })
     .await
     .expect("join");
