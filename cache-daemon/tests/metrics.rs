@@ -289,6 +289,10 @@ async fn static_peers_show_in_status_and_metrics() {
         "--peers",
         "node-a=127.0.0.1:7001@r1,node-b=127.0.0.2:7001@r1,node-c=127.0.0.3:7001@r2",
     ];
+    // Peers without a cluster key: refused at start, saying what to give.
+    let refused = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect_err("no key");
+    assert!(refused.to_string().contains("need a cluster key"), "{refused}");
+    let args: Vec<&str> = args.iter().copied().chain(["--peer-insecure"]).collect();
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
 
     let status = daemon.status();

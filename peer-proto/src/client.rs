@@ -21,6 +21,13 @@ use tokio::time::{Instant, timeout_at};
 use crate::auth::{ClusterKey, RequestHead, header};
 use crate::wire::{FRAME_HEADER_LEN, FrameHeader, HELLO_PATH, Hello, RunRequest};
 
+/// Keepalives an owner may send while one block is on its way: with one a second, an owner
+/// whose own origin fill takes longer than this is left for the next tier.
+pub const MAX_KEEPALIVES: u32 = 60;
+
+/// How often an owner waiting for a block tells its asker it is alive.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+
 /// Response header saying whether the owner had every block of the run before it answered.
 pub const RUN_HIT_HEADER: &str = "x-larder-run";
 
@@ -110,9 +117,11 @@ impl Client {
             .is_some_and(|value| value == "hit");
         let mut body = response.into_body();
         let mut pending = BytesMut::new();
-        for index in request.first..request.first + request.count {
+        let mut deadline = Instant::now() + self.stall_timeout;
+        let mut index = request.first;
+        let mut waited = 0;
+        while index < request.first + request.count {
             let want = request.block_len(index) as usize;
-            let mut deadline = Instant::now() + self.stall_timeout;
             // The header, then the block's bytes, each deadline from the last bytes received.
             while pending.len() < FRAME_HEADER_LEN {
                 pull(&mut body, &mut pending, &mut deadline, self.stall_timeout).await?;
@@ -125,6 +134,16 @@ impl Client {
             {
                 return Err(PeerError::BadTag(head.index));
             }
+            if head.is_keepalive() {
+                // The owner is alive and still waiting for the block (its own origin is slow):
+                // its bytes moved the stall deadline on, for a bounded number of times.
+                waited += 1;
+                if waited > MAX_KEEPALIVES {
+                    return Err(PeerError::Timeout("the owner kept a block waiting too long"));
+                }
+                continue;
+            }
+            waited = 0;
             if head.index != index || head.len as usize != want {
                 return Err(PeerError::BadData {
                     index,
@@ -139,6 +158,7 @@ impl Client {
             }
             let bytes = pending.split_to(want).freeze();
             on_block(&head, bytes).map_err(|reason| PeerError::BadData { index, reason })?;
+            index += 1;
         }
         Ok(RunAnswer { hit })
     }

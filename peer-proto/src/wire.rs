@@ -6,7 +6,8 @@
 //! fetch anything else), the key, the version it pins (ETag or version id), the size, the block
 //! size both sides cut it into, and the blocks. The answer is the blocks in order, each a
 //! [`FrameHeader`] (index, length, BLAKE3, and the tag that authenticates them; see
-//! [`crate::auth`]) followed by its bytes. An answer that stops early gives the blocks it gave.
+//! [`crate::auth`]) followed by its bytes, with keepalive frames (a header alone) between them
+//! while the owner waits for a block. An answer that stops early gives the blocks it gave.
 
 use url::form_urlencoded;
 
@@ -208,7 +209,17 @@ pub struct FrameHeader {
     pub tag: [u8; 32],
 }
 
+/// The index of a keepalive frame: no block, sent by an owner still waiting for the next one.
+pub const KEEPALIVE_INDEX: u32 = u32::MAX;
+
 impl FrameHeader {
+    /// Whether this is a keepalive (index [`KEEPALIVE_INDEX`], no bytes, zero hash): the
+    /// owner is alive and waiting for its origin. It is tagged like a block, so nothing on
+    /// the path can keep an asker waiting.
+    pub fn is_keepalive(&self) -> bool {
+        self.index == KEEPALIVE_INDEX && self.len == 0 && self.hash == [0; 32]
+    }
+
     /// The header's bytes: index and length little-endian, then hash and tag.
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
         let mut out = [0; FRAME_HEADER_LEN];

@@ -24,9 +24,9 @@ use hyper::body::Frame;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use larder_peer_proto::auth::Verifier;
-use larder_peer_proto::client::RUN_HIT_HEADER;
+use larder_peer_proto::client::{KEEPALIVE_EVERY, RUN_HIT_HEADER};
 use larder_peer_proto::server::{Sender, authenticate, frame};
-use larder_peer_proto::wire::{HELLO_PATH, Hello, RUN_PATH, RunRequest};
+use larder_peer_proto::wire::{HELLO_PATH, Hello, KEEPALIVE_INDEX, RUN_PATH, RunRequest};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -211,7 +211,23 @@ impl PeerListener {
             let _slot = slot;
             let send = async {
                 for index in blocks {
-                    let bytes = match listener.cache.block_for_peer(&object, index).await {
+                    // While the block is on its way (from this node's origin), a keepalive a
+                    // second tells the asker this owner is alive, so that it does not take the
+                    // run to the origin too.
+                    let block = listener.cache.block_for_peer(&object, index);
+                    tokio::pin!(block);
+                    let keepalive = frame(key.as_ref(), &sender.nonce, KEEPALIVE_INDEX, 0, [0; 32]).encode();
+                    let bytes = loop {
+                        tokio::select! {
+                            got = &mut block => break got,
+                            () = tokio::time::sleep(KEEPALIVE_EVERY) => {
+                                if tx.send(Bytes::copy_from_slice(&keepalive)).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    let bytes = match bytes {
                         Ok(bytes) => bytes,
                         Err(error) => {
                             tracing::debug!(%error, index, "a block asked by a peer could not be had");
