@@ -15,6 +15,7 @@
 
 mod common;
 mod engine;
+mod fleet;
 mod mount;
 
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ enum Command {
     Engine(EngineArgs),
     /// Reads through kernel mounts: Larder, rclone and s3fs-fuse against the limit.
     Mount(MountArgs),
+    /// N daemons in network namespaces read one model at once, without and with rack peers.
+    Fleet(FleetArgs),
 }
 
 /// Arguments of `larder-bench engine`.
@@ -107,6 +110,38 @@ pub(crate) struct MountArgs {
     out: Option<PathBuf>,
 }
 
+/// Arguments of `larder-bench fleet`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FleetArgs {
+    /// Nodes: daemons, each in a network namespace of its own.
+    #[arg(long, default_value_t = 4)]
+    nodes: usize,
+    /// Size of the model every node reads.
+    #[arg(long, default_value = "1GiB")]
+    size: ByteSize,
+    /// Bandwidth of the origin's link, shared by all nodes, in bytes a second.
+    #[arg(long, default_value = "100MB")]
+    origin_rate: ByteSize,
+    /// Bandwidth of each node's link to the rack, each way, in bytes a second.
+    #[arg(long, default_value = "1250MB")]
+    rack_rate: ByteSize,
+    /// Rounds, each without peers and then with; the report gives the median and the spread.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The `larder` binary under test.
+    #[arg(long, default_value = "target/release/larder")]
+    larder: PathBuf,
+    /// The SeaweedFS binary (`bench/setup` installs it in bench/.venv).
+    #[arg(long, default_value = "bench/.venv/bin/weed")]
+    weed: PathBuf,
+    /// Where mounts and cache dirs go (the disk under test).
+    #[arg(long, default_value = "bench/work")]
+    work_dir: PathBuf,
+    /// Write the report to this file as well as to stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
@@ -115,6 +150,19 @@ async fn main() -> anyhow::Result<()> {
             // The mount benchmark blocks on file reads; the runtime keeps serving the proxy.
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || mount::run(args, &runtime)).await?
+        }
+        Command::Fleet(args) => {
+            let runtime = tokio::runtime::Handle::current();
+            let mut run = tokio::task::spawn_blocking(move || fleet::run(args, &runtime));
+            // Ctrl-C stops the daemons; the run then fails and deletes its namespaces.
+            tokio::select! {
+                result = &mut run => result?,
+                _ = tokio::signal::ctrl_c() => {
+                    eprintln!("interrupted: stopping the daemons and deleting the namespaces");
+                    fleet::interrupt();
+                    run.await?
+                }
+            }
         }
     }
 }
@@ -133,5 +181,17 @@ mod tests {
         assert_eq!((args.rounds, args.small_files, args.readers), (5, 10_000, 16));
         assert_eq!(args.larder, PathBuf::from("target/release/larder"));
         assert!(!args.no_rclone && !args.no_s3fs && args.out.is_none());
+    }
+
+    #[test]
+    fn fleet_defaults_are_four_nodes_behind_a_100_mb_s_origin() {
+        let Command::Fleet(args) = Cli::try_parse_from(["larder-bench", "fleet"]).unwrap().command else {
+            panic!("not the fleet command");
+        };
+        assert_eq!((args.nodes, args.rounds), (4, 3));
+        assert_eq!(args.size, ByteSize::gib(1));
+        assert_eq!(args.origin_rate.as_u64(), 100_000_000);
+        assert_eq!(args.rack_rate.as_u64(), 1_250_000_000);
+        assert!(args.out.is_none());
     }
 }

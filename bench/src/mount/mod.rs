@@ -9,7 +9,7 @@
 mod measure;
 mod report;
 mod systems;
-mod workloads;
+pub(crate) mod workloads;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -72,7 +72,7 @@ fn in_threads(
 }
 
 /// Reads `path` from start to end in `READ_SIZE` requests; returns (bytes, requests).
-fn read_whole(path: &Path) -> std::io::Result<(u64, u64)> {
+pub(crate) fn read_whole(path: &Path) -> std::io::Result<(u64, u64)> {
     let mut file = File::open(path)?;
     let mut buf = vec![0u8; READ_SIZE];
     let (mut bytes, mut ops) = (0, 0);
