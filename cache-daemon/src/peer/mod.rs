@@ -9,8 +9,9 @@
 //! Every block from a peer is checked before it reaches a reader or the cache: its tag under
 //! the cluster key and the request's nonce, its place and length in the run, its bytes
 //! against its BLAKE3. A peer that is down, slow, or sends anything wrong costs at most the
-//! first-byte or stall deadline; the member's circuit opens, and the rest of the run comes
-//! from the next candidate or the origin. A peer never fails a read.
+//! first-byte or stall deadline; the member's circuit opens (its runs go to the next member
+//! by rank meanwhile), and the rest of the run comes from the origin. A peer never fails a
+//! read.
 
 pub mod listener;
 mod source;

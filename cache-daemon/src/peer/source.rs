@@ -1,5 +1,4 @@
-//! The peer tier of the fill path: ask the run's owner, then the next candidate, before the
-//! origin.
+//! The peer tier of the fill path: ask the run's owner before the origin.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -17,9 +16,6 @@ use crate::manifest::Manifests;
 use crate::members::Membership;
 use crate::object::ObjectVersion;
 use crate::stats::{Stats, add};
-
-/// Owners asked for one run at most, before the origin.
-const CANDIDATES_ASKED: usize = 2;
 
 /// Asks rack peers for runs.
 #[derive(Debug)]
@@ -93,69 +89,62 @@ impl BlockSource for PeerSource {
                 object: object.id().0,
                 part: u64::from(first / run.part_blocks()),
             };
+            // Only the owner is asked. A fallback member would have to fill the run from the
+            // origin too, a second copy of it; a member whose circuit is open is left out of
+            // the ranking, so the next one becomes the owner of its runs for everyone.
+            let Some(peer) = self.members.owners(&owned).into_iter().next() else {
+                return Err(ReadError::Peer("no members".into()));
+            };
+            if peer.id == self.members.self_id() {
+                return Err(ReadError::Peer("this node owns the run".into()));
+            }
             let version = object.version();
-            let mut last = "this node owns the run".to_owned();
-            let mut sealed = None;
-            for (asked, peer) in self
-                .members
-                .owners(&owned)
-                .into_iter()
-                .take(CANDIDATES_ASKED)
-                .enumerate()
-            {
-                if peer.id == self.members.self_id() {
-                    break;
+            // Looked up once per version and kept: where the version is sealed, every block
+            // must match the manifest, which a peer cannot forge.
+            let sealed = self
+                .manifests
+                .for_version(object.origin(), version, block_size)
+                .await;
+            let request = RunRequest {
+                object: object.id().0,
+                source: object.origin().name().to_owned(),
+                key: version.key.clone(),
+                version: version_tag(version),
+                size: version.size,
+                block_size,
+                first: run.next_block(),
+                count: run.blocks_left(),
+            };
+            let started = Instant::now();
+            let mut received = 0;
+            let answer = self
+                .client
+                .fetch_run(&peer.address, &request, |head, bytes| {
+                    let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
+                    run.push_from_peer(head.index, &bytes, head.hash, expected)?;
+                    received += bytes.len() as u64;
+                    Ok(())
+                })
+                .await;
+            add(&self.stats.peer_fetched_bytes, received);
+            self.members.received(&peer.id, received);
+            match answer {
+                Ok(answer) => {
+                    let counter = if answer.hit {
+                        &self.stats.peer_requests_hit
+                    } else {
+                        &self.stats.peer_requests_filled
+                    };
+                    add(counter, 1);
+                    self.stats.latency.fill_peer.observe(started.elapsed());
+                    self.members.succeeded(&peer.id);
+                    Ok(())
                 }
-                if asked == 0 {
-                    // Looked up once per version and kept: where the version is sealed, every
-                    // block must match the manifest, which a peer cannot forge.
-                    sealed = self
-                        .manifests
-                        .for_version(object.origin(), version, block_size)
-                        .await;
-                }
-                let request = RunRequest {
-                    object: object.id().0,
-                    source: object.origin().name().to_owned(),
-                    key: version.key.clone(),
-                    version: version_tag(version),
-                    size: version.size,
-                    block_size,
-                    first: run.next_block(),
-                    count: run.blocks_left(),
-                };
-                let started = Instant::now();
-                let mut received = 0;
-                let answer = self
-                    .client
-                    .fetch_run(&peer.address, &request, |head, bytes| {
-                        let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
-                        run.push_from_peer(head.index, &bytes, head.hash, expected)?;
-                        received += bytes.len() as u64;
-                        Ok(())
-                    })
-                    .await;
-                add(&self.stats.peer_fetched_bytes, received);
-                self.members.received(&peer.id, received);
-                match answer {
-                    Ok(answer) => {
-                        let counter = if answer.hit {
-                            &self.stats.peer_requests_hit
-                        } else {
-                            &self.stats.peer_requests_filled
-                        };
-                        add(counter, 1);
-                        self.stats.latency.fill_peer.observe(started.elapsed());
-                        self.members.succeeded(&peer.id);
-                        return Ok(());
-                    }
-                    Err(error) => {
-                        self.failed(&peer.id, &error);
-                        last = format!("{}: {error}", peer.id);
-                    }
+                Err(error) => {
+                    self.failed(&peer.id, &error);
+                    Err(ReadError::Peer(format!("{}: {error}", peer.id).into()))
                 }
             }
-            Err(ReadError::Peer(last.into()))
         }
         .boxed()
     }
