@@ -29,6 +29,26 @@ pub fn write_key_file(dir: &Path, secret: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The flags that make a daemon member `id` of rack `r1`, listening on `listen`, with
+/// `members` (`ID=HOST:PORT@RACK,...`) and the key in `key_file`.
+pub fn member_args(id: &str, listen: &str, members: &str, key_file: &Path) -> Vec<String> {
+    let key_file = key_file.to_string_lossy();
+    [
+        "--node-id",
+        id,
+        "--rack",
+        "r1",
+        "--peer-listen",
+        listen,
+        "--peers",
+        members,
+        "--cluster-key-file",
+        &key_file,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// A secret for tests.
 pub const SECRET: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -79,22 +99,14 @@ impl Rack {
         for (i, address) in addresses.iter().enumerate() {
             let dir = root.path().join(format!("n{i}"));
             std::fs::create_dir_all(&dir)?;
-            let (id, listen, scrape) = (format!("n{i}"), address.to_string(), metrics[i].to_string());
-            let mut args = vec![
-                "--metrics-listen",
-                &scrape,
-                "--node-id",
-                &id,
-                "--rack",
-                "r1",
-                "--peer-listen",
-                &listen,
-                "--peers",
+            let mut owned = vec!["--metrics-listen".to_owned(), metrics[i].to_string()];
+            owned.extend(member_args(
+                &format!("n{i}"),
+                &address.to_string(),
                 &members,
-                "--cluster-key-file",
-            ];
-            let key = key_file.to_string_lossy().into_owned();
-            args.push(&key);
+                &key_file,
+            ));
+            let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
             args.extend_from_slice(extra);
             // Failed peer requests are logged at debug: the log says why a run went elsewhere.
             let log = [("LARDER_LOG", "info,larder_cache_daemon::peer=debug")];

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use larder_tests::daemon::DaemonProcess;
-use larder_tests::rack::{SECRET, write_key_file};
+use larder_tests::rack::{SECRET, member_args, write_key_file};
 use larder_tests::seaweed::Seaweed;
 use larder_tests::{Bucket, RecordingProxy};
 use tokio::runtime::Handle;
@@ -153,25 +153,14 @@ impl Fleet<'_> {
             .map(|i| format!("n{i}={}:{PEER_PORT}@r1", node_ip(i)))
             .collect::<Vec<_>>()
             .join(",");
-        let key_file = self.key_file.to_string_lossy();
         let daemons = (0..self.args.nodes)
             .map(|i| {
                 let (id, listen) = (format!("n{i}"), format!("{}:{PEER_PORT}", node_ip(i)));
-                let mut flags = vec!["--metrics-listen", "off"];
+                let mut owned = vec!["--metrics-listen".to_owned(), "off".to_owned()];
                 if peers {
-                    flags.extend([
-                        "--node-id",
-                        &id,
-                        "--rack",
-                        "r1",
-                        "--peer-listen",
-                        &listen,
-                        "--peers",
-                        &members,
-                        "--cluster-key-file",
-                        &key_file,
-                    ]);
+                    owned.extend(member_args(&id, &listen, &members, self.key_file));
                 }
+                let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
                 let dir = dirs.path().join(&id);
                 in_netns(self.network.node(i), || {
                     DaemonProcess::start(&self.args.larder, &Origin, &dir, &flags)
