@@ -60,7 +60,7 @@ impl From<ReadError> for FsError {
             }
             error @ (ReadError::Abandoned | ReadError::Peer(_)) => FsError::new(FsErrorKind::Io, error),
             // Reads are served when a block cannot be stored; a fill job reports it itself.
-            error @ ReadError::NotStored => FsError::new(FsErrorKind::Io, error),
+            error @ ReadError::NotStored(_) => FsError::new(FsErrorKind::Io, error),
         }
     }
 }
@@ -180,7 +180,7 @@ mod tests {
                 mapped.cause_chain()
             );
         }
-        for error in [ReadError::Abandoned, ReadError::NotStored] {
+        for error in [ReadError::Abandoned, ReadError::NotStored("no room".into())] {
             let text = error.to_string();
             let mapped = FsError::from(error);
             assert_eq!(

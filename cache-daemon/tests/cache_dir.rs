@@ -135,3 +135,23 @@ async fn writes_skipped_for_free_space_are_explained_once() {
         .count();
     assert_eq!(explained, 1, "{log}");
 }
+
+/// A prefetch into a cache that cannot keep its blocks fails, and says why: a job cannot be
+/// done when its blocks are not in the cache.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetch_whose_blocks_cannot_be_kept_fails_naming_why() {
+    let keys = ["m/a.bin"];
+    let server = server(&keys).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--min-free-fraction", "0.999"];
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    tokio::task::block_in_place(|| {
+        let output = daemon.larder(&["prefetch", "--wait", "models:m/a.bin"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "the prefetch succeeded: {stderr}");
+        assert!(
+            stderr.contains("could not be stored") && stderr.contains("cache.min_free_fraction"),
+            "{stderr}"
+        );
+    });
+}

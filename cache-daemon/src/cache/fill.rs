@@ -334,6 +334,7 @@ impl Cache {
                 .write_block(&object.version, index, &block, served)
                 .await
             {
+                cache.remember_unstored((object.id, index), &error);
                 let stats = &cache.inner.stats;
                 match error {
                     // Lasts until pins go or space is freed: said once, then only counted.

@@ -64,10 +64,11 @@ pub enum ReadError {
     /// source's error on the way to the next one: the origin comes after the peers.
     #[error("no rack peer supplied the blocks: {0}")]
     Peer(Arc<str>),
-    /// The block was fetched but could not be written to the cache (no space that is not
-    /// pinned, or a disk error). Only [`Cache::fill`] reports it; reads are served anyway.
-    #[error("the block was fetched but could not be stored in the cache")]
-    NotStored,
+    /// The block was fetched but is not in the cache: its write failed (no space that is not
+    /// pinned, or a disk error), or it was evicted at once. Only [`Cache::fill`] reports it;
+    /// reads are served anyway.
+    #[error("the block was fetched but could not be stored in the cache: {0}")]
+    NotStored(Arc<str>),
 }
 
 /// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
@@ -160,6 +161,9 @@ struct Inner {
     inflight: Mutex<HashMap<BlockKey, SharedFill>>,
     /// Blocks whose fill failed less than [`FAILED_FILL_MEMORY`] ago, with the error and when.
     failed: Mutex<HashMap<BlockKey, (ReadError, Instant)>>,
+    /// Blocks whose cache write failed less than [`FAILED_FILL_MEMORY`] ago, with why and
+    /// when: what [`Cache::fill`] tells its job.
+    unstored: Mutex<HashMap<BlockKey, (Arc<str>, Instant)>>,
     /// Blocks fetched but not yet written: bounds the memory a fast origin and a slow disk
     /// can pile up.
     write_permits: Arc<Semaphore>,
@@ -211,6 +215,7 @@ impl Cache {
                 sources: peers.into_iter().chain([Arc::new(origin) as _]).collect(),
                 inflight: Mutex::new(HashMap::new()),
                 failed: Mutex::new(HashMap::new()),
+                unstored: Mutex::new(HashMap::new()),
                 write_permits: Arc::new(Semaphore::new(write_behind as usize)),
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
@@ -362,7 +367,9 @@ impl Cache {
                 return Ok(true);
             }
             if !inner.inflight.lock().contains_key(&key) {
-                return Err(ReadError::NotStored);
+                let why = inner.unstored.lock().remove(&key).map(|(why, _)| why);
+                let why = why.unwrap_or_else(|| "it was evicted as soon as it was written".into());
+                return Err(ReadError::NotStored(why));
             }
             written.await;
         }
@@ -389,6 +396,15 @@ impl Cache {
         for index in blocks {
             failed.insert((object, index), (error.clone(), now));
         }
+    }
+
+    /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
+    /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
+    fn remember_unstored(&self, key: BlockKey, error: &StoreError) {
+        let now = Instant::now();
+        let mut unstored = self.inner.unstored.lock();
+        unstored.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
+        unstored.insert(key, (error.to_string().into(), now));
     }
 
     /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or
