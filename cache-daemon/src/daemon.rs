@@ -23,6 +23,7 @@ use larder_config::{Config, ConfigArgs, ConfigError, PeerConfig};
 use larder_fuse_mount::{Detached, MountOptions, detach};
 use larder_peer_proto::auth::{ClusterKey, Verifier};
 use larder_peer_proto::client::Client;
+use larder_peer_proto::tls::{self, Connector, TlsError};
 use larder_peer_proto::wire::Hello;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -103,6 +104,9 @@ pub enum DaemonError {
     /// Rack peers cannot start (no usable cluster key).
     #[error(transparent)]
     Peer(#[from] PeerSetupError),
+    /// The peer TLS files cannot be used.
+    #[error("rack peer TLS (peer.tls_cert, peer.tls_key, peer.tls_ca): {0}")]
+    PeerTls(#[from] TlsError),
     /// The peer listener cannot be bound.
     #[error("cannot listen for rack peers on {address} (peer.listen): {source}")]
     PeerListen {
@@ -322,6 +326,8 @@ struct Peers {
     hello: Hello,
     client: Client,
     members: Option<Membership>,
+    /// The listener's TLS, when it speaks TLS.
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Peers {
@@ -341,12 +347,19 @@ impl Peers {
             node: node.clone(),
             rack: config.rack.clone(),
         };
-        let client = Client::new(
+        let mut client = Client::new(
             key.clone(),
             node.clone(),
             config.first_byte_timeout,
             config.stall_timeout,
         );
+        if let Some(ca) = &config.tls_ca {
+            client = client.with_tls(Connector::new(ca, &config.tls_name)?);
+        }
+        let acceptor = match (&config.tls_cert, &config.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+            _ => None,
+        };
         let members = config
             .enabled()
             .then(|| Membership::new(config, node, config.rack.clone()));
@@ -355,6 +368,7 @@ impl Peers {
             hello,
             client,
             members,
+            acceptor,
         })
     }
 
@@ -373,7 +387,8 @@ impl Peers {
             .map_err(|source| DaemonError::PeerListen { address, source })?;
         let bound = listener.local_addr().unwrap_or(address);
         let authenticated = self.key.is_some();
-        tracing::info!(address = %bound, node = %self.hello.node, authenticated, "serving rack peers");
+        let tls = self.acceptor.is_some();
+        tracing::info!(address = %bound, node = %self.hello.node, authenticated, tls, "serving rack peers");
         let service = PeerListener::new(
             self.key.clone().map(Verifier::new),
             self.hello.clone(),
@@ -381,12 +396,16 @@ impl Peers {
             origins,
             stats.clone(),
         );
-        Ok(tokio::spawn(http::serve(
-            listener,
-            peer::listener::service(service),
-            peer::listener::LIMITS,
-            stop,
-        )))
+        let (service, limits) = (peer::listener::service(service), peer::listener::LIMITS);
+        Ok(match self.acceptor.clone() {
+            Some(acceptor) => tokio::spawn(http::serve(
+                http::TlsListener::new(listener, acceptor),
+                service,
+                limits,
+                stop,
+            )),
+            None => tokio::spawn(http::serve(listener, service, limits, stop)),
+        })
     }
 }
 

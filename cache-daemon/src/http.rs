@@ -83,28 +83,79 @@ pub enum Client {
 
 /// A socket that accepts connections.
 pub trait Listener: Send + 'static {
-    /// A connection.
-    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// An accepted connection.
+    type Io: Send + 'static;
+    /// A connection ready for HTTP: the accepted one, or a TLS session over it.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
 
     /// The next connection and who it is from.
     fn accept(&self) -> impl Future<Output = io::Result<(Self::Io, Client)>> + Send;
+
+    /// Readies an accepted connection for HTTP. It runs on the connection's own task, once
+    /// the connection is admitted, within `read_timeout`: a client that stalls its TLS
+    /// handshake holds one connection of its own, never the accept loop.
+    fn handshake(&self, io: Self::Io) -> impl Future<Output = io::Result<Self::Stream>> + Send + 'static;
 }
 
 impl Listener for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
+    type Stream = tokio::net::TcpStream;
 
     async fn accept(&self) -> io::Result<(Self::Io, Client)> {
         let (stream, peer) = tokio::net::TcpListener::accept(self).await?;
         Ok((stream, Client::Ip(peer.ip())))
     }
+
+    fn handshake(&self, io: Self::Io) -> impl Future<Output = io::Result<Self::Stream>> + Send + 'static {
+        std::future::ready(Ok(io))
+    }
 }
 
 impl Listener for tokio::net::UnixListener {
     type Io = tokio::net::UnixStream;
+    type Stream = tokio::net::UnixStream;
 
     async fn accept(&self) -> io::Result<(Self::Io, Client)> {
         let (stream, _) = tokio::net::UnixListener::accept(self).await?;
         Ok((stream, Client::Local))
+    }
+
+    fn handshake(&self, io: Self::Io) -> impl Future<Output = io::Result<Self::Stream>> + Send + 'static {
+        std::future::ready(Ok(io))
+    }
+}
+
+/// A TCP listener whose connections speak TLS only.
+pub struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl std::fmt::Debug for TlsListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsListener")
+            .field("tcp", &self.tcp)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsListener {
+    /// Serves TLS with `acceptor` on `tcp`.
+    pub fn new(tcp: tokio::net::TcpListener, acceptor: tokio_rustls::TlsAcceptor) -> Self {
+        Self { tcp, acceptor }
+    }
+}
+
+impl Listener for TlsListener {
+    type Io = tokio::net::TcpStream;
+    type Stream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+    async fn accept(&self) -> io::Result<(Self::Io, Client)> {
+        Listener::accept(&self.tcp).await
+    }
+
+    fn handshake(&self, io: Self::Io) -> impl Future<Output = io::Result<Self::Stream>> + Send + 'static {
+        self.acceptor.accept(io)
     }
 }
 
@@ -177,11 +228,27 @@ pub async fn serve<L: Listener, S: Service>(
             continue;
         };
         let (service, connections, cancel) = (service.clone(), connections.clone(), cancel.clone());
+        let handshake = listener.handshake(io);
         tracker.spawn(async move {
             // Gives the connection's room back however it ends, a panic included.
             let _registered = Registered {
                 connections,
                 id: admitted.id,
+            };
+            let io = tokio::select! {
+                io = tokio::time::timeout(limits.read_timeout, handshake) => match io {
+                    Ok(Ok(io)) => io,
+                    Ok(Err(error)) => {
+                        tracing::debug!(?client, %error, "handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(?client, "no handshake within the read timeout");
+                        return;
+                    }
+                },
+                () = admitted.evict.cancelled() => return,
+                () = cancel.cancelled() => return,
             };
             connection(io, service, limits, admitted, cancel).await;
         });

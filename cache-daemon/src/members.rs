@@ -139,26 +139,6 @@ impl Membership {
     /// The membership of the config's static members (and this node), with this node as
     /// `self_id` in `self_rack`. DNS members come once [`Membership::spawn_dns`] runs.
     pub fn new(config: &PeerConfig, self_id: String, self_rack: String) -> Self {
-        Self::build(config, self_id, self_rack, None)
-    }
-
-    /// As [`Membership::new`], but `peer.dns` is resolved by asking `nameserver` (UDP) only,
-    /// instead of the servers of the system's resolver config; for tests.
-    pub fn with_resolver(
-        config: &PeerConfig,
-        self_id: String,
-        self_rack: String,
-        nameserver: SocketAddr,
-    ) -> Self {
-        Self::build(config, self_id, self_rack, Some(nameserver))
-    }
-
-    fn build(
-        config: &PeerConfig,
-        self_id: String,
-        self_rack: String,
-        nameserver: Option<SocketAddr>,
-    ) -> Self {
         let mut state = State {
             self_address: config.listen.map(|a| a.to_string()).unwrap_or_default(),
             ..State::default()
@@ -178,7 +158,7 @@ impl Membership {
                 name: name.to_owned(),
                 port: port.parse().ok()?,
                 interval: config.dns_interval,
-                nameserver,
+                nameserver: config.dns_server,
             })
         });
         Self {

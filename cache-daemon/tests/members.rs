@@ -93,10 +93,11 @@ async fn dns_members_join_and_leave_and_only_their_runs_move() {
     let config = PeerConfig {
         dns: Some(format!("{NAME}:{PORT}")),
         dns_interval: Duration::from_millis(100),
+        dns_server: Some(dns.address),
         members: vec!["s=127.0.0.9:7070@r1".parse().unwrap()],
         ..PeerConfig::default()
     };
-    let membership = Membership::with_resolver(&config, "a".into(), "r1".into(), dns.address);
+    let membership = Membership::new(&config, "a".into(), "r1".into());
     let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
     membership.spawn_dns(&tasks, stop.clone(), hello.clone());
 

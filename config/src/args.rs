@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -274,6 +275,16 @@ struct Flags {
     )]
     peer_dns_interval: Option<OsString>,
 
+    /// The DNS server asked for the peers' DNS name, as ADDR:PORT (UDP); default the
+    /// system's resolver config [peer.dns_server].
+    #[arg(
+        long,
+        env = "LARDER_PEER_DNS_SERVER",
+        value_name = "ADDR:PORT",
+        help_heading = "Peers"
+    )]
+    peer_dns_server: Option<OsString>,
+
     /// File holding the cluster secret, mode 0600; or put the secret in LARDER_CLUSTER_KEY
     /// [peer.cluster_key_file].
     #[arg(
@@ -314,6 +325,39 @@ struct Flags {
         help_heading = "Peers"
     )]
     peer_stall_timeout: Option<OsString>,
+
+    /// This node's certificate chain (PEM): the peer listener speaks TLS only [peer.tls_cert].
+    #[arg(
+        long,
+        env = "LARDER_PEER_TLS_CERT",
+        value_name = "PATH",
+        help_heading = "Peers"
+    )]
+    peer_tls_cert: Option<OsString>,
+
+    /// The private key (PEM) of the peer certificate [peer.tls_key].
+    #[arg(
+        long,
+        env = "LARDER_PEER_TLS_KEY",
+        value_name = "PATH",
+        help_heading = "Peers"
+    )]
+    peer_tls_key: Option<OsString>,
+
+    /// The CA (PEM) members' certificates chain to: peers are asked over TLS only
+    /// [peer.tls_ca].
+    #[arg(long, env = "LARDER_PEER_TLS_CA", value_name = "PATH", help_heading = "Peers")]
+    peer_tls_ca: Option<OsString>,
+
+    /// The name every member's certificate is issued for, default "larder-peer"
+    /// [peer.tls_name].
+    #[arg(
+        long,
+        env = "LARDER_PEER_TLS_NAME",
+        value_name = "NAME",
+        help_heading = "Peers"
+    )]
+    peer_tls_name: Option<OsString>,
 
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
@@ -774,6 +818,12 @@ impl ConfigArgs {
         for (target, value, key, id) in [
             (&mut peer.node_id, &flags.node_id, "peer.node_id", "node_id"),
             (&mut peer.rack, &flags.rack, "peer.rack", "rack"),
+            (
+                &mut peer.tls_name,
+                &flags.peer_tls_name,
+                "peer.tls_name",
+                "peer_tls_name",
+            ),
         ] {
             set(names, target, value, key, id, |text| {
                 Ok::<_, String>(text.to_owned())
@@ -795,13 +845,38 @@ impl ConfigArgs {
             "peer_dns",
             |text| Ok::<_, String>(Some(text.to_owned())),
         )?;
+        for (target, value, key, id) in [
+            (
+                &mut peer.cluster_key_file,
+                &flags.cluster_key_file,
+                "peer.cluster_key_file",
+                "cluster_key_file",
+            ),
+            (
+                &mut peer.tls_cert,
+                &flags.peer_tls_cert,
+                "peer.tls_cert",
+                "peer_tls_cert",
+            ),
+            (
+                &mut peer.tls_key,
+                &flags.peer_tls_key,
+                "peer.tls_key",
+                "peer_tls_key",
+            ),
+            (&mut peer.tls_ca, &flags.peer_tls_ca, "peer.tls_ca", "peer_tls_ca"),
+        ] {
+            set(names, target, value, key, id, |text| {
+                Ok::<_, String>(Some(PathBuf::from(text)))
+            })?;
+        }
         set(
             names,
-            &mut peer.cluster_key_file,
-            &flags.cluster_key_file,
-            "peer.cluster_key_file",
-            "cluster_key_file",
-            |text| Ok::<_, String>(Some(PathBuf::from(text))),
+            &mut peer.dns_server,
+            &flags.peer_dns_server,
+            "peer.dns_server",
+            "peer_dns_server",
+            |text| text.parse::<SocketAddr>().map(Some),
         )?;
         set(
             names,
@@ -1004,10 +1079,15 @@ mod tests {
             ("peers", "LARDER_PEERS"),
             ("peer-dns", "LARDER_PEER_DNS"),
             ("peer-dns-interval", "LARDER_PEER_DNS_INTERVAL"),
+            ("peer-dns-server", "LARDER_PEER_DNS_SERVER"),
             ("cluster-key-file", "LARDER_CLUSTER_KEY_FILE"),
             ("peer-insecure", "LARDER_PEER_INSECURE"),
             ("peer-first-byte-timeout", "LARDER_PEER_FIRST_BYTE_TIMEOUT"),
             ("peer-stall-timeout", "LARDER_PEER_STALL_TIMEOUT"),
+            ("peer-tls-cert", "LARDER_PEER_TLS_CERT"),
+            ("peer-tls-key", "LARDER_PEER_TLS_KEY"),
+            ("peer-tls-ca", "LARDER_PEER_TLS_CA"),
+            ("peer-tls-name", "LARDER_PEER_TLS_NAME"),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),
@@ -1395,6 +1475,10 @@ mod tests {
         config.peer.members.push("a=h:1".parse().unwrap());
         config.peer.dns = Some("h:1".into());
         config.peer.cluster_key_file = Some("k".into());
+        config.peer.dns_server = Some("127.0.0.1:53".parse().unwrap());
+        config.peer.tls_cert = Some("c".into());
+        config.peer.tls_key = Some("k".into());
+        config.peer.tls_ca = Some("a".into());
         let value = toml::Value::try_from(&config).unwrap();
         let mut schema = BTreeSet::new();
         keys("", &value, &mut schema);

@@ -44,10 +44,15 @@
 //! members = ["gpu-017=10.0.3.17:7470@r12", "gpu-018=10.0.3.18:7470@r12"]
 //! dns = "larder-peers.larder.svc:7470"
 //! dns_interval = "10s"
+//! dns_server = "10.96.0.10:53"  # default: the system's resolver config
 //! cluster_key_file = "/etc/larder/cluster.key"  # or LARDER_CLUSTER_KEY in the environment
 //! insecure = false           # serve and ask without a key (a closed network only)
 //! first_byte_timeout = "500ms"
 //! stall_timeout = "3s"
+//! tls_cert = "/etc/larder/peer.crt"  # the listener speaks TLS (with tls_key)
+//! tls_key = "/etc/larder/peer.key"
+//! tls_ca = "/etc/larder/peer-ca.crt" # asks members over TLS, checking this CA
+//! tls_name = "larder-peer"           # the name every member's certificate carries
 //!
 //! [[source]]
 //! name = "datasets"
@@ -350,6 +355,9 @@ pub struct PeerConfig {
     /// How often `dns` is resolved again. Default 10s.
     #[serde(with = "humantime_serde")]
     pub dns_interval: Duration,
+    /// The DNS server (`ADDR:PORT`, UDP) asked for `dns`, instead of the servers of the
+    /// system's resolver config (the default).
+    pub dns_server: Option<SocketAddr>,
     /// File holding the cluster secret (at least 32 bytes, mode 0600 or 0400). The variable
     /// `LARDER_CLUSTER_KEY` may hold the secret instead; it is never a flag, so that it stays
     /// out of process listings.
@@ -366,6 +374,17 @@ pub struct PeerConfig {
     /// candidate or the origin. Default 3s.
     #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
+    /// This node's certificate chain (PEM) for the peer listener: with it (and `tls_key`) the
+    /// listener speaks TLS only. Default none.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificates (PEM) members' certificates must chain to: with it this node asks
+    /// peers over TLS only. Default none.
+    pub tls_ca: Option<PathBuf>,
+    /// The name every member's certificate is issued for, checked when asking over TLS
+    /// (members are reached by address, so they share one name). Default "larder-peer".
+    pub tls_name: String,
 }
 
 impl Default for PeerConfig {
@@ -377,10 +396,15 @@ impl Default for PeerConfig {
             members: Vec::new(),
             dns: None,
             dns_interval: Duration::from_secs(10),
+            dns_server: None,
             cluster_key_file: None,
             insecure: false,
             first_byte_timeout: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(3),
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            tls_name: "larder-peer".to_owned(),
         }
     }
 }
@@ -641,10 +665,15 @@ mod tests {
         members = ["gpu-1=10.0.0.1:7470@r1", "gpu-2=gpu-2.example:7470"]
         dns = "peers.larder.svc:7470"
         dns_interval = "30s"
+        dns_server = "127.0.0.53:53"
         cluster_key_file = "/etc/larder/key"
         insecure = true
         first_byte_timeout = "250ms"
         stall_timeout = "1s"
+        tls_cert = "/etc/larder/peer.crt"
+        tls_key = "/etc/larder/peer.key"
+        tls_ca = "/etc/larder/ca.crt"
+        tls_name = "peers.example"
 
         [[source]]
         name = "datasets"
@@ -677,6 +706,7 @@ mod tests {
         assert_eq!(config.peer.listen, None);
         assert_eq!(config.peer.first_byte_timeout, Duration::from_millis(500));
         assert_eq!(config.peer.stall_timeout, Duration::from_secs(3));
+        assert_eq!(config.peer.tls_name, "larder-peer");
     }
 
     #[test]
@@ -756,10 +786,15 @@ mod tests {
                 ],
                 dns: Some("peers.larder.svc:7470".into()),
                 dns_interval: Duration::from_secs(30),
+                dns_server: Some("127.0.0.53:53".parse().unwrap()),
                 cluster_key_file: Some(PathBuf::from("/etc/larder/key")),
                 insecure: true,
                 first_byte_timeout: Duration::from_millis(250),
                 stall_timeout: Duration::from_secs(1),
+                tls_cert: Some(PathBuf::from("/etc/larder/peer.crt")),
+                tls_key: Some(PathBuf::from("/etc/larder/peer.key")),
+                tls_ca: Some(PathBuf::from("/etc/larder/ca.crt")),
+                tls_name: "peers.example".into(),
             },
             sources: vec![
                 SourceConfig {
@@ -803,7 +838,11 @@ mod tests {
                 "gpu-018=10.0.3.18:7470@r12".parse().unwrap(),
             ],
             dns: Some("larder-peers.larder.svc:7470".into()),
+            dns_server: Some("10.96.0.10:53".parse().unwrap()),
             cluster_key_file: Some("/etc/larder/cluster.key".into()),
+            tls_cert: Some("/etc/larder/peer.crt".into()),
+            tls_key: Some("/etc/larder/peer.key".into()),
+            tls_ca: Some("/etc/larder/peer-ca.crt".into()),
             ..PeerConfig::default()
         };
         assert_eq!(config, expected);

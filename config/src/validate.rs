@@ -182,6 +182,30 @@ fn validate_peer(peer: &PeerConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    match (&peer.tls_cert, &peer.tls_key) {
+        (Some(cert), None) => {
+            return Err(ConfigError::invalid(
+                "peer.tls_cert",
+                cert.display(),
+                "the listener needs peer.tls_key too",
+            ));
+        }
+        (None, Some(key)) => {
+            return Err(ConfigError::invalid(
+                "peer.tls_key",
+                key.display(),
+                "the listener needs peer.tls_cert too",
+            ));
+        }
+        _ => {}
+    }
+    if peer.tls_name.is_empty() {
+        return Err(ConfigError::invalid(
+            "peer.tls_name",
+            &peer.tls_name,
+            "must be the name members' certificates are issued for",
+        ));
+    }
     check_non_zero("peer.dns_interval", peer.dns_interval)?;
     check_non_zero("peer.first_byte_timeout", peer.first_byte_timeout)?;
     check_non_zero("peer.stall_timeout", peer.stall_timeout)
@@ -321,6 +345,20 @@ mod tests {
             text.contains(key) && text.contains(&format!("{value:?}")),
             "{text}"
         );
+    }
+
+    #[test]
+    fn half_a_tls_pair_is_refused_naming_the_half_given() {
+        let mut config = valid();
+        config.peer.tls_cert = Some("peer.crt".into());
+        assert_invalid(&config, "peer.tls_cert", "peer.crt");
+        config.peer.tls_cert = None;
+        config.peer.tls_key = Some("peer.key".into());
+        assert_invalid(&config, "peer.tls_key", "peer.key");
+        config.peer.tls_cert = Some("peer.crt".into());
+        config.validate().expect("a whole pair");
+        config.peer.tls_name.clear();
+        assert_invalid(&config, "peer.tls_name", "");
     }
 
     #[test]

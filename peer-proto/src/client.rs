@@ -13,12 +13,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper::header::HOST;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, timeout_at};
 
 use crate::auth::{ClusterKey, RequestHead, header};
+use crate::tls::Connector;
 use crate::wire::{FRAME_HEADER_LEN, FrameHeader, HELLO_PATH, Hello, RunRequest};
 
 /// Keepalives an owner may send while one block is on its way: with one a second, an owner
@@ -83,6 +86,7 @@ pub struct Client {
     node: String,
     first_byte_timeout: Duration,
     stall_timeout: Duration,
+    tls: Option<Connector>,
 }
 
 impl Client {
@@ -98,6 +102,16 @@ impl Client {
             node,
             first_byte_timeout,
             stall_timeout,
+            tls: None,
+        }
+    }
+
+    /// The same client, asking peers over TLS with `tls` (the handshake counts against the
+    /// first-byte deadline).
+    pub fn with_tls(self, tls: Connector) -> Self {
+        Self {
+            tls: Some(tls),
+            ..self
         }
     }
 
@@ -192,14 +206,17 @@ impl Client {
             .map_err(|_| connect("no connection within the first-byte deadline".into()))?
             .map_err(|e| connect(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(|e| connect(e.to_string()))?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "peer connection ended");
+        let mut sender = match &self.tls {
+            None => start_http(stream).await,
+            Some(tls) => {
+                let stream = timeout_at(deadline, tls.connect(stream))
+                    .await
+                    .map_err(|_| connect("no TLS handshake within the first-byte deadline".into()))?
+                    .map_err(|e| connect(format!("TLS: {e}")))?;
+                start_http(stream).await
             }
-        });
+        }
+        .map_err(|e| connect(e.to_string()))?;
 
         let nonce: [u8; 16] = rand::random();
         let time_ms = SystemTime::now()
@@ -233,6 +250,20 @@ impl Client {
             status => Err(PeerError::Declined(status)),
         }
     }
+}
+
+/// Starts HTTP/1.1 on `io`, driving the connection on a task of its own.
+async fn start_http<I>(io: I) -> hyper::Result<SendRequest<Empty<Bytes>>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "peer connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// Appends the answer's next bytes to `pending`, waiting at most until `deadline`, which then
