@@ -2,19 +2,21 @@
 //! SeaweedFS behind a counting proxy as the origin, reads through the kernel mounts.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use larder_peer_proto::auth::{ClusterKey, RequestHead, header};
+use larder_tests::dns::DnsServer;
 use larder_tests::fake_peer::{FakePeer, Misbehaviour};
-use larder_tests::rack::{Rack, SECRET};
+use larder_tests::rack::{Rack, SECRET, TlsFiles, member_ip};
 use larder_tests::seaweed::Seaweed;
 use larder_tests::{Fault, RecordingProxy, content, seed, upload};
 
 const MIB: u64 = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
 const MODEL: &str = "llama/model.safetensors";
+const SECOND: &str = "llama/second.safetensors";
 
 /// Peer deadlines for several members and their origin on a machine of two cores.
 const LOADED: &[&str] = &["--peer-first-byte-timeout", "2s", "--peer-stall-timeout", "10s"];
@@ -74,7 +76,7 @@ fn peer_bytes(rack: &Rack, i: usize) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_once() {
     let size = 512 * MIB;
-    let (_server, proxy) = origin(size).await;
+    let (server, proxy) = origin(size).await;
     let rack = tokio::task::spawn_blocking(move || {
         // Four members and the origin share two cores here: deadlines for that.
         let rack = Rack::start(Path::new(BIN), &proxy, 4, LOADED, &[]).expect("rack");
@@ -101,6 +103,48 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
     for i in 0..4 {
         assert!(peer_bytes(&rack, i) > 0, "n{i} read nothing from peers");
     }
+
+    // The same with `larder prefetch --wait` on all four at once.
+    let second = 256 * MIB;
+    let client = server.client().expect("client");
+    upload(client.as_ref(), SECOND, seed(SECOND, 0), second)
+        .await
+        .expect("upload");
+    let before = proxy.body_bytes();
+    let rack = tokio::task::spawn_blocking(move || {
+        std::thread::scope(|scope| {
+            for i in 0..4 {
+                let rack = &rack;
+                scope.spawn(move || {
+                    let target = format!("models:{SECOND}");
+                    let output = rack.daemon(i).larder(&["prefetch", "--wait", &target]);
+                    let warnings: Vec<_> = rack
+                        .log(i)
+                        .lines()
+                        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                        .map(str::to_owned)
+                        .collect();
+                    assert!(
+                        output.status.success(),
+                        "n{i} prefetch: {}\nits log's warnings:\n{}",
+                        String::from_utf8_lossy(&output.stderr),
+                        warnings.join("\n")
+                    );
+                });
+            }
+        });
+        rack
+    })
+    .await
+    .expect("join");
+    let fetched = proxy.body_bytes() - before;
+    eprintln!("origin sent {fetched} bytes for a prefetch of {second} on four members");
+    assert!(
+        fetched as f64 <= 1.15 * second as f64,
+        "prefetch: the origin sent {:.2}x the object",
+        fetched as f64 / second as f64
+    );
+    drop(rack);
 }
 
 /// Member `i`'s peer requests that ended with `result`, by its metrics.
@@ -315,4 +359,144 @@ async fn a_lying_member_is_caught_by_the_sealed_manifest_and_its_bytes_never_ser
     tokio::task::spawn_blocking(move || read_everywhere(&rack, &[0], size))
         .await
         .expect("join");
+}
+
+/// The ids of the members `rack`'s member `i` knows, itself included, sorted.
+fn member_ids(rack: &Rack, i: usize) -> Vec<String> {
+    let status = rack.daemon(i).status();
+    let mut ids: Vec<String> = status["peers"]["members"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no members in {status}"))
+        .iter()
+        .map(|m| m["id"].as_str().expect("id").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Waits until member `i` of `rack` knows exactly `ids`.
+fn wait_for_members(rack: &Rack, i: usize, ids: &[&str]) {
+    let started = Instant::now();
+    while member_ids(rack, i) != ids {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "n{i} knows {:?}, not {ids:?}",
+            member_ids(rack, i)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn members_found_by_dns_join_and_leave_during_a_read() {
+    const NAME: &str = "larder-peers.rack.test";
+    let size = 256 * MIB;
+    let (_server, proxy) = origin(size).await;
+    // A slow origin (8 s for the model), so that the read is still going when the members
+    // change.
+    proxy.set_fault(Fault::Bandwidth(32 * MIB));
+    let dns = DnsServer::start().await.expect("dns server");
+    let ip = |i: usize| IpAddr::V4(member_ip(i));
+    // n3 runs from the start but is not in the name's answer yet.
+    dns.set(NAME, &[ip(0), ip(1), ip(2)]);
+    let server = dns.address;
+    let dns = tokio::task::spawn_blocking(move || {
+        let mut rack = Rack::start_dns(Path::new(BIN), &proxy, 4, LOADED, NAME, server).expect("rack");
+        wait_for_members(&rack, 0, &["n0", "n1", "n2"]);
+        let expected = content(seed(MODEL, 0), 0, size as usize);
+        std::thread::scope(|scope| {
+            let path = rack.daemon(0).mount.join(MODEL);
+            let reader = scope.spawn(|| {
+                let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("n0: {e}"));
+                assert!(bytes == expected, "n0 read wrong bytes");
+            });
+            // Once n0 has had blocks from peers: n3 joins, n2 leaves (and dies).
+            let started = Instant::now();
+            while rack
+                .metric(0, "larder_peer_fetched_bytes_total")
+                .expect("metrics")
+                == 0.0
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "n0 had nothing from peers"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            dns.set(NAME, &[ip(0), ip(1), ip(3)]);
+            rack.kill9(2).expect("kill n2");
+            wait_for_members(&rack, 0, &["n0", "n1", "n3"]);
+            assert!(!reader.is_finished(), "the read ended before the members changed");
+            reader.join().expect("reader");
+        });
+        report_failures(&rack, &[0]);
+        // Every live member knows the new members, and a read on the newcomer is right.
+        wait_for_members(&rack, 1, &["n0", "n1", "n3"]);
+        read_everywhere(&rack, &[3], size);
+        assert!(peer_bytes(&rack, 3) > 0, "n3 read nothing from peers");
+        dns
+    })
+    .await
+    .expect("join");
+    drop(dns);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rack_over_tls_shares_blocks_and_a_member_of_another_ca_gets_none() {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin(size).await;
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ours = TlsFiles::make(dir.path(), "ours").expect("certificates");
+        let theirs = TlsFiles::make(dir.path(), "theirs").expect("certificates");
+        let args = |files: &TlsFiles| {
+            let mut args: Vec<String> = LOADED.iter().map(|a| (*a).to_owned()).collect();
+            args.extend(files.args());
+            args
+        };
+        let ours_args = args(&ours);
+        let ours_args: Vec<&str> = ours_args.iter().map(String::as_str).collect();
+        let rack = Rack::start(Path::new(BIN), &proxy, 2, &ours_args, &[]).expect("rack");
+        read_everywhere(&rack, &[0], size);
+        read_everywhere(&rack, &[1], size);
+        assert!(
+            peer_bytes(&rack, 0) > 0 && peer_bytes(&rack, 1) > 0,
+            "no blocks crossed over TLS"
+        );
+        assert!(
+            proxy.body_bytes() as f64 <= 1.15 * size as f64,
+            "the origin sent {:.2}x the model",
+            proxy.body_bytes() as f64 / size as f64
+        );
+        // Plain HTTP gets no answer from a TLS listener.
+        let answer = exchange(rack.addresses[0], b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n\r\n");
+        assert!(!answer.starts_with("HTTP/"), "plain HTTP was answered: {answer}");
+
+        // A member whose CA is another one trusts neither member, and they not it: it reads
+        // everything from the origin.
+        let members: Vec<String> = rack
+            .addresses
+            .iter()
+            .enumerate()
+            .map(|(i, address)| format!("ours{i}={address}@r1"))
+            .collect();
+        let theirs_args = args(&theirs);
+        let theirs_args: Vec<&str> = theirs_args.iter().map(String::as_str).collect();
+        let before = proxy.body_bytes();
+        let stranger = Rack::start(Path::new(BIN), &proxy, 1, &theirs_args, &members).expect("stranger");
+        read_everywhere(&stranger, &[0], size);
+        assert_eq!(peer_bytes(&stranger, 0), 0);
+        assert!(
+            peer_requests(&stranger, 0, "refused") > 0.0,
+            "the stranger asked no member"
+        );
+        // (Besides the model, the origin's answers for the missing manifest.)
+        let fetched = proxy.body_bytes() - before;
+        assert!(
+            fetched >= size,
+            "the stranger had {fetched} bytes from the origin"
+        );
+    })
+    .await
+    .expect("join");
 }

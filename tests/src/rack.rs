@@ -1,6 +1,7 @@
 //! Several `larder daemon` processes as one rack: each on a loopback address of its own
-//! (127.0.0.11, .12, ...), all with every member in `--peers`, the same cluster key, and the
-//! same source.
+//! (127.0.0.11, .12, ...), with the same cluster key and the same source, finding each other
+//! by `--peers` (every member listed) or by `--peer-dns` (a name the test's DNS server
+//! answers, every member on one port, as the pods behind a headless Service).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -20,6 +21,17 @@ pub fn free_port(ip: Ipv4Addr) -> anyhow::Result<u16> {
     Ok(TcpListener::bind(SocketAddr::from((ip, 0)))?.local_addr()?.port())
 }
 
+/// A port free on the addresses of members `0..n` alike when asked.
+fn common_free_port(n: usize) -> anyhow::Result<u16> {
+    for _ in 0..20 {
+        let port = free_port(member_ip(0))?;
+        if (1..n).all(|i| TcpListener::bind(SocketAddr::from((member_ip(i), port))).is_ok()) {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no port free on all of {n} member addresses")
+}
+
 /// Writes a cluster key file (mode 0600) of 64 hex digits into `dir`.
 pub fn write_key_file(dir: &Path, secret: &str) -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
@@ -29,9 +41,9 @@ pub fn write_key_file(dir: &Path, secret: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The flags that make a daemon member `id` of rack `r1`, listening on `listen`, with
-/// `members` (`ID=HOST:PORT@RACK,...`) and the key in `key_file`.
-pub fn member_args(id: &str, listen: &str, members: &str, key_file: &Path) -> Vec<String> {
+/// The flags that make a daemon member `id` of rack `r1`, listening on `listen`, with the key
+/// in `key_file`; how it finds the other members is the caller's (`--peers` or `--peer-dns`).
+pub fn member_args(id: &str, listen: &str, key_file: &Path) -> Vec<String> {
     let key_file = key_file.to_string_lossy();
     [
         "--node-id",
@@ -40,13 +52,102 @@ pub fn member_args(id: &str, listen: &str, members: &str, key_file: &Path) -> Ve
         "r1",
         "--peer-listen",
         listen,
-        "--peers",
-        members,
         "--cluster-key-file",
         &key_file,
     ]
     .map(str::to_owned)
     .to_vec()
+}
+
+/// A CA and a certificate issued by it for the name every member's certificate carries
+/// (`larder-peer`), made with the `openssl` command: the files of a rack over TLS.
+#[derive(Debug)]
+pub struct TlsFiles {
+    /// The CA's certificate (PEM).
+    pub ca: PathBuf,
+    /// The members' certificate (PEM).
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    /// Makes a new CA and certificate in `dir` (`prefix` names the files).
+    pub fn make(dir: &Path, prefix: &str) -> anyhow::Result<Self> {
+        let path = |name: &str| dir.join(format!("{prefix}-{name}"));
+        let files = Self {
+            ca: path("ca.pem"),
+            cert: path("cert.pem"),
+            key: path("key.pem"),
+        };
+        let (ca_key, request) = (path("ca-key.pem"), path("cert.csr"));
+        let extensions = path("ext.cnf");
+        std::fs::write(
+            &extensions,
+            "subjectAltName = DNS:larder-peer\nextendedKeyUsage = serverAuth\n",
+        )?;
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"],
+                &ec[..],
+                &["-days", "2", "-subj", "/CN=larder test CA"],
+            ]
+            .concat(),
+            &[("-keyout", &ca_key), ("-out", &files.ca)],
+        )?;
+        openssl(
+            &[&["req"], &ec[..], &["-subj", "/CN=larder-peer"]].concat(),
+            &[("-keyout", &files.key), ("-out", &request)],
+        )?;
+        openssl(
+            &["x509", "-req", "-days", "2", "-CAcreateserial"],
+            &[
+                ("-in", &request),
+                ("-CA", &files.ca),
+                ("-CAkey", &ca_key),
+                ("-extfile", &extensions),
+                ("-out", &files.cert),
+            ],
+        )?;
+        Ok(files)
+    }
+
+    /// The flags that make a member serve and ask over TLS with these files.
+    pub fn args(&self) -> Vec<String> {
+        let [ca, cert, key] = [&self.ca, &self.cert, &self.key].map(|p| p.to_string_lossy().into_owned());
+        [
+            "--peer-tls-ca".into(),
+            ca,
+            "--peer-tls-cert".into(),
+            cert,
+            "--peer-tls-key".into(),
+            key,
+        ]
+        .to_vec()
+    }
+}
+
+/// Runs `openssl` with `args` and then each flag with its path; fails with its output.
+fn openssl(args: &[&str], paths: &[(&str, &PathBuf)]) -> anyhow::Result<()> {
+    let mut command = std::process::Command::new("openssl");
+    command.args(args);
+    for (flag, path) in paths {
+        command.arg(flag).arg(path);
+    }
+    let output = command.output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
 }
 
 /// A secret for tests.
@@ -70,8 +171,8 @@ pub struct Rack {
 
 impl Rack {
     /// Starts `n` members named `n0`, `n1`, ... in rack `r1` serving `bucket`, each with
-    /// `extra` arguments, plus `others` (`ID=HOST:PORT` of members started elsewhere) in their
-    /// member lists.
+    /// `extra` arguments and every member in `--peers`, plus `others` (`ID=HOST:PORT` of
+    /// members started elsewhere).
     pub fn start(
         bin: &Path,
         bucket: &dyn Bucket,
@@ -79,8 +180,6 @@ impl Rack {
         extra: &[&str],
         others: &[String],
     ) -> anyhow::Result<Self> {
-        let root = tempfile::tempdir()?;
-        let key_file = write_key_file(root.path(), SECRET)?;
         let addresses = (0..n)
             .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -90,8 +189,44 @@ impl Rack {
             .map(|(i, address)| format!("n{i}={address}@r1"))
             .collect();
         members.extend(others.iter().cloned());
-        let members = members.join(",");
-        let metrics = (0..n)
+        Self::launch(bin, bucket, addresses, extra, &["--peers", &members.join(",")])
+    }
+
+    /// Starts `n` members as [`Rack::start`] does, all listening on one port, finding each
+    /// other by resolving `name` at the DNS server `server` every second.
+    pub fn start_dns(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        n: usize,
+        extra: &[&str],
+        name: &str,
+        server: SocketAddr,
+    ) -> anyhow::Result<Self> {
+        let port = common_free_port(n)?;
+        let addresses = (0..n).map(|i| SocketAddr::from((member_ip(i), port))).collect();
+        let (dns, server) = (format!("{name}:{port}"), server.to_string());
+        let discovery = [
+            "--peer-dns",
+            &dns,
+            "--peer-dns-server",
+            &server,
+            "--peer-dns-interval",
+            "1s",
+        ];
+        Self::launch(bin, bucket, addresses, extra, &discovery)
+    }
+
+    /// Starts a member at each of `addresses`, with `extra` and `discovery` arguments.
+    fn launch(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        addresses: Vec<SocketAddr>,
+        extra: &[&str],
+        discovery: &[&str],
+    ) -> anyhow::Result<Self> {
+        let root = tempfile::tempdir()?;
+        let key_file = write_key_file(root.path(), SECRET)?;
+        let metrics = (0..addresses.len())
             .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut daemons = Vec::new();
@@ -100,13 +235,9 @@ impl Rack {
             let dir = root.path().join(format!("n{i}"));
             std::fs::create_dir_all(&dir)?;
             let mut owned = vec!["--metrics-listen".to_owned(), metrics[i].to_string()];
-            owned.extend(member_args(
-                &format!("n{i}"),
-                &address.to_string(),
-                &members,
-                &key_file,
-            ));
+            owned.extend(member_args(&format!("n{i}"), &address.to_string(), &key_file));
             let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
+            args.extend_from_slice(discovery);
             args.extend_from_slice(extra);
             // Failed peer requests are logged at debug: the log says why a run went elsewhere.
             let log = [("LARDER_LOG", "info,larder_cache_daemon::peer=debug")];
