@@ -251,7 +251,12 @@ impl Cache {
     /// checked, queues its origin check (after each write, and before a prefetch calls it done).
     pub(super) fn queue_check(&self, object: &Arc<OpenObject>) {
         let inner = &self.inner;
-        if inner.members.is_none() || inner.store.unchecked_peer_blocks(&object.version).is_none() {
+        if inner.members.is_none()
+            || inner
+                .store
+                .unchecked_peer_blocks(object.id, object.version.size)
+                .is_none()
+        {
             return;
         }
         if !inner.checks.busy.lock().queued.insert(object.id) {
@@ -304,7 +309,7 @@ impl Cache {
         if !complete && checks.mismatched.lock().contains(&object.id) {
             return Err(OriginCheckError::Dropped);
         }
-        match store.unchecked_peer_blocks(&object.version) {
+        match store.unchecked_peer_blocks(object.id, object.version.size) {
             Some(_) => Err(OriginCheckError::Unfinished),
             None => Ok(()),
         }
@@ -319,7 +324,7 @@ impl Cache {
     /// Checks `object` against its ETag, and keeps or drops its blocks from members.
     async fn check(&self, object: &Arc<OpenObject>) {
         let (store, stats) = (&self.inner.store, &self.inner.stats);
-        let Some(blocks) = store.unchecked_peer_blocks(&object.version) else {
+        let Some(blocks) = store.unchecked_peer_blocks(object.id, object.version.size) else {
             return;
         };
         let key = object.version.key.as_str();

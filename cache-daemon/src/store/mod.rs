@@ -1004,12 +1004,13 @@ impl BlockStore {
         self.drop_victims(vec![victim]).await;
     }
 
-    /// The blocks of `version` that rack members supplied and no origin check has passed yet,
-    /// when every block of it is present and at least one is such; else `None`.
-    pub fn unchecked_peer_blocks(&self, version: &ObjectVersion) -> Option<Vec<PeerBlock>> {
-        let count = version.size.div_ceil(self.block_size);
+    /// The blocks of object `id` (of `size` bytes) that rack members supplied and no origin
+    /// check has passed yet, when every block of it is present and at least one is such; else
+    /// `None`.
+    pub fn unchecked_peer_blocks(&self, id: ObjectId, size: u64) -> Option<Vec<PeerBlock>> {
+        let count = size.div_ceil(self.block_size);
         let state = self.state.lock();
-        let object = state.objects.get(&version.id())?;
+        let object = state.objects.get(&id)?;
         if object.blocks.len() as u64 != count {
             return None;
         }
