@@ -18,7 +18,8 @@
 //! that differ are a mismatch.
 //!
 //! A mismatch drops the blocks that differ from the cache (later reads fetch them from
-//! the origin), opens the circuit of every member that supplied one, and is logged at warn
+//! the origin), opens the circuit of every member that supplied one for the longest backoff
+//! (2 minutes), and is logged at warn
 //! naming the object and the members. Until its check passes, an object with blocks from a
 //! member is never handed to the kernel in passthrough. Which member supplied which block is
 //! kept in memory only (in the block store's index): after a restart, blocks replayed from disk
@@ -423,7 +424,7 @@ impl Cache {
         let members: BTreeSet<&str> = bad.iter().map(|b| &*b.member).collect();
         if let Some(membership) = &inner.members {
             for member in &members {
-                membership.failed(member);
+                membership.sent_wrong_blocks(member);
             }
         }
         tracing::warn!(
@@ -432,7 +433,7 @@ impl Cache {
             ?members,
             blocks = bad.len(),
             "blocks from rack peers do not match the origin's checksum: dropped from the cache \
-             (later reads fetch them from the origin), and the members are left out for a while"
+             (later reads fetch them from the origin), and the members are left out for 2 minutes"
         );
     }
 }
