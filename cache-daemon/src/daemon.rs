@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache::Cache;
-use crate::cache::fill::BlockSource;
+use crate::cache::fill::PeerTier;
 use crate::control::{self, Control};
 use crate::control_api::Settings;
 use crate::engine;
@@ -149,13 +149,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let manifests = Manifests::new();
-    let peer_source = peers.members.clone().map(|members| {
-        Arc::new(PeerSource::new(
+    let peer_tier = peers.members.clone().map(|members| PeerTier {
+        source: Arc::new(PeerSource::new(
             peers.client.clone(),
-            members,
+            members.clone(),
             manifests.clone(),
             stats.clone(),
-        )) as Arc<dyn BlockSource>
+        )),
+        members,
     });
     let member_tasks = TaskTracker::new();
     if let Some(members) = &peers.members
@@ -164,7 +165,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         let hello = Arc::new(AskWho(peers.client.clone()));
         members.spawn_dns(&member_tasks, stop.clone(), hello);
     }
-    let cache = Cache::new(store, &config.origin, stats.clone(), peer_source);
+    let cache = Cache::new(store, &config.origin, stats.clone(), peer_tier);
     let sources = sources(&config, &stats)?;
     let origins: Vec<(String, Arc<Origin>)> = sources
         .iter()

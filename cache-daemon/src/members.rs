@@ -11,7 +11,8 @@
 //! first ([`larder_peer_proto::owner::candidates`]); every node with the same members ranks
 //! them the same way. A per-member circuit breaker leaves out a member that just failed: for
 //! [`FIRST_BACKOFF`] after a failure, twice as long after each further failure in a row, at
-//! most [`MAX_BACKOFF`]; then it is tried again, and one success closes the circuit.
+//! most [`MAX_BACKOFF`]; then it is tried again, and one success closes the circuit. A member
+//! whose blocks the origin check proved wrong is left out for [`MAX_BACKOFF`] at once.
 //!
 //! Time is tokio's clock, so tests can pause and advance it.
 
@@ -222,13 +223,27 @@ impl Membership {
     /// A request to member `id` failed: it is left out of [`Membership::owners`] for a while,
     /// twice as long as last time if it failed last time too.
     pub fn failed(&self, id: &str) {
+        self.leave_out(id, |failures| {
+            let doublings = (failures - 1).min(16);
+            FIRST_BACKOFF.saturating_mul(1 << doublings).min(MAX_BACKOFF)
+        });
+    }
+
+    /// Blocks member `id` sent, which its answer had vouched for, proved wrong against the
+    /// origin: it is left out for [`MAX_BACKOFF`] at once. Its answers succeed in transit, so
+    /// the doubling of [`Membership::failed`] would start again at [`FIRST_BACKOFF`] each time.
+    pub fn sent_wrong_blocks(&self, id: &str) {
+        self.leave_out(id, |_| MAX_BACKOFF);
+    }
+
+    /// Counts a failure of member `id` and opens its circuit for `backoff(failures in a row)`.
+    fn leave_out(&self, id: &str, backoff: impl FnOnce(u32) -> Duration) {
         let mut state = self.inner.state.lock();
         let Some(entry) = state.members.get_mut(id) else {
             return;
         };
         entry.failures = entry.failures.saturating_add(1);
-        let doublings = (entry.failures - 1).min(16);
-        let backoff = FIRST_BACKOFF.saturating_mul(1 << doublings).min(MAX_BACKOFF);
+        let backoff = backoff(entry.failures);
         entry.open_until = Some(Instant::now() + backoff);
         entry.up = false;
         tracing::debug!(member = id, failures = entry.failures, backoff = ?backoff, "peer left out after a failure");
@@ -572,6 +587,23 @@ mod tests {
         // This node is never left out.
         m.failed("a");
         assert!(ids(&run).contains(&"a".to_owned()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_that_sent_wrong_blocks_is_left_out_for_the_longest_backoff_at_once() {
+        let m = Membership::new(&config(&FOUR), "a".into(), "r1".into());
+        let b = |m: &Membership| m.states().into_iter().find(|s| s.id == "b").unwrap();
+        // Its answers succeeded in transit; the origin check proves them wrong afterwards.
+        for _ in 0..2 {
+            m.succeeded("b");
+            m.sent_wrong_blocks("b");
+            assert_eq!(
+                (b(&m).state, b(&m).retry_in_seconds),
+                (MemberHealth::Down, Some(MAX_BACKOFF.as_secs()))
+            );
+            tokio::time::advance(MAX_BACKOFF).await;
+        }
+        assert_eq!(b(&m).state, MemberHealth::Unknown);
     }
 
     #[test]

@@ -234,6 +234,18 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         s.peer_served_refused,
     );
     out.family(
+        "larder_peer_origin_checks_total",
+        "counter",
+        "Objects completed in the cache with blocks from rack peers, checked against the checksum in the origin's ETag, by result: match, mismatch (the peers' blocks were dropped and their members left out), unchecked (the ETag carries no checksum this node can check).",
+    );
+    for (result, n) in [
+        ("match", s.origin_checks_match),
+        ("mismatch", s.origin_checks_mismatch),
+        ("unchecked", s.origin_checks_unchecked),
+    ] {
+        out.sample("larder_peer_origin_checks_total", Some(("result", result)), n);
+    }
+    out.family(
         "larder_peer_members",
         "gauge",
         "Members of the rack by state as this node sees them: self (this node), up (the last request succeeded), down (failed, left out until its retry time), unknown (not asked since it joined or since its retry time). All zero when peers are off.",
@@ -405,6 +417,7 @@ mod tests {
         crate::stats::add(&stats.peer_fetched_bytes, 11);
         crate::stats::add(&stats.peer_sent_bytes, 12);
         crate::stats::add(&stats.peer_served_refused, 13);
+        crate::stats::add(&stats.origin_checks_mismatch, 14);
         stats.latency.fill_origin.observe(Duration::from_millis(20));
         stats.latency.fill_peer.observe(Duration::from_millis(3));
         stats
@@ -435,6 +448,10 @@ mod tests {
             "larder_peer_fetched_bytes_total 11",
             "larder_peer_sent_bytes_total 12",
             "larder_peer_refused_requests_total 13",
+            "# TYPE larder_peer_origin_checks_total counter",
+            "larder_peer_origin_checks_total{result=\"mismatch\"} 14",
+            "larder_peer_origin_checks_total{result=\"match\"} 0",
+            "larder_peer_origin_checks_total{result=\"unchecked\"} 0",
             "# TYPE larder_peer_members gauge",
             "larder_peer_members{state=\"self\"} 1",
             "larder_peer_members{state=\"up\"} 1",
@@ -497,7 +514,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 31);
+        assert_eq!(families.len(), 32);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

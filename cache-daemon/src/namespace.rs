@@ -587,10 +587,12 @@ impl FileTree for Namespace {
                 (version, checked)
             }
         };
+        // Pages the kernel kept may hold a rack member's bytes that the origin check dropped.
+        let dropped = self.cache.take_origin_mismatch(version.id());
         let keep_cache = {
             let mut inodes = self.inodes.lock();
             let (node, _) = inodes.by_ino.get_mut(&ino).ok_or(FsErrorKind::NotFound)?;
-            let keep = node.last_opened == Some(version.id());
+            let keep = node.last_opened == Some(version.id()) && !dropped;
             node.last_opened = Some(version.id());
             node.size = version.size;
             node.mtime = version.modified;

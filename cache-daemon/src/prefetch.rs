@@ -128,6 +128,15 @@ impl Job {
     fn finish(&self, state: JobState) {
         *self.outcome.lock() = (state, Some(self.started.elapsed()));
     }
+
+    /// Records that object `key` failed with `error`: its first error only, and at most
+    /// [`MAX_ERRORS`] in all.
+    fn error(&self, key: &str, error: &dyn std::fmt::Display) {
+        let mut errors = self.errors.lock();
+        if errors.len() < MAX_ERRORS && !errors.iter().any(|e| e.starts_with(&format!("{key}: "))) {
+            errors.push(format!("{key}: {error}"));
+        }
+    }
 }
 
 /// The jobs the daemon remembers: every running one and the last [`KEEP_FINISHED_JOBS`]
@@ -405,9 +414,12 @@ impl Jobs {
         }
         let block_size = store.block_size();
         let part_blocks = self.cache.part_blocks();
-        let parts = plan.into_iter().flat_map(|(origin, version)| {
-            let count = version.size.div_ceil(block_size) as u32;
-            let object = OpenObject::new(origin, version);
+        let objects: Vec<Arc<OpenObject>> = plan
+            .into_iter()
+            .map(|(origin, version)| OpenObject::new(origin, version))
+            .collect();
+        let parts = objects.clone().into_iter().flat_map(|object| {
+            let count = object.version().size.div_ceil(block_size) as u32;
             (0..count)
                 .step_by(part_blocks as usize)
                 .map(move |first| (object.clone(), first..count.min(first + part_blocks)))
@@ -429,6 +441,15 @@ impl Jobs {
             })
             .buffer_unordered(PREFETCH_PARTS as usize)
             .for_each(|()| futures::future::ready(()));
+        // An object filled with blocks from rack peers is done once its origin check passed.
+        let fills = async {
+            fills.await;
+            for object in &objects {
+                if let Err(error) = self.cache.origin_checked(object).await {
+                    job.error(&object.version().key, &error);
+                }
+            }
+        };
         let state = tokio::select! {
             biased;
             () = job.cancel.cancelled() => JobState::Cancelled,
@@ -461,11 +482,7 @@ impl Jobs {
                 true
             }
             Err(error) => {
-                let key = object.version().key.as_str();
-                let mut errors = job.errors.lock();
-                if errors.len() < MAX_ERRORS && !errors.iter().any(|e| e.starts_with(&format!("{key}: "))) {
-                    errors.push(format!("{key}: {error}"));
-                }
+                job.error(&object.version().key, &error);
                 false
             }
         }

@@ -66,6 +66,13 @@ counters! {
     peer_requests_bad_data,
     /// Requests from peers that this node refused (bad MAC, stale, replayed, malformed).
     peer_served_refused,
+    /// Objects completed with blocks from rack peers whose origin checksum matched.
+    origin_checks_match,
+    /// Objects completed with blocks from rack peers whose origin checksum did not match:
+    /// those blocks were dropped.
+    origin_checks_mismatch,
+    /// Objects completed with blocks from rack peers with no origin checksum to check.
+    origin_checks_unchecked,
     /// Block lookups answered by the block store.
     lookup_hit,
     /// Block lookups that started a fill.

@@ -12,6 +12,7 @@ use larder_tests::fake_peer::{FakePeer, Misbehaviour};
 use larder_tests::rack::{Rack, SECRET, TlsFiles, member_ip};
 use larder_tests::seaweed::Seaweed;
 use larder_tests::{Fault, RecordingProxy, content, seed, upload};
+use object_store::ObjectStoreExt;
 
 const MIB: u64 = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
@@ -21,8 +22,21 @@ const SECOND: &str = "llama/second.safetensors";
 /// Peer deadlines for several members and their origin on a machine of two cores.
 const LOADED: &[&str] = &["--peer-first-byte-timeout", "2s", "--peer-stall-timeout", "10s"];
 
+/// How a test object is uploaded: in one PUT (its ETag is the object's MD5) or by the
+/// harness's multipart upload (32 MiB parts; the ETag is the MD5 of the parts' MD5s, `-N`).
+#[derive(Debug, Clone, Copy)]
+enum Upload {
+    Single,
+    Multipart,
+}
+
 /// SeaweedFS with `size` bytes at [`MODEL`], behind a counting proxy.
 async fn origin(size: u64) -> (Seaweed, RecordingProxy) {
+    origin_of(&[(MODEL, size, Upload::Multipart)]).await
+}
+
+/// SeaweedFS with `objects` (key, size, how) of deterministic content, behind a counting proxy.
+async fn origin_of(objects: &[(&str, u64, Upload)]) -> (Seaweed, RecordingProxy) {
     let weed = Seaweed::installed_binary();
     assert!(weed.exists(), "{} is missing: run scripts/test", weed.display());
     let server = tokio::task::spawn_blocking(move || Seaweed::start(&weed, "rack"))
@@ -30,9 +44,20 @@ async fn origin(size: u64) -> (Seaweed, RecordingProxy) {
         .expect("join")
         .expect("weed mini");
     let client = server.client().expect("client");
-    upload(client.as_ref(), MODEL, seed(MODEL, 0), size)
-        .await
-        .expect("upload");
+    for &(key, size, how) in objects {
+        match how {
+            Upload::Multipart => upload(client.as_ref(), key, seed(key, 0), size)
+                .await
+                .expect("upload"),
+            Upload::Single => {
+                let bytes = content(seed(key, 0), 0, size as usize);
+                client
+                    .put(&object_store::path::Path::from(key), bytes.into())
+                    .await
+                    .expect("put");
+            }
+        }
+    }
     let proxy = RecordingProxy::start(&server).await.expect("proxy");
     (server, proxy)
 }
@@ -496,6 +521,164 @@ async fn a_rack_over_tls_shares_blocks_and_a_member_of_another_ca_gets_none() {
             fetched >= size,
             "the stranger had {fetched} bytes from the origin"
         );
+    })
+    .await
+    .expect("join");
+}
+
+/// Member 0's objects checked against the origin's checksum that ended with `result`.
+fn origin_checks(rack: &Rack, result: &str) -> f64 {
+    let series = format!("larder_peer_origin_checks_total{{result=\"{result}\"}}");
+    rack.metric(0, &series).expect("metrics")
+}
+
+/// Waits up to a minute for member 0 to count `n` origin checks that ended with `result`;
+/// says whether it did.
+fn wait_for_checks(rack: &Rack, result: &str, n: f64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while origin_checks(rack, result) < n {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
+
+/// The state of member `id` in member 0's status.
+fn member_state(rack: &Rack, id: &str) -> String {
+    let status = rack.daemon(0).status();
+    let members = status["peers"]["members"].as_array().cloned().unwrap_or_default();
+    let member = members.iter().find(|m| m["id"] == id);
+    member.map_or_else(|| format!("missing from {status}"), |m| m["state"].to_string())
+}
+
+/// A member that lies (wrong bytes with their own BLAKE3 and tags) and no sealed manifest:
+/// its bytes reach the reader, but once the object is complete its check against the origin's
+/// ETag drops them; a reread gets the origin's bytes, fetched again; the liar is marked down.
+async fn a_lying_member_is_caught_by_the_origin_checksum(how: Upload) {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin_of(&[(MODEL, size, how)]).await;
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let liar = FakePeer::start(key, Misbehaviour::Lie).await.expect("fake peer");
+    let member = format!("f={}@r1", liar.address);
+    let expected = content(seed(MODEL, 0), 0, size as usize);
+    let (rack, proxy, first, caught) = tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, &[], &[member]).expect("rack");
+        let first = std::fs::read(rack.daemon(0).mount.join(MODEL)).expect("first read");
+        let caught = wait_for_checks(&rack, "mismatch", 1.0);
+        (rack, proxy, first, caught)
+    })
+    .await
+    .expect("join");
+    assert!(liar.requests() > 0, "the liar owned no run of the model");
+    assert!(
+        first != expected,
+        "the liar's bytes never reached the cache: the test proves nothing"
+    );
+    let before = proxy.body_bytes();
+    let (rack, reread) = tokio::task::spawn_blocking(move || {
+        let reread = std::fs::read(rack.daemon(0).mount.join(MODEL)).expect("reread");
+        (rack, reread)
+    })
+    .await
+    .expect("join");
+    assert!(
+        reread == expected,
+        "the liar's blocks stayed in the cache: a reread got wrong bytes"
+    );
+    assert!(caught, "no mismatch counted; log:\n{}", rack.log(0));
+    assert!(
+        proxy.body_bytes() > before,
+        "the reread did not fetch the dropped blocks from the origin"
+    );
+    assert_eq!(origin_checks(&rack, "match"), 0.0);
+    assert_eq!(member_state(&rack, "f"), "\"down\"");
+    let log = rack.log(0);
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("origin's checksum")
+            && l.contains(MODEL)
+            && l.contains("\"f\"")),
+        "no warning naming the object and the member:\n{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lying_member_is_caught_by_the_md5_etag_of_a_single_part_upload() {
+    a_lying_member_is_caught_by_the_origin_checksum(Upload::Single).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lying_member_is_caught_by_the_etag_of_a_multipart_upload() {
+    a_lying_member_is_caught_by_the_origin_checksum(Upload::Multipart).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truthful_rack_passes_the_origin_check_and_nothing_is_fetched_twice() {
+    const SHARD: &str = "llama/shard.bin";
+    let (single, multi) = (64 * MIB, 96 * MIB);
+    let (_server, proxy) =
+        origin_of(&[(MODEL, single, Upload::Single), (SHARD, multi, Upload::Multipart)]).await;
+    let (rack, proxy, checked) = tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 2, LOADED, &[]).expect("rack");
+        for (key, size) in [(MODEL, single), (SHARD, multi)] {
+            let bytes = std::fs::read(rack.daemon(0).mount.join(key)).expect("read");
+            assert!(
+                bytes == content(seed(key, 0), 0, size as usize),
+                "{key}: wrong bytes"
+            );
+        }
+        let checked = wait_for_checks(&rack, "match", 2.0);
+        (rack, proxy, checked)
+    })
+    .await
+    .expect("join");
+    report_failures(&rack, &[0, 1]);
+    assert!(peer_bytes(&rack, 0) > 0, "n0 read nothing from its peer");
+    assert!(checked, "both objects were not checked; log:\n{}", rack.log(0));
+    assert_eq!(origin_checks(&rack, "mismatch"), 0.0);
+    assert_eq!(origin_checks(&rack, "unchecked"), 0.0);
+    assert_eq!(member_state(&rack, "n1"), "\"up\"");
+    // Each byte once: the checks read the cache, not the origin.
+    let fetched = proxy.body_bytes();
+    assert!(
+        fetched as f64 <= 1.05 * (single + multi) as f64,
+        "the origin sent {fetched} bytes for {} of objects",
+        single + multi
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetch_with_a_lying_member_fails_until_the_origin_check_passes() {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin_of(&[(MODEL, size, Upload::Single)]).await;
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let liar = FakePeer::start(key, Misbehaviour::Lie).await.expect("fake peer");
+    let member = format!("f={}@r1", liar.address);
+    let (rack, first) = tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, &[], &[member]).expect("rack");
+        let first = rack.daemon(0).larder(&["prefetch", "--wait", "models:llama"]);
+        (rack, first)
+    })
+    .await
+    .expect("join");
+    assert!(liar.requests() > 0, "the liar owned no run of the model");
+    let said = String::from_utf8_lossy(&first.stderr).into_owned() + &String::from_utf8_lossy(&first.stdout);
+    assert!(
+        !first.status.success(),
+        "a prefetch with the liar's blocks reported done: {said}"
+    );
+    assert!(said.contains("origin's checksum"), "{said}");
+    // The liar is left out now: the second run fills the dropped blocks from the origin.
+    tokio::task::spawn_blocking(move || {
+        let again = rack.daemon(0).larder(&["prefetch", "--wait", "models:llama"]);
+        assert!(
+            again.status.success(),
+            "{}",
+            String::from_utf8_lossy(&again.stderr)
+        );
+        read_everywhere(&rack, &[0], size);
     })
     .await
     .expect("join");

@@ -20,6 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
 use crate::engine::AlignedBuf;
+use crate::members::Membership;
 use crate::store::{StoreError, VerifiedBlock};
 
 /// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
@@ -36,6 +37,16 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
         range: Range<u64>,
         run: &'a mut Run<'_>,
     ) -> BoxFuture<'a, Result<(), ReadError>>;
+}
+
+/// The rack peer tier of a cache: the source that asks the members, and the members, whose
+/// circuit a block that fails the origin check opens.
+#[derive(Debug)]
+pub struct PeerTier {
+    /// Asks the run's owner.
+    pub source: Arc<dyn BlockSource>,
+    /// The members it asks.
+    pub members: Membership,
 }
 
 /// Whom a fill is for. This node's readers and jobs are served by every tier; a rack peer's
@@ -122,22 +133,19 @@ impl Run<'_> {
             if block.len() == block_len
                 && let Some(full) = self.buf.take()
             {
-                let block = VerifiedBlock::hashed_here(Arc::new(full));
-                let waiter = self.waiters.next();
-                let write = self.writes.split(1);
-                self.cache
-                    .deliver(self.object, self.next, block, Source::Origin, waiter, write);
-                self.next += 1;
+                self.deliver(VerifiedBlock::hashed_here(Arc::new(full)), Source::Origin, None);
             }
         }
     }
 
-    /// Block `index` from a rack peer, whose answer said it hashes to `hash`: accepted only
-    /// if it is the next block of the run and its bytes hash to `hash` (and to `sealed`, the
-    /// hash a sealed manifest gives, where there is one). Then delivered and written like a
-    /// block from the origin.
+    /// Block `index` from rack member `member`, whose answer said it hashes to `hash`:
+    /// accepted only if it is the next block of the run and its bytes hash to `hash` (and to
+    /// `sealed`, the hash a sealed manifest gives, where there is one). Then delivered and
+    /// written like a block from the origin; without a manifest, the cache remembers the member
+    /// until the object's origin check.
     pub fn push_from_peer(
         &mut self,
+        member: &Arc<str>,
         index: u32,
         bytes: &[u8],
         hash: [u8; 32],
@@ -156,12 +164,75 @@ impl Run<'_> {
         buf.extend_from_slice(bytes);
         let block = VerifiedBlock::verify(Arc::new(buf), hash)
             .map_err(|_| "the bytes do not hash to the block's hash".to_owned())?;
-        let waiter = self.waiters.next();
-        let write = self.writes.split(1);
-        self.cache
-            .deliver(self.object, self.next, block, Source::Peer, waiter, write);
-        self.next += 1;
+        let unchecked = sealed.is_none().then(|| member.clone());
+        self.deliver(block, Source::Peer, unchecked);
         Ok(())
+    }
+
+    /// Hands the run's next block, now complete, to its waiter, then writes it to disk in the
+    /// background, holding one block of the write-behind budget until the write is done.
+    /// `peer`: the member that supplied it, when the origin check is still to vouch for it.
+    fn deliver(&mut self, block: VerifiedBlock, source: Source, peer: Option<Arc<str>>) {
+        let (cache, object, index) = (self.cache, self.object, self.next);
+        let waiter = self.waiters.next();
+        let write_permit = self.writes.split(1);
+        self.next += 1;
+        // Whether a reader is waiting for the block (the in-flight map holds one handle of its
+        // fill, each waiting reader another), or it was fetched ahead of any reader.
+        let served = cache
+            .inner
+            .inflight
+            .lock()
+            .get(&(object.id, index))
+            .and_then(Shared::strong_count)
+            .is_some_and(|handles| handles > 1);
+        if let Some(tx) = waiter {
+            let _ = tx.send(Ok(Block {
+                bytes: block.bytes(),
+                start: cache.block_start(index),
+                source,
+            }));
+        }
+        let tasks = &cache.inner.tasks;
+        let (cache, object) = (cache.clone(), object.clone());
+        tasks.spawn(async move {
+            let _write_permit = write_permit;
+            let written = cache
+                .inner
+                .store
+                .write_block(&object.version, index, &block, served, peer)
+                .await;
+            if let Err(error) = &written {
+                cache.remember_unstored((object.id, index), error);
+                let stats = &cache.inner.stats;
+                match error {
+                    // Lasts until pins go or space is freed: said once, then only counted.
+                    StoreError::NoSpace { .. } => {
+                        crate::stats::add(&stats.cache_writes_skipped, 1);
+                        if !cache.inner.no_space_said.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                %error,
+                                "a block was served but not cached; later skips are only counted \
+                                 (larder_cache_writes_skipped_total)"
+                            );
+                        }
+                    }
+                    // Said once, when the dir was found gone.
+                    StoreError::DirLost(_) => crate::stats::add(&stats.cache_writes_skipped, 1),
+                    _ => {
+                        crate::stats::add(&stats.cache_write_failures, 1);
+                        tracing::warn!(%error, "cache write failed; the block was served from memory");
+                    }
+                }
+            }
+            // Queued before the block leaves the in-flight map, so whoever waited for the write
+            // finds the check queued.
+            if written.is_ok() {
+                cache.queue_check(&object);
+            }
+            cache.inner.inflight.lock().remove(&(object.id, index));
+            cache.inner.written.notify_waiters();
+        });
     }
 
     /// The block the run waits for next.
@@ -295,69 +366,5 @@ impl Cache {
             inflight.remove(&(object.id, next + offset as u32));
             let _ = tx.send(Err(error.clone()));
         }
-    }
-
-    /// Hands a completed block to its waiter, then writes it to disk in the background,
-    /// holding `write_permit` (one block of the write-behind budget) until the write is done.
-    fn deliver(
-        &self,
-        object: &Arc<OpenObject>,
-        index: u32,
-        block: VerifiedBlock,
-        source: Source,
-        waiter: Option<oneshot::Sender<FillResult>>,
-        write_permit: Option<OwnedSemaphorePermit>,
-    ) {
-        // Whether a reader is waiting for the block (the in-flight map holds one handle of its
-        // fill, each waiting reader another), or it was fetched ahead of any reader.
-        let served = self
-            .inner
-            .inflight
-            .lock()
-            .get(&(object.id, index))
-            .and_then(Shared::strong_count)
-            .is_some_and(|handles| handles > 1);
-        if let Some(tx) = waiter {
-            let _ = tx.send(Ok(Block {
-                bytes: block.bytes(),
-                start: self.block_start(index),
-                source,
-            }));
-        }
-        let cache = self.clone();
-        let object = object.clone();
-        self.inner.tasks.spawn(async move {
-            let _write_permit = write_permit;
-            if let Err(error) = cache
-                .inner
-                .store
-                .write_block(&object.version, index, &block, served)
-                .await
-            {
-                cache.remember_unstored((object.id, index), &error);
-                let stats = &cache.inner.stats;
-                match error {
-                    // Lasts until pins go or space is freed: said once, then only counted.
-                    StoreError::NoSpace { .. } => {
-                        crate::stats::add(&stats.cache_writes_skipped, 1);
-                        if !cache.inner.no_space_said.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(
-                                %error,
-                                "a block was served but not cached; later skips are only counted \
-                                 (larder_cache_writes_skipped_total)"
-                            );
-                        }
-                    }
-                    // Said once, when the dir was found gone.
-                    StoreError::DirLost(_) => crate::stats::add(&stats.cache_writes_skipped, 1),
-                    _ => {
-                        crate::stats::add(&stats.cache_write_failures, 1);
-                        tracing::warn!(%error, "cache write failed; the block was served from memory");
-                    }
-                }
-            }
-            cache.inner.inflight.lock().remove(&(object.id, index));
-            cache.inner.written.notify_waiters();
-        });
     }
 }

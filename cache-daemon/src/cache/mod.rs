@@ -25,6 +25,7 @@
 //! its in-flight map → its failed-fills map or the block store's state. None is held across an
 //! `.await`.
 
+mod check;
 pub mod fill;
 pub mod readahead;
 mod reader;
@@ -44,11 +45,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::members::Membership;
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
 use crate::store::{BlockStore, Lookup, StoreError};
-use fill::{BlockSource, FillFor, OriginSource};
+pub use check::OriginCheckError;
+use fill::{BlockSource, FillFor, OriginSource, PeerTier};
 pub use reader::Reader;
 
 /// Why a read failed.
@@ -182,6 +185,10 @@ struct Inner {
     held: Mutex<HeldBlocks>,
     /// Readers in a sequential run (a window open): they share [`reader::BLOCKS_AHEAD`].
     runs: AtomicUsize,
+    /// The rack's members, when there is a peer tier: a failed origin check marks them.
+    members: Option<Membership>,
+    /// Origin checks of objects completed with blocks from peers ([`check`]).
+    checks: check::OriginChecks,
 }
 
 /// Weak references to the blocks readers hold, swept of dead entries as the map grows.
@@ -201,7 +208,7 @@ impl Cache {
         store: Arc<BlockStore>,
         config: &OriginConfig,
         stats: Arc<Stats>,
-        peers: Option<Arc<dyn BlockSource>>,
+        peers: Option<PeerTier>,
     ) -> Self {
         let block_size = store.block_size();
         let ahead = (store.capacity() / AHEAD_SHARE_OF_CAPACITY).max(block_size);
@@ -209,10 +216,11 @@ impl Cache {
         let write_behind = (WRITE_BEHIND_BYTES.min(ahead) / block_size).max(2 * u64::from(part_blocks));
         let readahead_max = config.readahead_max.as_u64().min(ahead);
         let origin = OriginSource::new(config.concurrency.max(1));
+        let (peer_source, members) = peers.map(|p| (p.source, p.members)).unzip();
         Self {
             inner: Arc::new(Inner {
                 store,
-                sources: peers.into_iter().chain([Arc::new(origin) as _]).collect(),
+                sources: peer_source.into_iter().chain([Arc::new(origin) as _]).collect(),
                 inflight: Mutex::new(HashMap::new()),
                 failed: Mutex::new(HashMap::new()),
                 unstored: Mutex::new(HashMap::new()),
@@ -229,6 +237,8 @@ impl Cache {
                     sweep_at: HELD_SWEEP_MIN,
                 }),
                 runs: AtomicUsize::new(0),
+                members,
+                checks: check::OriginChecks::new(),
             }),
         }
     }

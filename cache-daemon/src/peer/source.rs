@@ -116,12 +116,13 @@ impl BlockSource for PeerSource {
                 count: run.blocks_left(),
             };
             let started = Instant::now();
+            let member: Arc<str> = peer.id.as_str().into();
             let mut received = 0;
             let answer = self
                 .client
                 .fetch_run(&peer.address, &request, |head, bytes| {
                     let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
-                    run.push_from_peer(head.index, &bytes, head.hash, expected)?;
+                    run.push_from_peer(&member, head.index, &bytes, head.hash, expected)?;
                     received += bytes.len() as u64;
                     Ok(())
                 })

@@ -184,7 +184,7 @@ struct ObjectFiles {
     values: Arc<File>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct BlockMeta {
     hash: [u8; 32],
     /// Changes every time the block is (re)inserted, so a reader can tell whether the block it
@@ -197,6 +197,22 @@ struct BlockMeta {
     /// disk): a disk read then counts as a use again. A block fetched ahead and not yet read is
     /// not: its first disk read is its first use, and keeps it in probation.
     served: bool,
+    /// The rack member that supplied the block, until the whole object is checked against the
+    /// origin's checksum (see `cache/check.rs`). Kept in memory only: a replayed block has none.
+    peer: Option<Arc<str>>,
+}
+
+/// A block a rack member supplied that is not yet checked against the origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerBlock {
+    /// Its index in the object.
+    pub index: u32,
+    /// The member that supplied it.
+    pub member: Arc<str>,
+    /// Its BLAKE3, as recorded.
+    pub hash: [u8; 32],
+    /// Which insertion of the block it is: a block replaced since is not this one.
+    generation: u64,
 }
 
 #[derive(Debug)]
@@ -424,6 +440,7 @@ impl BlockStore {
                     generation: state.next_generation,
                     verified: false,
                     served: true,
+                    peer: None,
                 },
             );
             state.used += align_up(self.block_len(size, index));
@@ -553,8 +570,13 @@ impl BlockStore {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             let object = state.objects.get_mut(&id)?;
-            let complete =
-                object.blocks.len() as u64 == count && object.blocks.values().all(|meta| self.trusted(meta));
+            // A block from a peer waits for the origin check: once the kernel reads the data
+            // file itself, a block the check drops could not be taken back.
+            let complete = object.blocks.len() as u64 == count
+                && object
+                    .blocks
+                    .values()
+                    .all(|meta| self.trusted(meta) && meta.peer.is_none());
             if !complete || count == 0 {
                 return None;
             }
@@ -603,12 +625,12 @@ impl BlockStore {
             let Some(object) = state.objects.get(&id) else {
                 return Ok(Lookup::Miss);
             };
-            let Some(&meta) = object.blocks.get(&index) else {
+            let Some(meta) = object.blocks.get(&index) else {
                 return Ok(Lookup::Miss);
             };
-            (meta, object.files.clone())
+            (meta.clone(), object.files.clone())
         };
-        let read = self.read_checked(version, id, index, range, meta, &files).await;
+        let read = self.read_checked(version, id, index, range, &meta, &files).await;
         let (bytes, checked_whole) = match read {
             Ok(read) => read,
             Err(error) => {
@@ -649,7 +671,7 @@ impl BlockStore {
         id: ObjectId,
         index: u32,
         range: Range<usize>,
-        meta: BlockMeta,
+        meta: &BlockMeta,
         files: &OnceCell<Arc<ObjectFiles>>,
     ) -> Result<(Bytes, bool), StoreError> {
         let files = self.files(version, files, false).await?;
@@ -750,13 +772,15 @@ impl BlockStore {
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
     /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
-    /// the bytes (a block fetched ahead has not been read yet).
+    /// the bytes (a block fetched ahead has not been read yet). `peer`: the rack member that
+    /// supplied them, if one did and no sealed manifest vouched for them.
     pub async fn write_block(
         &self,
         version: &ObjectVersion,
         index: u32,
         block: &VerifiedBlock,
         served: bool,
+        peer: Option<Arc<str>>,
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
@@ -806,6 +830,7 @@ impl BlockStore {
                     generation: state.next_generation,
                     verified: true,
                     served,
+                    peer,
                 },
             );
             state.used += alloc;
@@ -949,7 +974,8 @@ impl BlockStore {
         }
     }
 
-    /// Drops one block found corrupt, if it is still the generation that was read.
+    /// Drops one block (found corrupt, or failing the origin check), if it is still the
+    /// generation that was read.
     async fn remove_block(&self, id: ObjectId, index: u32, generation: u64) {
         let victim = {
             let mut guard = self.state.lock();
@@ -976,6 +1002,54 @@ impl BlockStore {
             }
         };
         self.drop_victims(vec![victim]).await;
+    }
+
+    /// The blocks of object `id` (of `size` bytes) that rack members supplied and no origin
+    /// check has passed yet, when every block of it is present and at least one is such; else
+    /// `None`.
+    pub fn unchecked_peer_blocks(&self, id: ObjectId, size: u64) -> Option<Vec<PeerBlock>> {
+        let count = size.div_ceil(self.block_size);
+        let state = self.state.lock();
+        let object = state.objects.get(&id)?;
+        if object.blocks.len() as u64 != count {
+            return None;
+        }
+        let blocks: Vec<PeerBlock> = object
+            .blocks
+            .iter()
+            .filter_map(|(&index, meta)| {
+                Some(PeerBlock {
+                    index,
+                    member: meta.peer.clone()?,
+                    hash: meta.hash,
+                    generation: meta.generation,
+                })
+            })
+            .collect();
+        (!blocks.is_empty()).then_some(blocks)
+    }
+
+    /// No origin check waits for `blocks` of `id` (those still in place) any more: it passed,
+    /// or the origin publishes no checksum to check them against.
+    pub fn settle_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+        let mut state = self.state.lock();
+        let Some(object) = state.objects.get_mut(&id) else {
+            return;
+        };
+        for block in blocks {
+            if let Some(meta) = object.blocks.get_mut(&block.index)
+                && meta.generation == block.generation
+            {
+                meta.peer = None;
+            }
+        }
+    }
+
+    /// Drops `blocks` of `id` (those still in place) from the store: the origin check failed.
+    pub async fn drop_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+        for block in blocks {
+            self.remove_block(id, block.index, block.generation).await;
+        }
     }
 
     /// Opens (once) the object's files; `create` makes fresh ones for an object not on disk.

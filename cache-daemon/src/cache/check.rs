@@ -1,0 +1,539 @@
+//! The origin check, the middle tier of trust in rack peers: when an object version is
+//! complete in the cache and some of its blocks came from rack members (and no sealed manifest
+//! vouched for them), the whole object is checked against the checksum the origin publishes
+//! in its ETag, in the background, one object at a time, reading the blocks from the cache.
+//!
+//! - A single-part upload's ETag is the MD5 of the object (32 hex digits).
+//! - A multipart upload's ETag is the MD5 of its parts' binary MD5s and `-N`, N the number of
+//!   parts. The part sizes are not in the ETag, and object_store cannot ask for them
+//!   (`HEAD ?partNumber=`), so the check tries the part sizes that uploaders use: every part
+//!   but the last of one size, a whole number of MiB, N parts in all; powers of two first,
+//!   then the smallest, at most [`MAX_PART_SIZES`] of them in one pass over the object.
+//! - Any other ETag (Azure's, a local file's), or none: nothing to check against; counted
+//!   `unchecked`, and the blocks are kept.
+//!
+//! An ETag that does not match does not yet blame anyone: the part sizes guessed may be wrong,
+//! and some ETags of 32 hex digits are not the MD5 (S3 with SSE-KMS or SSE-C). Each block a
+//! member supplied is then fetched from the origin and compared with the cached one; only those
+//! that differ are a mismatch.
+//!
+//! A mismatch drops the blocks that differ from the cache (later reads fetch them from
+//! the origin), opens the circuit of every member that supplied one for the longest backoff
+//! (2 minutes), and is logged at warn
+//! naming the object and the members. Until its check passes, an object with blocks from a
+//! member is never handed to the kernel in passthrough. Which member supplied which block is
+//! kept in memory only (in the block store's index): after a restart, blocks replayed from disk
+//! are not checked again.
+//!
+//! What this tier stops: corruption and bugs, anywhere between the origin and this cache.
+//! What it does not: a member holding the cluster key that lies on purpose can hand wrong
+//! bytes to a reader before the object is complete (only a sealed manifest stops that), and
+//! could, at the cost of an MD5 collision, forge a whole object.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use md5::{Digest, Md5};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, Semaphore};
+
+use super::{Cache, OpenObject};
+use crate::object::ObjectId;
+use crate::stats::add;
+use crate::store::{Lookup, PeerBlock};
+
+/// Part sizes of a multipart upload tried at once (each costs an MD5 pass over the object).
+const MAX_PART_SIZES: usize = 4;
+
+const MIB: u64 = 1 << 20;
+
+/// Objects whose mismatch dropped blocks, remembered for the next open, at most this many.
+const MISMATCHES_KEPT: usize = 1024;
+
+/// The checks of one cache: at most one runs at a time.
+#[derive(Debug)]
+pub(super) struct OriginChecks {
+    running: Semaphore,
+    /// Objects with a check queued or running.
+    busy: Mutex<Busy>,
+    /// Woken after each check ends.
+    ended: Notify,
+    /// Objects whose check dropped blocks since they were last opened: the kernel's page cache
+    /// of the file may hold their bytes.
+    mismatched: Mutex<HashSet<ObjectId>>,
+}
+
+/// Objects with a check queued, and the one whose check runs.
+#[derive(Debug, Default)]
+struct Busy {
+    queued: HashSet<ObjectId>,
+    running: Option<ObjectId>,
+}
+
+impl OriginChecks {
+    pub(super) fn new() -> Self {
+        Self {
+            running: Semaphore::new(1),
+            busy: Mutex::new(Busy::default()),
+            ended: Notify::new(),
+            mismatched: Mutex::new(HashSet::new()),
+        }
+    }
+}
+
+/// Why an object's blocks from rack peers do not count as the origin's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OriginCheckError {
+    /// Its blocks from rack peers did not match the origin's checksum and were dropped.
+    #[error(
+        "blocks from rack peers did not match the origin's checksum and were dropped; run it again to fetch them from the origin"
+    )]
+    Dropped,
+    /// The check could not finish (a block evicted while read, the origin unreachable).
+    #[error("the check of blocks from rack peers against the origin's checksum could not finish")]
+    Unfinished,
+}
+
+/// What an object's ETag lets this node check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checksum {
+    /// The MD5 of the whole object: a single-part upload.
+    Md5([u8; 16]),
+    /// The MD5 of the parts' MD5s, and how many parts: a multipart upload.
+    Multipart { digest: [u8; 16], parts: u32 },
+}
+
+impl Checksum {
+    /// The checksum an ETag (quoted or not) carries, if it has a shape this node knows.
+    fn of_etag(etag: &str) -> Option<Self> {
+        let etag = etag.trim_matches('"');
+        let (hex, parts) = match etag.split_once('-') {
+            Some((hex, parts)) => (hex, Some(parts)),
+            None => (etag, None),
+        };
+        let mut digest = [0; 16];
+        if hex.len() != 32 {
+            return None;
+        }
+        hex::decode_to_slice(hex, &mut digest).ok()?;
+        match parts {
+            None => Some(Self::Md5(digest)),
+            Some(parts) if parts.bytes().all(|b| b.is_ascii_digit()) => {
+                let parts = parts.parse().ok().filter(|&n| n > 0)?;
+                Some(Self::Multipart { digest, parts })
+            }
+            Some(_) => None,
+        }
+    }
+}
+
+/// The part sizes to try for an object of `size` bytes uploaded in `parts` parts: every part
+/// but the last of one size, a whole number of MiB, the last one not empty. Powers of two
+/// first (the AWS CLI's 8 MiB and its doublings), then the smallest; at most
+/// [`MAX_PART_SIZES`].
+fn part_sizes(size: u64, parts: u32) -> Vec<u64> {
+    let parts = u64::from(parts);
+    if parts == 1 {
+        return vec![size.max(1)];
+    }
+    // P with (parts - 1) * P < size <= parts * P.
+    let (low, high) = (size.div_ceil(parts), size.saturating_sub(1) / (parts - 1));
+    let mut sizes: Vec<u64> = (low.div_ceil(MIB)..=high / MIB)
+        .filter(|&mib| mib > 0)
+        .map(|mib| mib * MIB)
+        .collect();
+    sizes.sort_by_key(|&p| (!(p / MIB).is_power_of_two(), p));
+    sizes.truncate(MAX_PART_SIZES);
+    sizes
+}
+
+/// The multipart ETag digest of a stream of bytes cut into parts of one size.
+#[derive(Debug, Clone)]
+struct PartsMd5 {
+    part_size: u64,
+    /// Bytes of the current part so far.
+    filled: u64,
+    part: Md5,
+    parts: Md5,
+    count: u32,
+}
+
+impl PartsMd5 {
+    fn new(part_size: u64) -> Self {
+        Self {
+            part_size,
+            filled: 0,
+            part: Md5::new(),
+            parts: Md5::new(),
+            count: 0,
+        }
+    }
+
+    fn update(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let take = (self.part_size - self.filled).min(bytes.len() as u64) as usize;
+            self.part.update(&bytes[..take]);
+            self.filled += take as u64;
+            bytes = &bytes[take..];
+            if self.filled == self.part_size {
+                self.end_part();
+            }
+        }
+    }
+
+    fn end_part(&mut self) {
+        let part = std::mem::replace(&mut self.part, Md5::new()).finalize();
+        self.parts.update(part);
+        self.count += 1;
+        self.filled = 0;
+    }
+
+    /// The number of parts and the MD5 of their MD5s.
+    fn finish(mut self) -> (u32, [u8; 16]) {
+        if self.filled > 0 {
+            self.end_part();
+        }
+        (self.count, self.parts.finalize().into())
+    }
+}
+
+/// Hashers for one checksum, fed the object in order.
+#[derive(Debug, Clone)]
+enum Hashers {
+    Md5(Md5),
+    Parts(Vec<PartsMd5>),
+}
+
+impl Hashers {
+    fn new(checksum: Checksum, size: u64) -> Self {
+        match checksum {
+            Checksum::Md5(_) => Self::Md5(Md5::new()),
+            Checksum::Multipart { parts, .. } => {
+                Self::Parts(part_sizes(size, parts).into_iter().map(PartsMd5::new).collect())
+            }
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Self::Md5(md5) => md5.update(bytes),
+            Self::Parts(guesses) => guesses.iter_mut().for_each(|g| g.update(bytes)),
+        }
+    }
+
+    /// Whether the object fed gives `checksum` (for a multipart one, with any part size tried).
+    fn matches(self, checksum: Checksum) -> bool {
+        match (self, checksum) {
+            (Self::Md5(md5), Checksum::Md5(digest)) => <[u8; 16]>::from(md5.finalize()) == digest,
+            (Self::Parts(guesses), Checksum::Multipart { digest, parts }) => {
+                guesses.into_iter().any(|g| g.finish() == (parts, digest))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Why a check could not finish: it is tried again when the object next completes.
+#[derive(Debug, thiserror::Error)]
+enum CheckError {
+    /// A block left the cache while it was read.
+    #[error("block {0} left the cache during the check")]
+    BlockGone(u32),
+    /// The origin could not supply a block to compare.
+    #[error(transparent)]
+    Origin(#[from] crate::origin::OriginError),
+    /// The hashing task was lost.
+    #[error("the hashing task failed")]
+    Hashing,
+}
+
+impl Cache {
+    /// If `object` is complete in the cache and holds blocks from rack members not yet
+    /// checked, queues its origin check (after each write, and before a prefetch calls it done).
+    pub(super) fn queue_check(&self, object: &Arc<OpenObject>) {
+        let inner = &self.inner;
+        if inner.members.is_none()
+            || inner
+                .store
+                .unchecked_peer_blocks(object.id, object.version.size)
+                .is_none()
+        {
+            return;
+        }
+        if !inner.checks.busy.lock().queued.insert(object.id) {
+            return;
+        }
+        let (cache, object) = (self.clone(), object.clone());
+        inner.tasks.spawn(async move {
+            let checks = &cache.inner.checks;
+            if let Ok(_running) = checks.running.acquire().await {
+                {
+                    // Blocks written from now on queue a new check.
+                    let mut busy = checks.busy.lock();
+                    busy.queued.remove(&object.id);
+                    busy.running = Some(object.id);
+                }
+                tokio::select! {
+                    biased;
+                    () = cache.inner.stop.cancelled() => {}
+                    () = cache.check(&object) => {}
+                }
+            }
+            let mut busy = checks.busy.lock();
+            busy.queued.remove(&object.id);
+            busy.running = None;
+            checks.ended.notify_waiters();
+        });
+    }
+
+    /// Waits for the origin check of `object` (queued here if its last write has not queued it
+    /// yet) and says whether it leaves the object's blocks counted as the origin's: what a
+    /// prefetch job needs before it calls an object done.
+    pub async fn origin_checked(&self, object: &Arc<OpenObject>) -> Result<(), OriginCheckError> {
+        let checks = &self.inner.checks;
+        self.queue_check(object);
+        loop {
+            let ended = checks.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the look, so a check ending in between still wakes us.
+            ended.as_mut().enable();
+            {
+                let busy = checks.busy.lock();
+                if !busy.queued.contains(&object.id) && busy.running != Some(object.id) {
+                    break;
+                }
+            }
+            ended.await;
+        }
+        let store = &self.inner.store;
+        let complete = (0..self.block_count(object)).all(|index| store.contains(object.id, index));
+        if !complete && checks.mismatched.lock().contains(&object.id) {
+            return Err(OriginCheckError::Dropped);
+        }
+        match store.unchecked_peer_blocks(object.id, object.version.size) {
+            Some(_) => Err(OriginCheckError::Unfinished),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether an origin check dropped blocks of `id` since this was last asked: the file's
+    /// pages the kernel keeps may hold a member's bytes, so its next open must not keep them.
+    pub fn take_origin_mismatch(&self, id: ObjectId) -> bool {
+        self.inner.checks.mismatched.lock().remove(&id)
+    }
+
+    /// Checks `object` against its ETag, and keeps or drops its blocks from members.
+    async fn check(&self, object: &Arc<OpenObject>) {
+        let (store, stats) = (&self.inner.store, &self.inner.stats);
+        let Some(blocks) = store.unchecked_peer_blocks(object.id, object.version.size) else {
+            return;
+        };
+        let key = object.version.key.as_str();
+        let Some(checksum) = object.version.etag.as_deref().and_then(Checksum::of_etag) else {
+            add(&stats.origin_checks_unchecked, 1);
+            tracing::debug!(
+                key,
+                "the origin publishes no checksum to check blocks from rack peers against"
+            );
+            store.settle_peer_blocks(object.id, &blocks);
+            return;
+        };
+        // The ETag may be wrong about the bytes (SSE-KMS gives 32 hex digits that are not the
+        // MD5) or the part sizes guessed may be: only the origin's own bytes blame a member.
+        let bad = match self.hash_cached(object, checksum).await {
+            Ok(true) => Ok(Vec::new()),
+            Ok(false) => self.compare_with_origin(object, &blocks).await,
+            Err(error) => Err(error),
+        };
+        match bad {
+            Ok(bad) => {
+                if bad.is_empty() {
+                    add(&stats.origin_checks_match, 1);
+                } else {
+                    self.mismatch(object, &bad).await;
+                }
+                // The rest are the origin's.
+                store.settle_peer_blocks(object.id, &blocks);
+            }
+            Err(error) => {
+                tracing::debug!(key, %error, "origin check not finished; it runs again when the object is next complete")
+            }
+        }
+    }
+
+    /// Whether the cached object gives `checksum`, reading its blocks from the store in order.
+    async fn hash_cached(&self, object: &OpenObject, checksum: Checksum) -> Result<bool, CheckError> {
+        let store = &self.inner.store;
+        let mut hashers = Hashers::new(checksum, object.version.size);
+        for index in 0..self.block_count(object) {
+            let bytes = match store.read_block(&object.version, object.id, index).await {
+                Ok(Lookup::Hit(bytes)) => bytes,
+                Ok(Lookup::Miss | Lookup::LostRace) | Err(_) => return Err(CheckError::BlockGone(index)),
+            };
+            hashers = tokio::task::spawn_blocking(move || {
+                hashers.update(&bytes);
+                hashers
+            })
+            .await
+            .map_err(|_| CheckError::Hashing)?;
+        }
+        Ok(hashers.matches(checksum))
+    }
+
+    /// The ETag did not match: fetches each block a member supplied from the origin and
+    /// compares their BLAKE3s. The blocks that differ.
+    async fn compare_with_origin(
+        &self,
+        object: &OpenObject,
+        blocks: &[PeerBlock],
+    ) -> Result<Vec<PeerBlock>, CheckError> {
+        let store = &self.inner.store;
+        let mut bad = Vec::new();
+        for block in blocks {
+            let start = self.block_start(block.index);
+            let end = start + store.block_len(object.version.size, block.index);
+            let mut hasher = blake3::Hasher::new();
+            let mut sink = |chunk: bytes::Bytes| {
+                hasher.update(&chunk);
+            };
+            let started = tokio::time::Instant::now();
+            object
+                .origin
+                .read_range(&object.version, start..end, started, &mut sink)
+                .await?;
+            if *hasher.finalize().as_bytes() != block.hash {
+                bad.push(block.clone());
+            }
+        }
+        Ok(bad)
+    }
+
+    /// The blocks `bad` of `object` came from members and are not the origin's: drops them,
+    /// counts it, opens the members' circuits and says so.
+    async fn mismatch(&self, object: &OpenObject, bad: &[PeerBlock]) {
+        let inner = &self.inner;
+        inner.store.drop_peer_blocks(object.id, bad).await;
+        add(&inner.stats.origin_checks_mismatch, 1);
+        {
+            let mut mismatched = inner.checks.mismatched.lock();
+            if mismatched.len() >= MISMATCHES_KEPT {
+                mismatched.clear();
+            }
+            mismatched.insert(object.id);
+        }
+        let members: BTreeSet<&str> = bad.iter().map(|b| &*b.member).collect();
+        if let Some(membership) = &inner.members {
+            for member in &members {
+                membership.sent_wrong_blocks(member);
+            }
+        }
+        tracing::warn!(
+            key = %object.version.key,
+            object = %object.id,
+            ?members,
+            blocks = bad.len(),
+            "blocks from rack peers do not match the origin's checksum: dropped from the cache \
+             (later reads fetch them from the origin), and the members are left out for 2 minutes"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md5(bytes: &[u8]) -> [u8; 16] {
+        Md5::digest(bytes).into()
+    }
+
+    #[test]
+    fn etag_shapes() {
+        let hex = "d41d8cd98f00b204e9800998ecf8427e";
+        let digest = md5(b"");
+        assert_eq!(Checksum::of_etag(hex), Some(Checksum::Md5(digest)));
+        assert_eq!(
+            Checksum::of_etag(&format!("\"{hex}\"")),
+            Some(Checksum::Md5(digest))
+        );
+        assert_eq!(
+            Checksum::of_etag(&format!("\"{hex}-12\"")),
+            Some(Checksum::Multipart { digest, parts: 12 })
+        );
+        for other in [
+            "",
+            "\"\"",
+            "abc",
+            &format!("{hex}-"),
+            &format!("{hex}-0"),
+            &format!("{hex}-x"),
+            &format!("{hex}-+3"),
+            &format!("W/\"{hex}\""),
+            "0x8DC1B2C3D4E5F60",
+            "zz1d8cd98f00b204e9800998ecf8427e",
+        ] {
+            assert_eq!(Checksum::of_etag(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn part_sizes_fit_the_number_of_parts() {
+        // 100 MiB in 13 parts: 8 MiB parts (12 of them and 4 MiB).
+        assert_eq!(part_sizes(100 * MIB, 13), vec![8 * MIB]);
+        // 64 MiB in 2 parts: 32 MiB first, then whole MiB from 33.
+        assert_eq!(
+            part_sizes(64 * MIB, 2),
+            vec![32 * MIB, 33 * MIB, 34 * MIB, 35 * MIB]
+        );
+        assert_eq!(part_sizes(10, 1), vec![10]);
+        // No whole MiB fits.
+        assert!(
+            part_sizes(10 * MIB + 7, 3)
+                .iter()
+                .all(|p| (10 * MIB + 7).div_ceil(*p) == 3)
+        );
+        assert!(part_sizes(5, 3).is_empty());
+        for (size, parts) in [
+            (100 * MIB, 13),
+            (64 * MIB, 2),
+            (1 << 40, 10_000),
+            (77 * MIB + 3, 9),
+        ] {
+            for p in part_sizes(size, parts) {
+                assert_eq!(size.div_ceil(p), u64::from(parts), "{size} {parts} {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_multipart_digest_is_the_md5_of_the_part_md5s() {
+        let data: Vec<u8> = (0..(5 * MIB as usize / 2)).map(|i| (i * 7 % 251) as u8).collect();
+        let expected = {
+            let mut parts = Vec::new();
+            for part in data.chunks(MIB as usize) {
+                parts.extend_from_slice(&md5(part));
+            }
+            md5(&parts)
+        };
+        let checksum = Checksum::Multipart {
+            digest: expected,
+            parts: 3,
+        };
+        let mut hashers = Hashers::new(checksum, data.len() as u64);
+        // Fed in pieces that do not line up with the parts.
+        for piece in data.chunks(333_333) {
+            hashers.update(piece);
+        }
+        assert!(hashers.clone().matches(checksum));
+        let other = Checksum::Multipart {
+            digest: md5(b"x"),
+            parts: 3,
+        };
+        assert!(!hashers.matches(other));
+
+        let whole = Checksum::Md5(md5(&data));
+        let mut single = Hashers::new(whole, data.len() as u64);
+        single.update(&data);
+        assert!(single.clone().matches(whole));
+        assert!(!single.matches(Checksum::Md5(md5(b"x"))));
+    }
+}
