@@ -5,7 +5,9 @@
 //! in flight, wait for the cache writes of blocks already received, exit.
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
-//! until the daemon stops; an address it cannot bind stops the daemon from starting.
+//! until the daemon stops; an address it cannot bind stops the daemon from starting. Its
+//! `/readyz` says "mounting" until the mount is up, then ready while the cache dir is the
+//! daemon's own, and "stopping" from SIGTERM on.
 //!
 //! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
 //! with EIO until it comes back, and cached data is served meanwhile), but a `file://` source
@@ -36,7 +38,7 @@ use crate::engine;
 use crate::http;
 use crate::manifest::Manifests;
 use crate::members::Membership;
-use crate::metrics::{self, Snapshot};
+use crate::metrics::{self, Phase, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
 use crate::peer::listener::PeerListener;
@@ -138,10 +140,19 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let membership = peers.members.clone();
     // Stops the HTTP servers and the members' DNS resolution.
     let stop = CancellationToken::new();
+    let phase = Arc::new(Phase::default());
     let metrics_task = match config.metrics.listen {
-        Some(address) => {
-            Some(serve_metrics(address, &stats, &store, membership.clone(), stop.clone()).await?)
-        }
+        Some(address) => Some(
+            serve_metrics(
+                address,
+                &stats,
+                &store,
+                membership.clone(),
+                phase.clone(),
+                stop.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let manifests = Manifests::new();
@@ -237,6 +248,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tokio::runtime::Handle::current(),
     )
     .map_err(|source| mount_error(&mountpoint, source))?;
+    phase.serving();
     tracing::info!(
         mount = %mountpoint.display(),
         cache = %config.cache.dir.display(),
@@ -251,6 +263,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         source,
     })?;
     tracing::info!("stopping: cancelling prefetch and seal jobs");
+    phase.stopping();
     stop.cancel();
     sample_task.abort();
     let _ = control_task.await;
@@ -288,28 +301,32 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     })
 }
 
-/// Binds the metrics listener and serves it on a task of its own until `stop`.
+/// Binds the metrics listener and serves it (with the health checks, ready as `phase` and the
+/// store say) on a task of its own until `stop`.
 async fn serve_metrics(
     address: SocketAddr,
     stats: &Arc<Stats>,
     store: &Arc<BlockStore>,
     membership: Option<Membership>,
+    phase: Arc<Phase>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| DaemonError::MetricsListen { address, source })?;
     let bound = listener.local_addr().unwrap_or(address);
-    tracing::info!(address = %bound, "serving metrics at /metrics");
+    tracing::info!(address = %bound, "serving metrics at /metrics, health at /healthz and /readyz");
     let (stats, store) = (stats.clone(), store.clone());
+    let ready_store = store.clone();
     let snapshot = move || Snapshot {
         stats: stats.snapshot(),
         usage: store.usage(),
         members: membership.as_ref().map(Membership::states).unwrap_or_default(),
     };
+    let ready = move || phase.readiness(ready_store.usage().dir_lost);
     Ok(tokio::spawn(http::serve(
         listener,
-        metrics::service(snapshot),
+        metrics::service(snapshot, ready),
         metrics::LIMITS,
         stop,
     )))
