@@ -9,6 +9,9 @@
 //! `/readyz` says "mounting" until the mount is up, then ready while the cache dir is the
 //! daemon's own, and "stopping" from SIGTERM on.
 //!
+//! With `warm.plan`, the plan is prefetched once the mount is up and the Node labelled while it
+//! is complete ([`crate::warm`]); a plan file that cannot be read stops the daemon from starting.
+//!
 //! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
 //! with EIO until it comes back, and cached data is served meanwhile), but a `file://` source
 //! whose directory is missing is refused by config validation; a stale mount left at the
@@ -33,9 +36,10 @@ use tokio_util::task::TaskTracker;
 use crate::cache::Cache;
 use crate::cache::fill::BlockSource;
 use crate::control::{self, Control};
-use crate::control_api::Settings;
+use crate::control_api::{Plan, Settings};
 use crate::engine;
 use crate::http;
+use crate::kube::{KubeError, NodeClient};
 use crate::manifest::Manifests;
 use crate::members::Membership;
 use crate::metrics::{self, Phase, Snapshot};
@@ -47,6 +51,7 @@ use crate::prefetch::Jobs;
 use crate::seal::Sealer;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
+use crate::warm::Warm;
 
 /// Arguments of `larder daemon`.
 #[derive(Debug, Clone, clap::Args)]
@@ -113,6 +118,17 @@ pub enum DaemonError {
         /// The OS error.
         source: io::Error,
     },
+    /// The warm plan cannot be read.
+    #[error("warm plan {path} (warm.plan): {reason}")]
+    WarmPlan {
+        /// The plan file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The Kubernetes API client for warm-node labels cannot be set up.
+    #[error(transparent)]
+    Kube(#[from] KubeError),
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -138,7 +154,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
     let peers = Peers::new(&config.peer)?;
     let membership = peers.members.clone();
-    // Stops the HTTP servers and the members' DNS resolution.
+    // Stops the HTTP servers, the members' DNS resolution and the warm-node tasks.
     let stop = CancellationToken::new();
     let phase = Arc::new(Phase::default());
     let metrics_task = match config.metrics.listen {
@@ -164,13 +180,21 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             stats.clone(),
         )) as Arc<dyn BlockSource>
     });
-    let member_tasks = TaskTracker::new();
+    // The members' DNS resolution and the warm-node tasks.
+    let background = TaskTracker::new();
     if let Some(members) = &peers.members
         && config.peer.dns.is_some()
     {
         let hello = Arc::new(AskWho(peers.client.clone()));
-        members.spawn_dns(&member_tasks, stop.clone(), hello);
+        members.spawn_dns(&background, stop.clone(), hello);
     }
+    let warm = match &config.warm.plan {
+        Some(path) => Some((
+            read_plan(path)?,
+            NodeClient::new(&config.warm, &peers.hello.node)?,
+        )),
+        None => None,
+    };
     let cache = Cache::new(store, &config.origin, stats.clone(), peer_source);
     let sources = sources(&config, &stats)?;
     let origins: Vec<(String, Arc<Origin>)> = sources
@@ -249,6 +273,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .map_err(|source| mount_error(&mountpoint, source))?;
     phase.serving();
+    if let Some((plan, client)) = warm {
+        let name = config.warm.plan_name().unwrap_or_default();
+        Warm::new(jobs.clone(), plan, &name, config.warm.check_interval, client)
+            .spawn(&background, stop.clone());
+    }
     tracing::info!(
         mount = %mountpoint.display(),
         cache = %config.cache.dir.display(),
@@ -269,8 +298,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     jobs.shutdown().await;
-    member_tasks.close();
-    member_tasks.wait().await;
+    background.close();
+    background.wait().await;
     sealer.shutdown().await;
     let grace = config.mount.shutdown_grace;
     tracing::info!(
@@ -405,6 +434,20 @@ impl Peers {
             stop,
         )))
     }
+}
+
+/// The plan file `warm.plan` names.
+fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
+    let problem = |reason: String| DaemonError::WarmPlan {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
+    let plan: Plan = toml::from_str(&text).map_err(|e| problem(e.to_string()))?;
+    if plan.targets.is_empty() {
+        return Err(problem("no targets".into()));
+    }
+    Ok(plan)
 }
 
 fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {
