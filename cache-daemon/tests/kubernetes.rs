@@ -1,19 +1,32 @@
-//! The Kubernetes manifests of `deploy/kubernetes`, checked two ways:
+//! The Kubernetes manifests of `deploy/kubernetes`, checked three ways:
 //! - against the Kubernetes schemas, offline (`kubernetes-validate --strict` in a network
 //!   namespace of its own, so it cannot fetch anything);
 //! - for what schemas miss: propagation modes and privileges, the host paths of the mount and
 //!   of the control socket as the DaemonSet, the example pod and the prefetch Job see them,
 //!   probe and scrape ports, the peer Service, the grace period, the config itself, and the
-//!   Grafana dashboard ConfigMap against `deploy/grafana/larder.json`.
+//!   Grafana dashboard ConfigMap against `deploy/grafana/larder.json`;
+//! - by running them: `larder daemon` started with the DaemonSet container's exact arguments,
+//!   environment and ConfigMap, against SeaweedFS, each container path replaced by a local
+//!   directory standing for its volume (a hostPath by the same directory wherever it is
+//!   mounted), and only what must be local replaced besides (the bucket, listen addresses, the
+//!   peer DNS name, the secrets' values, the API server); then the prefetch Job's and the
+//!   example pod's containers run as written against that node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use larder_cache_daemon::control_api::Plan;
 use larder_config::Config;
-use larder_tests::kube::{manifest_dir, manifests, venv_bin};
+use larder_tests::kube::{ApiServer, manifest_dir, manifests, venv_bin};
+use larder_tests::seaweed::Seaweed;
+use larder_tests::{content, seed, upload};
 use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+const MIB: u64 = 1 << 20;
 
 /// The manifests by kind and name.
 struct Manifests(BTreeMap<(String, String), Value>);
@@ -355,4 +368,339 @@ fn kubernetes_manifests_agree() {
         "50-grafana-dashboard.yaml differs from deploy/grafana/larder.json: run deploy/kubernetes/generate-dashboard"
     );
     assert_eq!(configmap["metadata"]["labels"]["grafana_dashboard"], "1");
+}
+
+/// A node and its pods, on this machine: every volume of a pod is a local directory, a hostPath
+/// the same one for every pod that mounts it.
+struct Node {
+    root: PathBuf,
+}
+
+impl Node {
+    /// The local path of container path `path` in the pod of `spec`; ConfigMap volumes are
+    /// written out, Secret volumes get `secrets` (name → key → value) in their place.
+    fn path(&self, spec: &Value, container: &Value, path: &Path) -> PathBuf {
+        let (volume, host, below) = on_node(spec, container, path);
+        match host {
+            Some(host) => self
+                .root
+                .join("host")
+                .join(host.strip_prefix("/").unwrap())
+                .join(below),
+            None => self.root.join("pod").join(volume).join(below),
+        }
+    }
+
+    /// Rewrites every container path in `text` (the mount paths of `container`, longest first)
+    /// to its local path.
+    fn rewrite(&self, spec: &Value, container: &Value, text: &str) -> String {
+        let mut mounts: Vec<&str> = container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| str_of(&m["mountPath"]))
+            .filter(|m| *m != "/dev/fuse")
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        let mut out = text.to_owned();
+        for mount in mounts {
+            let local = self.path(spec, container, Path::new(mount)).display().to_string();
+            // A path starts at a quote, an `=` or the start of an argument.
+            for lead in ["\"", "=", " "] {
+                out = out.replace(&format!("{lead}{mount}/"), &format!("{lead}{local}/"));
+                out = out.replace(&format!("{lead}{mount}\""), &format!("{lead}{local}\""));
+            }
+            if out == mount || out.starts_with(&format!("{mount}/")) {
+                out = format!("{local}{}", &out[mount.len()..]);
+            }
+        }
+        out
+    }
+}
+
+/// The daemon started as the DaemonSet says; killed, and its mount detached, when dropped.
+struct Daemon {
+    child: Child,
+    mount: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if larder_tests::daemon::is_mounted(&self.mount) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// Runs `container` of the pod of `spec` as written (its args, after `larder`), paths local.
+fn run_larder(node: &Node, spec: &Value, container: &Value) -> std::process::Output {
+    let args: Vec<String> = args_of(container)
+        .iter()
+        .map(|a| node.rewrite(spec, container, a))
+        .collect();
+    Command::new(BIN)
+        .args(&args)
+        .env_remove("LARDER_CONTROL_SOCKET")
+        .output()
+        .expect("run larder")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_daemonset_runs_as_written_against_seaweedfs() {
+    let weed = Seaweed::installed_binary();
+    assert!(weed.exists(), "{} is missing: run scripts/test", weed.display());
+    let seaweed = tokio::task::spawn_blocking(move || Seaweed::start(&weed, "models"))
+        .await
+        .expect("join")
+        .expect("weed mini");
+    let objects = [
+        ("base/llama-mini/model.safetensors", 9 * MIB + 3),
+        ("base/llama-mini/config.json", 700),
+        ("base/other/weights.bin", 2 * MIB),
+    ];
+    let client = seaweed.client().expect("client");
+    for (key, size) in objects {
+        upload(client.as_ref(), key, seed(key, 0), size)
+            .await
+            .expect("upload");
+    }
+    let api = ApiServer::start().await.expect("api server");
+
+    let all = Manifests::load();
+    let ds = all.daemonset();
+    let spec = &ds["spec"]["template"]["spec"];
+    let larder = container(spec, "larder");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = Node {
+        root: dir.path().to_owned(),
+    };
+
+    // The volumes: hostPath directories (DirectoryOrCreate), the ConfigMap's files, and the
+    // Secrets with values that work here (the manifests hold placeholders).
+    for volume in spec["volumes"].as_array().unwrap() {
+        if let Some(host) = volume["hostPath"]["path"].as_str()
+            && volume["hostPath"]["type"] == "DirectoryOrCreate"
+        {
+            std::fs::create_dir_all(node.root.join("host").join(&host[1..])).expect("hostPath");
+        }
+    }
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let peer_port = free_port();
+    for volume in spec["volumes"].as_array().unwrap() {
+        let local = node.root.join("pod").join(str_of(&volume["name"]));
+        if let Some(name) = volume["configMap"]["name"].as_str() {
+            std::fs::create_dir_all(&local).unwrap();
+            for (key, value) in all.get("ConfigMap", name)["data"].as_object().unwrap() {
+                let mut text = node.rewrite(spec, larder, str_of(value));
+                if key == "larder.toml" {
+                    // What must be local: the bucket and the listen addresses.
+                    let (from, to) = (
+                        r#"url = "s3://REPLACE-WITH-YOUR-BUCKET/models""#,
+                        format!("url = \"{}\"", seaweed.url()),
+                    );
+                    assert!(text.contains(from), "{text}");
+                    text = text
+                        .replace(from, &to)
+                        .replace("\"0.0.0.0:9464\"", &format!("\"{metrics}\""))
+                        .replace("\"0.0.0.0:7470\"", &format!("\"127.0.0.1:{peer_port}\""));
+                }
+                std::fs::write(local.join(key), text).unwrap();
+            }
+        }
+        if volume["secret"].is_object() {
+            std::fs::create_dir_all(&local).unwrap();
+            let key = local.join("cluster.key");
+            std::fs::write(&key, "0123456789abcdef0123456789abcdef0123456789abcdef\n").unwrap();
+            let mode = volume["secret"]["defaultMode"].as_u64().unwrap() as u32;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+    }
+    // The init container makes the mount point.
+    let init = container(spec, "mountpoint");
+    let command: Vec<String> = init["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| node.rewrite(spec, init, str_of(c)))
+        .collect();
+    assert!(
+        Command::new(&command[0])
+            .args(&command[1..])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    // The environment: the downward API's node name, the container's own values, the origin
+    // Secret's keys with SeaweedFS' values, and what reaches a local S3 server and API server.
+    let mut env: HashMap<String, String> = HashMap::new();
+    for variable in larder["env"].as_array().unwrap() {
+        let value = match variable["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("spec.nodeName") => "gpu-node-1".to_owned(),
+            Some(other) => panic!("no stand-in for {other}"),
+            None => str_of(&variable["value"]).to_owned(),
+        };
+        env.insert(str_of(&variable["name"]).to_owned(), value);
+    }
+    let origin = all.get("Secret", str_of(&larder["envFrom"][0]["secretRef"]["name"]));
+    for (key, value) in origin["stringData"].as_object().unwrap() {
+        let local = match key.as_str() {
+            "AWS_ACCESS_KEY_ID" => larder_tests::ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY" => larder_tests::SECRET_KEY,
+            _ => str_of(value),
+        };
+        env.insert(key.clone(), local.to_owned());
+    }
+    let token = node.root.join("token");
+    std::fs::write(&token, "token").unwrap();
+    env.extend([
+        ("AWS_ENDPOINT_URL".to_owned(), seaweed.endpoint.clone()),
+        ("AWS_ALLOW_HTTP".to_owned(), "true".to_owned()),
+        ("LARDER_WARM_API_SERVER".to_owned(), api.url()),
+        ("LARDER_WARM_TOKEN_FILE".to_owned(), token.display().to_string()),
+    ]);
+    // The args, with $(VAR) expanded from the container's environment as the kubelet does.
+    let args: Vec<String> = args_of(larder)
+        .iter()
+        .map(|arg| {
+            let mut arg = node.rewrite(spec, larder, arg);
+            for (name, value) in &env {
+                arg = arg.replace(&format!("$({name})"), value);
+            }
+            // The Service's DNS name, as this machine can resolve it.
+            if let Some(dns) = arg.strip_prefix("--peer-dns=") {
+                assert!(dns.starts_with("larder-peers."), "{dns}");
+                arg = format!("--peer-dns=localhost:{peer_port}");
+            }
+            arg
+        })
+        .collect();
+    assert!(args.contains(&"--node-id=gpu-node-1".to_owned()), "{args:?}");
+    let config = all.config();
+    let mount = node.path(spec, larder, &config.mount.path);
+    let log = node.root.join("daemon.log");
+    let child = Command::new(BIN)
+        .args(&args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .envs(&env)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start the daemon");
+    let mut daemon = Daemon {
+        child,
+        mount: mount.clone(),
+    };
+
+    // Ready: the probe's path on the probe's port (the metrics listener).
+    assert_eq!(larder["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let readyz = format!("http://{metrics}/readyz");
+    let started = Instant::now();
+    loop {
+        if let Ok(response) = reqwest::get(&readyz).await
+            && response.status() == 200
+        {
+            break;
+        }
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            panic!(
+                "the daemon exited with {status}:\n{}",
+                std::fs::read_to_string(&log).unwrap()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not ready in 30s:\n{}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(larder_tests::daemon::is_mounted(&mount), "{}", mount.display());
+
+    // The prefetch Job, as written, against this node's control socket.
+    let job = all.get("Job", "larder-prefetch");
+    let job_spec = &job["spec"]["template"]["spec"];
+    let output = tokio::task::block_in_place(|| run_larder(&node, job_spec, container(job_spec, "prefetch")));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // The example pod: its init container prefetches, its workload reads through the hostPath.
+    let pod = all.get("Pod", "llm-inference");
+    let pod_spec = &pod["spec"];
+    let output = tokio::task::block_in_place(|| run_larder(&node, pod_spec, container(pod_spec, "prefetch")));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let workload = container(pod_spec, "inference");
+    let script = str_of(&workload["args"][0]);
+    let read = script.split('"').find(|s| s.starts_with('/')).expect("a path");
+    let local = node.path(pod_spec, workload, Path::new(read));
+    let (key, size) = objects[0];
+    let bytes = tokio::task::block_in_place(|| std::fs::read(&local)).expect("read through the mount");
+    assert!(
+        bytes == content(seed(key, 0), 0, size as usize),
+        "wrong bytes at {}",
+        local.display()
+    );
+
+    // Every byte came from SeaweedFS once; the prefetches made it all cached.
+    let status = tokio::task::block_in_place(|| {
+        let socket = node.path(spec, larder, &config.control.socket);
+        let output = Command::new(BIN)
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    });
+    let total: u64 = objects.iter().map(|(_, size)| size).sum();
+    assert!(status["used_bytes"].as_u64().unwrap() >= total, "{status:#}");
+    assert_eq!(status["settings"]["mount"], mount.display().to_string());
+
+    // The warm plan of the ConfigMap labels this node.
+    let label = format!("larder.dev/warm-{}", config.warm.plan_name().unwrap());
+    let patches = api
+        .wait_for(Duration::from_secs(30), |p| {
+            p.last().and_then(|p| p.label(&label)) == Some(Some("true".into()))
+        })
+        .await
+        .expect("the node is labelled warm");
+    assert_eq!(patches[0].path, "/api/v1/nodes/gpu-node-1");
+
+    // SIGTERM, as the kubelet stops the pod: unmounted, exit 0 within the grace period.
+    // SAFETY: signals our own child by its pid.
+    assert_eq!(unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) }, 0);
+    let grace = Duration::from_secs(spec["terminationGracePeriodSeconds"].as_u64().unwrap());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < grace, "not stopped within the grace period");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        status.success(),
+        "{status}:\n{}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    assert!(!larder_tests::daemon::is_mounted(&mount));
 }
