@@ -3,9 +3,11 @@
 //! `ApiServer`, which records every patch): removed at start, set once the plan is prefetched
 //! and verified, removed when an object of the plan gets a new version and set again once the
 //! daemon has fetched it, removed on SIGTERM; and, with the API server gone while the plan
-//! stops being complete, retried until the server is back, without the daemon stopping.
+//! stops being complete, retried until the server is back, without the daemon stopping. Over
+//! HTTPS (a Python server with certificates openssl makes), only the configured CA is trusted.
 
 use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use larder_tests::daemon::DaemonProcess;
@@ -169,4 +171,193 @@ async fn sigterm_removes_the_label() {
     let patches = api.patches();
     assert_eq!(patches.len(), seen + 1, "{patches:#?}");
     assert!(removed(&patches), "{patches:#?}");
+}
+
+/// Makes a CA (`NAME-ca.pem`) and a certificate for 127.0.0.1 it signs (`NAME.pem`,
+/// `NAME.key`) in `dir`, with the openssl command.
+fn certificates(dir: &Path, name: &str) {
+    let path = |file: &str| dir.join(format!("{name}{file}")).display().to_string();
+    let openssl = |args: &[&str]| {
+        let output = Command::new("openssl").args(args).output().expect("run openssl");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test CA",
+        "-keyout",
+        &path("-ca.key"),
+        "-out",
+        &path("-ca.pem"),
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=api",
+        "-keyout",
+        &path(".key"),
+        "-out",
+        &path(".csr"),
+    ]);
+    std::fs::write(
+        path(".ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &path(".csr"),
+        "-CA",
+        &path("-ca.pem"),
+        "-CAkey",
+        &path("-ca.key"),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &path(".ext"),
+        "-out",
+        &path(".pem"),
+    ]);
+}
+
+/// An HTTPS server on 127.0.0.1 (Python's ssl and http.server, from the venv) that answers
+/// every PATCH 200 and appends its path and body to `log`, one line each; killed on drop.
+struct HttpsApiServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl HttpsApiServer {
+    fn start(dir: &Path, name: &str, log: &Path) -> Self {
+        const SCRIPT: &str = r#"
+import http.server, ssl, sys
+cert, key, log = sys.argv[1:4]
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_PATCH(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with open(log, "a") as out:
+            out.write(self.path + " " + body.decode() + "\n")
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(cert, key)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+        let mut child = Command::new(larder_tests::kube::venv_bin().join("python3"))
+            .args(["-c", SCRIPT])
+            .arg(dir.join(format!("{name}.pem")))
+            .arg(dir.join(format!("{name}.key")))
+            .arg(log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the HTTPS server");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+            &mut line,
+        )
+        .expect("port");
+        let port = line.trim().parse().expect("a port");
+        Self { child, port }
+    }
+}
+
+impl Drop for HttpsApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Over HTTPS the API server is trusted only with the configured CA: with the one that signed
+/// its certificate the label is patched; with another CA nothing reaches the server, the
+/// daemon warns and keeps serving.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_server_is_trusted_only_through_the_configured_ca() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    server.put(KEYS[1], seed(KEYS[1], 0), 1000).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    tokio::task::block_in_place(|| {
+        certificates(dir.path(), "api");
+        certificates(dir.path(), "other");
+    });
+    let log = dir.path().join("patches.log");
+    let https = tokio::task::block_in_place(|| HttpsApiServer::start(dir.path(), "api", &log));
+    let plan = dir.path().join("base.toml");
+    std::fs::write(&plan, "targets = [\"models:base/\"]\n").expect("plan");
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    let url = format!("https://127.0.0.1:{}", https.port);
+    for (ca, trusted) in [("api-ca.pem", true), ("other-ca.pem", false)] {
+        let _ = std::fs::remove_file(&log);
+        let run = dir.path().join(ca.trim_end_matches(".pem"));
+        std::fs::create_dir(&run).expect("run dir");
+        let ca = dir.path().join(ca).display().to_string();
+        let (plan, token) = (plan.display().to_string(), token.display().to_string());
+        let args = [
+            "--node-id",
+            NODE,
+            "--warm-plan",
+            &plan,
+            "--warm-api-server",
+            &url,
+            "--warm-token-file",
+            &token,
+            "--warm-ca-file",
+            &ca,
+        ];
+        let mut daemon = DaemonProcess::start(Path::new(BIN), &server, &run, &args).expect("daemon");
+        let expected =
+            format!("/api/v1/nodes/{NODE} {{\"metadata\":{{\"labels\":{{\"{LABEL}\":\"true\"}}}}}}");
+        let started = std::time::Instant::now();
+        let seen = loop {
+            let patches = std::fs::read_to_string(&log).unwrap_or_default();
+            if patches.lines().any(|l| l == expected)
+                || started.elapsed() > Duration::from_secs(if trusted { 30 } else { 3 })
+            {
+                break patches;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let daemon_log = std::fs::read_to_string(run.join("daemon.log")).expect("log");
+        if trusted {
+            assert!(seen.lines().any(|l| l == expected), "{seen}\n{daemon_log}");
+        } else {
+            assert_eq!(seen, "", "a patch got through a server the CA does not vouch for");
+            assert!(daemon_log.contains("cannot patch the node label"), "{daemon_log}");
+            assert!(daemon.exited().expect("exited").is_none(), "the daemon stopped");
+        }
+        assert!(
+            tokio::task::block_in_place(|| daemon.stop())
+                .expect("stop")
+                .success()
+        );
+    }
 }
