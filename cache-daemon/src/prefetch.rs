@@ -524,6 +524,11 @@ impl Jobs {
         })
     }
 
+    /// Whether the cache dir was lost: nothing can be cached until the daemon restarts.
+    pub fn cache_dir_lost(&self) -> bool {
+        self.cache.store().usage().dir_lost
+    }
+
     /// Unpins object versions a job pinned (versions a plan no longer names).
     pub fn unpin_versions(&self, versions: &[ObjectVersion]) {
         for version in versions {

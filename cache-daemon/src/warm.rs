@@ -5,8 +5,10 @@
 //! Two tasks. The checker prefetches the plan at start and waits for the job; then, every
 //! `warm.check_interval`, it asks [`Jobs::check`] (a listing and a HEAD per object, no block
 //! read: an evicted block or a new version of an object makes the plan incomplete) and, when
-//! the plan is incomplete, prefetches it again at the next check. When the plan pins, versions
-//! it no longer names (replaced or deleted objects) are unpinned. What it finds goes into a
+//! the plan is incomplete, prefetches it again at the next check. A prefetch that leaves the
+//! plan incomplete (origin errors, no room) makes the next wait twice as long, up to an hour;
+//! with the cache dir lost there is no prefetch at all. When the plan pins, versions it no
+//! longer names (replaced or deleted objects) are unpinned. What it finds goes into a
 //! `watch` channel. The labeller patches the Node whenever that differs from what the API
 //! server last accepted, retrying with a backoff (doubling from 500 ms up to the check
 //! interval) for as long as the API server does not answer: the label converges on the last
@@ -19,7 +21,7 @@
 //! killed with SIGKILL leaves the label until it starts again.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +39,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 
 /// How often a running prefetch job is looked at.
 const JOB_POLL: Duration = Duration::from_millis(200);
+
+/// The longest wait between two prefetches of a plan that they leave incomplete.
+const MAX_REFILL_PAUSE: Duration = Duration::from_secs(3600);
 
 /// How long the removal of the label at shutdown may take.
 const STOP_PATCH: Duration = Duration::from_secs(2);
@@ -77,12 +82,19 @@ impl Warm {
     /// Prefetches the plan, then checks it every interval, prefetching again when it is
     /// incomplete; sends what each check finds.
     async fn check(self: Arc<Self>, found: watch::Sender<bool>, stop: CancellationToken) {
-        let mut refill = true;
+        // When the plan is to be prefetched next (`None`: it is complete, or cannot be cached).
+        let mut refill_at = Some(Instant::now());
+        // How long after a prefetch that left the plan incomplete the next one waits.
+        let mut pause = self.interval;
         // The versions the last check found, pinned when the plan pins.
         let mut versions = Vec::new();
         loop {
-            if refill {
+            let refilled = refill_at.is_some_and(|at| Instant::now() >= at);
+            if refilled {
                 self.prefetch(&stop).await;
+                if stop.is_cancelled() {
+                    return;
+                }
             }
             match self.jobs.check(&self.plan.targets).await {
                 Ok(PlanCheck {
@@ -92,7 +104,27 @@ impl Warm {
                     if found.send_replace(complete) != complete {
                         tracing::info!(label = %self.label, complete, "the warm plan's state changed");
                     }
-                    refill = !complete;
+                    if complete {
+                        refill_at = None;
+                        pause = self.interval;
+                    } else if self.jobs.cache_dir_lost() {
+                        // Nothing can be cached again until the daemon restarts.
+                        refill_at = None;
+                    } else if refilled {
+                        // The prefetch did not complete it (errors, no room): the next one
+                        // waits longer, so a node that cannot hold the plan does not fetch it
+                        // from the origin again and again.
+                        tracing::warn!(
+                            label = %self.label,
+                            retry_in = %humantime::format_duration(pause),
+                            "the warm plan is still incomplete after a prefetch"
+                        );
+                        refill_at = Some(Instant::now() + pause);
+                        pause = (pause * 2).min(MAX_REFILL_PAUSE.max(self.interval));
+                    } else if refill_at.is_none() {
+                        // It was complete: a block was evicted or an object changed.
+                        refill_at = Some(Instant::now());
+                    }
                     if self.plan.pin {
                         // A version the plan no longer names (an object replaced or deleted)
                         // is not kept from eviction any longer.
@@ -103,7 +135,6 @@ impl Warm {
                 }
                 Err(error) => {
                     tracing::warn!(label = %self.label, %error, "cannot check the warm plan; the label stays as it is");
-                    refill = false;
                 }
             }
             tokio::select! {

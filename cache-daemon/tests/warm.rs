@@ -361,3 +361,47 @@ async fn the_api_server_is_trusted_only_through_the_configured_ca() {
         );
     }
 }
+
+/// A plan the cache cannot hold: each prefetch is refused before any GET, the label stays
+/// off, and the prefetches come further and further apart (here a check every 100 ms: without
+/// the backoff some 30 in 3 s), so a node that cannot hold its plan does not pull it from the
+/// origin over and over.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_plan_that_does_not_fit_is_tried_less_and_less_often() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    server.put(KEYS[0], seed(KEYS[0], 0), 9 * MIB).await.expect("put");
+    let api = ApiServer::start().await.expect("api server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("base.toml");
+    std::fs::write(&plan, "targets = [\"models:base/\"]\n").expect("plan");
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).expect("token");
+    let (plan, token) = (plan.display().to_string(), token.display().to_string());
+    let api_url = api.url();
+    let args = [
+        "--cache-capacity",
+        "8MiB",
+        "--node-id",
+        NODE,
+        "--warm-plan",
+        &plan,
+        "--warm-check-interval",
+        "100ms",
+        "--warm-api-server",
+        &api_url,
+        "--warm-token-file",
+        &token,
+    ];
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    let tries = log.matches("cannot prefetch the warm plan").count();
+    assert!((2..=7).contains(&tries), "{tries} prefetches in 3 s:\n{log}");
+    assert!(removed(&api.patches()), "{:#?}", api.patches());
+    assert!(
+        !api.patches()
+            .iter()
+            .any(|p| p.label(LABEL) == Some(Some("true".into())))
+    );
+    drop(daemon);
+}
