@@ -13,12 +13,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::control_api::{
-    self, ErrorBody, JobReport, JobState, MemberHealth, Peers, SealReport, SealRequest, SealState, Served,
-    Status, TargetsRequest, Unpinned,
+    self, ErrorBody, JobReport, JobState, MemberHealth, Peers, Plan, SealReport, SealRequest, SealState,
+    Served, Status, TargetsRequest, Unpinned,
 };
 
 /// Where the daemon listens for control requests unless told otherwise.
@@ -62,15 +61,6 @@ pub struct StatusArgs {
     /// Print the status as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// A plan file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Plan {
-    targets: Vec<String>,
-    #[serde(default)]
-    pin: bool,
 }
 
 /// Sends one request to the control socket at `socket`, with the JSON `body`; the answer's JSON

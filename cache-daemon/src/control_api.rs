@@ -52,6 +52,23 @@ pub struct TargetsRequest {
     pub pin: bool,
 }
 
+/// A plan file, in TOML: what `larder prefetch --plan FILE` sends and what the daemon keeps
+/// warm (`warm.plan`).
+///
+/// ```toml
+/// targets = ["models:llama-70b/", "datasets:shards/"]
+/// pin = true   # optional, default false
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Paths under the mount, `SOURCE:PREFIX`, or URLs of configured sources.
+    pub targets: Vec<String>,
+    /// Keep the objects in the cache until unpinned.
+    #[serde(default)]
+    pub pin: bool,
+}
+
 /// A body of `POST /v1/seal`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

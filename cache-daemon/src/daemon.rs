@@ -5,7 +5,12 @@
 //! in flight, wait for the cache writes of blocks already received, exit.
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
-//! until the daemon stops; an address it cannot bind stops the daemon from starting.
+//! until the daemon stops; an address it cannot bind stops the daemon from starting. Its
+//! `/readyz` says "mounting" until the mount is up, then ready while the cache dir is the
+//! daemon's own, and "stopping" from SIGTERM on.
+//!
+//! With `warm.plan`, the plan is prefetched once the mount is up and the Node labelled while it
+//! is complete ([`crate::warm`]); a plan file that cannot be read stops the daemon from starting.
 //!
 //! Decisions: an unreachable origin does not stop the daemon from starting (the mount answers
 //! with EIO until it comes back, and cached data is served meanwhile), but a `file://` source
@@ -32,12 +37,13 @@ use tokio_util::task::TaskTracker;
 use crate::cache::Cache;
 use crate::cache::fill::PeerTier;
 use crate::control::{self, Control};
-use crate::control_api::Settings;
+use crate::control_api::{Plan, Settings};
 use crate::engine;
 use crate::http;
+use crate::kube::{KubeError, NodeClient};
 use crate::manifest::Manifests;
 use crate::members::Membership;
-use crate::metrics::{self, Snapshot};
+use crate::metrics::{self, Phase, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::origin::{Origin, OriginError};
 use crate::peer::listener::PeerListener;
@@ -46,6 +52,7 @@ use crate::prefetch::Jobs;
 use crate::seal::Sealer;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
+use crate::warm::Warm;
 
 /// Arguments of `larder daemon`.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,6 +122,17 @@ pub enum DaemonError {
         /// The OS error.
         source: io::Error,
     },
+    /// The warm plan cannot be read.
+    #[error("warm plan {path} (warm.plan): {reason}")]
+    WarmPlan {
+        /// The plan file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The Kubernetes API client for warm-node labels cannot be set up.
+    #[error(transparent)]
+    Kube(#[from] KubeError),
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -140,12 +158,21 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
     let peers = Peers::new(&config.peer)?;
     let membership = peers.members.clone();
-    // Stops the HTTP servers and the members' DNS resolution.
+    // Stops the HTTP servers, the members' DNS resolution and the warm-node tasks.
     let stop = CancellationToken::new();
+    let phase = Arc::new(Phase::default());
     let metrics_task = match config.metrics.listen {
-        Some(address) => {
-            Some(serve_metrics(address, &stats, &store, membership.clone(), stop.clone()).await?)
-        }
+        Some(address) => Some(
+            serve_metrics(
+                address,
+                &stats,
+                &store,
+                membership.clone(),
+                phase.clone(),
+                stop.clone(),
+            )
+            .await?,
+        ),
         None => None,
     };
     let manifests = Manifests::new();
@@ -158,13 +185,21 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         )),
         members,
     });
-    let member_tasks = TaskTracker::new();
+    // The members' DNS resolution and the warm-node tasks.
+    let background = TaskTracker::new();
     if let Some(members) = &peers.members
         && config.peer.dns.is_some()
     {
         let hello = Arc::new(AskWho(peers.client.clone()));
-        members.spawn_dns(&member_tasks, stop.clone(), hello);
+        members.spawn_dns(&background, stop.clone(), hello);
     }
+    let warm = match &config.warm.plan {
+        Some(path) => Some((
+            read_plan(path)?,
+            NodeClient::new(&config.warm, &peers.hello.node)?,
+        )),
+        None => None,
+    };
     let cache = Cache::new(store, &config.origin, stats.clone(), peer_tier);
     let sources = sources(&config, &stats)?;
     let origins: Vec<(String, Arc<Origin>)> = sources
@@ -242,6 +277,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tokio::runtime::Handle::current(),
     )
     .map_err(|source| mount_error(&mountpoint, source))?;
+    phase.serving();
+    if let Some((plan, client)) = warm {
+        let name = config.warm.plan_name().unwrap_or_default();
+        Warm::new(jobs.clone(), plan, &name, config.warm.check_interval, client)
+            .spawn(&background, stop.clone());
+    }
     tracing::info!(
         mount = %mountpoint.display(),
         cache = %config.cache.dir.display(),
@@ -256,13 +297,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         source,
     })?;
     tracing::info!("stopping: cancelling prefetch and seal jobs");
+    phase.stopping();
     stop.cancel();
     sample_task.abort();
     let _ = control_task.await;
     let _ = std::fs::remove_file(&control_socket);
     jobs.shutdown().await;
-    member_tasks.close();
-    member_tasks.wait().await;
+    background.close();
+    background.wait().await;
     sealer.shutdown().await;
     let grace = config.mount.shutdown_grace;
     tracing::info!(
@@ -293,28 +335,32 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     })
 }
 
-/// Binds the metrics listener and serves it on a task of its own until `stop`.
+/// Binds the metrics listener and serves it (with the health checks, ready as `phase` and the
+/// store say) on a task of its own until `stop`.
 async fn serve_metrics(
     address: SocketAddr,
     stats: &Arc<Stats>,
     store: &Arc<BlockStore>,
     membership: Option<Membership>,
+    phase: Arc<Phase>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| DaemonError::MetricsListen { address, source })?;
     let bound = listener.local_addr().unwrap_or(address);
-    tracing::info!(address = %bound, "serving metrics at /metrics");
+    tracing::info!(address = %bound, "serving metrics at /metrics, health at /healthz and /readyz");
     let (stats, store) = (stats.clone(), store.clone());
+    let ready_store = store.clone();
     let snapshot = move || Snapshot {
         stats: stats.snapshot(),
         usage: store.usage(),
         members: membership.as_ref().map(Membership::states).unwrap_or_default(),
     };
+    let ready = move || phase.readiness(ready_store.usage().dir_lost);
     Ok(tokio::spawn(http::serve(
         listener,
-        metrics::service(snapshot),
+        metrics::service(snapshot, ready),
         metrics::LIMITS,
         stop,
     )))
@@ -408,6 +454,20 @@ impl Peers {
             None => tokio::spawn(http::serve(listener, service, limits, stop)),
         })
     }
+}
+
+/// The plan file `warm.plan` names.
+fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
+    let problem = |reason: String| DaemonError::WarmPlan {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
+    let plan: Plan = toml::from_str(&text).map_err(|e| problem(e.to_string()))?;
+    if plan.targets.is_empty() {
+        return Err(problem("no targets".into()));
+    }
+    Ok(plan)
 }
 
 fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {

@@ -3,6 +3,11 @@
 //! the [`service`] answering `GET /metrics`, served by [`crate::http::serve`] under
 //! [`LIMITS`].
 //!
+//! The same listener answers the health checks of an orchestrator (Kubernetes probes):
+//! `/healthz` is 200 whenever the process answers at all (alive), and `/readyz` is 200 only
+//! while the daemon serves: the mount is up and the cache dir is its own ([`Phase`] and the
+//! store's `dir_lost`); otherwise 503 with a one-line reason in plain text.
+//!
 //! The endpoint is given a function that takes a snapshot, not the parts of the daemon it
 //! reads. Every metric name, its type, unit and labels are written out in [`render`], in one
 //! place; `docs/METRICS.md` describes each. Labels only take values from small closed sets
@@ -10,6 +15,7 @@
 //! never keys, paths, member ids or addresses.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -41,6 +47,37 @@ pub struct Snapshot {
     pub usage: Usage,
     /// The rack's members, this node included; empty when peers are off.
     pub members: Vec<MemberState>,
+}
+
+/// Where the daemon is in its life, for `/readyz`: it starts [`Phase::Mounting`], the
+/// daemon moves it to serving once the mount is up and to stopping on SIGTERM.
+#[derive(Debug, Default)]
+pub struct Phase(AtomicU8);
+
+impl Phase {
+    const MOUNTING: u8 = 0;
+    const SERVING: u8 = 1;
+    const STOPPING: u8 = 2;
+
+    /// The mount is up: ready, unless the cache dir is lost.
+    pub fn serving(&self) {
+        self.0.store(Self::SERVING, Ordering::Relaxed);
+    }
+
+    /// The daemon is stopping: never ready again.
+    pub fn stopping(&self) {
+        self.0.store(Self::STOPPING, Ordering::Relaxed);
+    }
+
+    /// Whether the daemon is ready, given whether its cache dir is lost; why not when it is not.
+    pub fn readiness(&self, dir_lost: bool) -> Result<(), &'static str> {
+        match self.0.load(Ordering::Relaxed) {
+            Self::MOUNTING => Err("mounting"),
+            Self::STOPPING => Err("stopping"),
+            _ if dir_lost => Err("the cache dir was lost (deleted or replaced): restart the daemon"),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Renders every metric in the Prometheus text format, version 0.0.4.
@@ -341,15 +378,27 @@ impl Exposition {
     }
 }
 
-/// The service answering `GET /metrics` (and `HEAD`) with a fresh [`Snapshot`]; other paths
-/// get 404, other methods 405.
-pub fn service(snapshot: impl Fn() -> Snapshot + Send + Sync + 'static) -> impl http::Service {
-    move |request: Request<Bytes>| std::future::ready(answer(&request, &snapshot))
+/// The service of the metrics listener: `GET /metrics` (and `HEAD`) with a fresh [`Snapshot`],
+/// `/healthz` (always 200) and `/readyz` (200, or 503 with the reason `ready` gives); other
+/// paths get 404, other methods 405.
+pub fn service(
+    snapshot: impl Fn() -> Snapshot + Send + Sync + 'static,
+    ready: impl Fn() -> Result<(), &'static str> + Send + Sync + 'static,
+) -> impl http::Service {
+    move |request: Request<Bytes>| std::future::ready(answer(&request, &snapshot, &ready))
 }
 
-fn answer(request: &Request<Bytes>, snapshot: impl Fn() -> Snapshot) -> Response<Body> {
-    if request.uri().path() != "/metrics" {
-        return plain(StatusCode::NOT_FOUND, "not found: metrics are at /metrics\n");
+fn answer(
+    request: &Request<Bytes>,
+    snapshot: impl Fn() -> Snapshot,
+    ready: impl Fn() -> Result<(), &'static str>,
+) -> Response<Body> {
+    let path = request.uri().path();
+    if !["/metrics", "/healthz", "/readyz"].contains(&path) {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics, health at /healthz and /readyz\n",
+        );
     }
     if !matches!(*request.method(), Method::GET | Method::HEAD) {
         let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
@@ -358,16 +407,29 @@ fn answer(request: &Request<Bytes>, snapshot: impl Fn() -> Snapshot) -> Response
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
-    let Snapshot {
-        stats,
-        usage,
-        members,
-    } = snapshot();
-    http::full(
-        StatusCode::OK,
-        "text/plain; version=0.0.4; charset=utf-8",
-        render(&stats, &usage, &members),
-    )
+    match path {
+        "/healthz" => plain(StatusCode::OK, "ok\n"),
+        "/readyz" => match ready() {
+            Ok(()) => plain(StatusCode::OK, "ready\n"),
+            Err(reason) => http::full(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain; charset=utf-8",
+                format!("not ready: {reason}\n"),
+            ),
+        },
+        _ => {
+            let Snapshot {
+                stats,
+                usage,
+                members,
+            } = snapshot();
+            http::full(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                render(&stats, &usage, &members),
+            )
+        }
+    }
 }
 
 fn plain(status: StatusCode, body: &'static str) -> Response<Body> {
@@ -517,6 +579,49 @@ mod tests {
         assert_eq!(families.len(), 32);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
+    }
+
+    #[test]
+    fn readyz_follows_the_phase_and_the_cache_dir_and_healthz_is_always_ok() {
+        let phase = std::sync::Arc::new(Phase::default());
+        let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let get = |path: &str| {
+            let request = Request::get(path).body(Bytes::new()).unwrap();
+            let (phase, lost) = (phase.clone(), lost.clone());
+            let snapshot = || Snapshot {
+                stats: Stats::default().snapshot(),
+                usage: usage(),
+                members: Vec::new(),
+            };
+            let response = answer(&request, snapshot, move || {
+                phase.readiness(lost.load(Ordering::Relaxed))
+            });
+            let status = response.status();
+            let body = futures::executor::block_on(http_body_util::BodyExt::collect(response.into_body()))
+                .unwrap()
+                .to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        };
+        assert_eq!(get("/healthz"), (StatusCode::OK, "ok\n".into()));
+        assert_eq!(
+            get("/readyz"),
+            (StatusCode::SERVICE_UNAVAILABLE, "not ready: mounting\n".into())
+        );
+        phase.serving();
+        assert_eq!(get("/readyz"), (StatusCode::OK, "ready\n".into()));
+        lost.store(true, Ordering::Relaxed);
+        let (status, body) = get("/readyz");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with("not ready: the cache dir was lost"), "{body}");
+        lost.store(false, Ordering::Relaxed);
+        phase.stopping();
+        assert_eq!(
+            get("/readyz"),
+            (StatusCode::SERVICE_UNAVAILABLE, "not ready: stopping\n".into())
+        );
+        assert_eq!(get("/healthz"), (StatusCode::OK, "ok\n".into()));
+        assert_eq!(get("/metrics").0, StatusCode::OK);
+        assert_eq!(get("/readyz/x").0, StatusCode::NOT_FOUND);
     }
 
     #[test]

@@ -317,6 +317,15 @@ impl Targets {
     }
 }
 
+/// What [`Jobs::check`] found of a plan.
+#[derive(Debug, Clone)]
+pub struct PlanCheck {
+    /// Every block of every object is cached and verified.
+    pub complete: bool,
+    /// The object versions the plan names now.
+    pub versions: Vec<ObjectVersion>,
+}
+
 /// The daemon's prefetch jobs.
 #[derive(Debug)]
 pub struct Jobs {
@@ -513,6 +522,35 @@ impl Jobs {
         let job = self.jobs.lock().jobs.get(&id).cloned()?;
         job.cancel.cancel();
         Some(job.report())
+    }
+
+    /// Checks the objects the targets name now (a listing and a HEAD per object: a new version
+    /// is a new object): their versions, and whether every block of each is in the cache and
+    /// verified in this process. Reads no block.
+    pub async fn check(&self, targets: &[String]) -> Result<PlanCheck, PrefetchError> {
+        let plan = self.targets.plan(targets).await?;
+        let store = self.cache.store();
+        let block_size = store.block_size();
+        let complete = plan.iter().all(|(_, version)| {
+            let id = version.id();
+            (0..version.size.div_ceil(block_size) as u32).all(|index| store.verified(id, index))
+        });
+        Ok(PlanCheck {
+            complete,
+            versions: plan.into_iter().map(|(_, version)| version).collect(),
+        })
+    }
+
+    /// Whether the cache dir was lost: nothing can be cached until the daemon restarts.
+    pub fn cache_dir_lost(&self) -> bool {
+        self.cache.store().usage().dir_lost
+    }
+
+    /// Unpins object versions a job pinned (versions a plan no longer names).
+    pub fn unpin_versions(&self, versions: &[ObjectVersion]) {
+        for version in versions {
+            self.cache.store().set_pinned(version, false);
+        }
     }
 
     /// Unpins every object the targets name; returns how many.

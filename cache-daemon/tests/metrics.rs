@@ -343,3 +343,49 @@ async fn static_peers_show_in_status_and_metrics() {
         .expect("stop");
     assert!(status.success(), "exit status {status}");
 }
+
+/// The health checks on the metrics listener: `/healthz` and `/readyz` answer 200 while the
+/// daemon serves its mount; once the cache dir is deleted under it (noticed at the next cache
+/// write), `/readyz` answers 503 with the reason while `/healthz` stays 200 (the process is
+/// alive and still serves reads from the origin).
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_ready_while_mounted_and_not_once_the_cache_dir_is_lost() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for &(key, size) in OBJECTS {
+        server.put(key, seed(key, 0), size as usize).await.expect("put");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let address = format!("127.0.0.1:{}", free_port());
+    let daemon = DaemonProcess::start(
+        Path::new(BIN),
+        &server,
+        dir.path(),
+        &["--metrics-listen", &address],
+    )
+    .expect("daemon");
+    let get = |path: &'static str| {
+        let url = format!("http://{address}{path}");
+        async move {
+            let response = reqwest::get(url).await.expect("GET");
+            let status = response.status().as_u16();
+            (status, response.text().await.expect("body"))
+        }
+    };
+    assert_eq!(get("/healthz").await, (200, "ok\n".into()));
+    assert_eq!(get("/readyz").await, (200, "ready\n".into()));
+
+    let (mount, cache) = (daemon.mount.clone(), daemon.cache.clone());
+    tokio::task::spawn_blocking(move || {
+        std::fs::remove_dir_all(&cache).expect("delete the cache dir");
+        let (key, size) = OBJECTS[0];
+        let bytes = std::fs::read(mount.join(key)).expect("read");
+        assert!(bytes == content(seed(key, 0), 0, size as usize), "wrong bytes");
+    })
+    .await
+    .expect("join");
+    let (status, body) = get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.starts_with("not ready: the cache dir was lost"), "{body}");
+    assert_eq!(get("/healthz").await, (200, "ok\n".into()));
+    drop(daemon);
+}

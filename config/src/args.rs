@@ -36,7 +36,7 @@ use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
 use crate::redact::Redacted;
-use crate::schema::{Config, IoEngineKind, PeerConfig, PeerMember, SourceConfig, parse_listen};
+use crate::schema::{Config, IoEngineKind, PeerConfig, PeerMember, SourceConfig, WarmConfig, parse_listen};
 
 /// The flags themselves; [`ConfigArgs`] adds where each value came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
@@ -358,6 +358,52 @@ struct Flags {
         help_heading = "Peers"
     )]
     peer_tls_name: Option<OsString>,
+    /// A plan file (as `larder prefetch --plan` reads) kept warm: prefetched at start, checked
+    /// every interval, the Node labelled larder.dev/warm-NAME while complete [warm.plan].
+    #[arg(
+        long,
+        env = "LARDER_WARM_PLAN",
+        value_name = "PATH",
+        help_heading = "Warm nodes"
+    )]
+    warm_plan: Option<OsString>,
+
+    /// How often the warm plan's completeness is checked, e.g. "60s" [warm.check_interval].
+    #[arg(
+        long,
+        env = "LARDER_WARM_CHECK_INTERVAL",
+        value_name = "DURATION",
+        help_heading = "Warm nodes"
+    )]
+    warm_check_interval: Option<OsString>,
+
+    /// The Kubernetes API server, default from KUBERNETES_SERVICE_HOST and _PORT
+    /// [warm.api_server].
+    #[arg(
+        long,
+        env = "LARDER_WARM_API_SERVER",
+        value_name = "URL",
+        help_heading = "Warm nodes"
+    )]
+    warm_api_server: Option<OsString>,
+
+    /// The service-account token file [warm.token_file].
+    #[arg(
+        long,
+        env = "LARDER_WARM_TOKEN_FILE",
+        value_name = "PATH",
+        help_heading = "Warm nodes"
+    )]
+    warm_token_file: Option<OsString>,
+
+    /// The CA certificates (PEM) of the API server [warm.ca_file].
+    #[arg(
+        long,
+        env = "LARDER_WARM_CA_FILE",
+        value_name = "PATH",
+        help_heading = "Warm nodes"
+    )]
+    warm_ca_file: Option<OsString>,
 
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
@@ -774,6 +820,7 @@ impl ConfigArgs {
         )?;
 
         self.apply_peer(&mut config.peer, names)?;
+        self.apply_warm(&mut config.warm, names)?;
 
         // Source by source: the file's, then the variable's, then the flags'; a later entry
         // for a name replaces that source's URL.
@@ -920,6 +967,54 @@ impl ConfigArgs {
                 names.overridden.insert("peer.members".to_owned(), setting);
                 peer.members.push(member);
             }
+        }
+        Ok(())
+    }
+
+    /// Lays the `[warm]` overrides over `warm`.
+    fn apply_warm(&self, warm: &mut WarmConfig, names: &mut Names) -> Result<(), ConfigError> {
+        let flags = &self.flags;
+        set(
+            names,
+            &mut warm.plan,
+            &flags.warm_plan,
+            "warm.plan",
+            "warm_plan",
+            |text| Ok::<_, String>(Some(PathBuf::from(text))),
+        )?;
+        set(
+            names,
+            &mut warm.check_interval,
+            &flags.warm_check_interval,
+            "warm.check_interval",
+            "warm_check_interval",
+            duration::parse,
+        )?;
+        set(
+            names,
+            &mut warm.api_server,
+            &flags.warm_api_server,
+            "warm.api_server",
+            "warm_api_server",
+            |text| Ok::<_, String>(Some(text.to_owned())),
+        )?;
+        for (target, value, key, id) in [
+            (
+                &mut warm.token_file,
+                &flags.warm_token_file,
+                "warm.token_file",
+                "warm_token_file",
+            ),
+            (
+                &mut warm.ca_file,
+                &flags.warm_ca_file,
+                "warm.ca_file",
+                "warm_ca_file",
+            ),
+        ] {
+            set(names, target, value, key, id, |text| {
+                Ok::<_, String>(PathBuf::from(text))
+            })?;
         }
         Ok(())
     }
@@ -1088,6 +1183,11 @@ mod tests {
             ("peer-tls-key", "LARDER_PEER_TLS_KEY"),
             ("peer-tls-ca", "LARDER_PEER_TLS_CA"),
             ("peer-tls-name", "LARDER_PEER_TLS_NAME"),
+            ("warm-plan", "LARDER_WARM_PLAN"),
+            ("warm-check-interval", "LARDER_WARM_CHECK_INTERVAL"),
+            ("warm-api-server", "LARDER_WARM_API_SERVER"),
+            ("warm-token-file", "LARDER_WARM_TOKEN_FILE"),
+            ("warm-ca-file", "LARDER_WARM_CA_FILE"),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),
@@ -1479,6 +1579,8 @@ mod tests {
         config.peer.tls_cert = Some("c".into());
         config.peer.tls_key = Some("k".into());
         config.peer.tls_ca = Some("a".into());
+        config.warm.plan = Some("p".into());
+        config.warm.api_server = Some("http://h".into());
         let value = toml::Value::try_from(&config).unwrap();
         let mut schema = BTreeSet::new();
         keys("", &value, &mut schema);
@@ -1550,6 +1652,41 @@ mod tests {
             .to_string();
         assert!(
             error.contains("--peers") && error.contains("also member 0"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn warm_flags_set_the_warm_table_and_errors_name_the_flag() {
+        let config = args(&[
+            "--source",
+            "a=s3://x",
+            "--warm-plan",
+            "/plans/llama.toml",
+            "--warm-check-interval",
+            "5s",
+            "--warm-api-server",
+            "http://127.0.0.1:8080",
+            "--warm-token-file",
+            "/t",
+            "--warm-ca-file",
+            "/c",
+        ])
+        .load()
+        .unwrap();
+        assert_eq!(config.warm.plan, Some(PathBuf::from("/plans/llama.toml")));
+        assert_eq!(config.warm.plan_name().as_deref(), Some("llama"));
+        assert_eq!(config.warm.check_interval, Duration::from_secs(5));
+        assert_eq!(config.warm.api_server.as_deref(), Some("http://127.0.0.1:8080"));
+        assert_eq!(config.warm.token_file, PathBuf::from("/t"));
+        assert_eq!(config.warm.ca_file, PathBuf::from("/c"));
+
+        let error = args(&["--source", "a=s3://x", "--warm-plan", "/p/bad name.toml"])
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--warm-plan") && error.contains("larder.dev/warm-NAME"),
             "{error}"
         );
     }

@@ -22,6 +22,6 @@ pub use bytesize::{ByteSize, ParseByteSizeError};
 pub use error::ConfigError;
 pub use redact::{Redacted, SourceUrl};
 pub use schema::{
-    CacheConfig, Config, ControlConfig, DEFAULT_CONTROL_SOCKET, IoEngineKind, MetricsConfig, MountConfig,
-    OriginConfig, PeerConfig, PeerMember, SourceConfig,
+    CacheConfig, Config, ControlConfig, DEFAULT_CA_FILE, DEFAULT_CONTROL_SOCKET, DEFAULT_TOKEN_FILE,
+    IoEngineKind, MetricsConfig, MountConfig, OriginConfig, PeerConfig, PeerMember, SourceConfig, WarmConfig,
 };

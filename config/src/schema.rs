@@ -54,6 +54,13 @@
 //! tls_ca = "/etc/larder/peer-ca.crt" # asks members over TLS, checking this CA
 //! tls_name = "larder-peer"           # the name every member's certificate carries
 //!
+//! [warm]                     # warm-node labels; off unless a plan is named
+//! plan = "/etc/larder/plans/llama-70b.toml"  # label larder.dev/warm-llama-70b
+//! check_interval = "60s"
+//! api_server = "https://10.96.0.1:443"  # default: KUBERNETES_SERVICE_HOST and _PORT
+//! token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+//! ca_file = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+//!
 //! [[source]]
 //! name = "datasets"
 //! url = "s3://bucket/prefix"
@@ -91,6 +98,8 @@ pub struct Config {
     pub control: ControlConfig,
     /// Rack peers: who they are, and how this node serves and asks them.
     pub peer: PeerConfig,
+    /// Warm-node labels: a plan kept in the cache, and the Kubernetes API server told of it.
+    pub warm: WarmConfig,
     /// The object stores served; written as `[[source]]` tables in TOML.
     /// At least one is required by [`Config::validate`].
     #[serde(rename = "source", skip_serializing_if = "Vec::is_empty")]
@@ -416,6 +425,69 @@ impl PeerConfig {
     }
 }
 
+/// Where a pod finds its service-account token (Kubernetes' standard path).
+pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+
+/// Where a pod finds the cluster's CA certificate (Kubernetes' standard path).
+pub const DEFAULT_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+
+/// Warm-node labels (`[warm]`): with a `plan`, the daemon prefetches it at start, checks every
+/// `check_interval` that it is still complete and verified (prefetching it again when not), and
+/// labels its own Node `larder.dev/warm-<plan>=true` through the Kubernetes API server while it
+/// is, removing the label when it stops being so. The Node is the one named `peer.node_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmConfig {
+    /// A plan file, the format `larder prefetch --plan` reads (`targets = [...]`, `pin`);
+    /// the file name without its extension names the label, so it must be 1 to 58 characters
+    /// of `A-Z a-z 0-9 - _ .`, beginning and ending with a letter or digit. Default: none (off).
+    pub plan: Option<PathBuf>,
+    /// How often the plan's completeness is checked (a listing and a HEAD per object, no
+    /// block read). Default 60s.
+    #[serde(with = "humantime_serde")]
+    pub check_interval: Duration,
+    /// The API server's URL (`https://HOST:PORT`; `http://` sends the token in clear, for
+    /// tests). Default: none, taken from `KUBERNETES_SERVICE_HOST` and
+    /// `KUBERNETES_SERVICE_PORT` as in every pod.
+    pub api_server: Option<String>,
+    /// The service-account token, read again for every request (the kubelet rotates it).
+    pub token_file: PathBuf,
+    /// The CA certificates (PEM) the API server's certificate must chain to.
+    pub ca_file: PathBuf,
+}
+
+impl Default for WarmConfig {
+    fn default() -> Self {
+        Self {
+            plan: None,
+            check_interval: Duration::from_secs(60),
+            api_server: None,
+            token_file: PathBuf::from(DEFAULT_TOKEN_FILE),
+            ca_file: PathBuf::from(DEFAULT_CA_FILE),
+        }
+    }
+}
+
+impl WarmConfig {
+    /// The plan's name in the label: its file name without the extension.
+    pub fn plan_name(&self) -> Option<String> {
+        let plan = self.plan.as_ref()?;
+        Some(plan.file_stem()?.to_string_lossy().into_owned())
+    }
+}
+
+/// Whether `name` may follow `warm-` in a label name: at most 58 characters (a label name is at
+/// most 63) of `A-Z a-z 0-9 - _ .`, beginning and ending with a letter or digit.
+pub(crate) fn is_plan_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    (1..=58).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
 /// A statically configured member: `ID=HOST:PORT[@RACK]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(try_from = "String", into = "String")]
@@ -675,6 +747,13 @@ mod tests {
         tls_ca = "/etc/larder/ca.crt"
         tls_name = "peers.example"
 
+        [warm]
+        plan = "/etc/larder/warm.toml"
+        check_interval = "30s"
+        api_server = "http://127.0.0.1:8080"
+        token_file = "/t"
+        ca_file = "/c"
+
         [[source]]
         name = "datasets"
         url = "s3://training-data/datasets"
@@ -707,6 +786,16 @@ mod tests {
         assert_eq!(config.peer.first_byte_timeout, Duration::from_millis(500));
         assert_eq!(config.peer.stall_timeout, Duration::from_secs(3));
         assert_eq!(config.peer.tls_name, "larder-peer");
+        assert_eq!(config.warm.plan, None);
+        assert_eq!(config.warm.check_interval, Duration::from_secs(60));
+        assert_eq!(
+            config.warm.token_file,
+            Path::new("/var/run/secrets/kubernetes.io/serviceaccount/token")
+        );
+        assert_eq!(
+            config.warm.ca_file,
+            Path::new("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+        );
     }
 
     #[test]
@@ -796,6 +885,13 @@ mod tests {
                 tls_ca: Some(PathBuf::from("/etc/larder/ca.crt")),
                 tls_name: "peers.example".into(),
             },
+            warm: WarmConfig {
+                plan: Some(PathBuf::from("/etc/larder/warm.toml")),
+                check_interval: Duration::from_secs(30),
+                api_server: Some("http://127.0.0.1:8080".into()),
+                token_file: PathBuf::from("/t"),
+                ca_file: PathBuf::from("/c"),
+            },
             sources: vec![
                 SourceConfig {
                     name: "datasets".into(),
@@ -845,7 +941,13 @@ mod tests {
             tls_ca: Some("/etc/larder/peer-ca.crt".into()),
             ..PeerConfig::default()
         };
+        expected.warm = WarmConfig {
+            plan: Some("/etc/larder/plans/llama-70b.toml".into()),
+            api_server: Some("https://10.96.0.1:443".into()),
+            ..WarmConfig::default()
+        };
         assert_eq!(config, expected);
+        assert_eq!(config.warm.plan_name().as_deref(), Some("llama-70b"));
     }
 
     #[test]

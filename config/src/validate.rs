@@ -14,7 +14,8 @@ use crate::bytesize::ByteSize;
 use crate::error::ConfigError;
 use crate::redact::SourceUrl;
 use crate::schema::{
-    CacheConfig, Config, OriginConfig, PeerConfig, SourceConfig, check_host_port, is_peer_label,
+    CacheConfig, Config, OriginConfig, PeerConfig, SourceConfig, WarmConfig, check_host_port, is_peer_label,
+    is_plan_name,
 };
 
 /// Smallest allowed `cache.block_size`.
@@ -56,6 +57,7 @@ impl Config {
             return Err(ConfigError::invalid("control.socket", "", "must not be empty"));
         }
         validate_peer(&self.peer)?;
+        validate_warm(&self.warm)?;
         validate_sources(&self.sources)
     }
 }
@@ -211,6 +213,34 @@ fn validate_peer(peer: &PeerConfig) -> Result<(), ConfigError> {
     check_non_zero("peer.stall_timeout", peer.stall_timeout)
 }
 
+fn validate_warm(warm: &WarmConfig) -> Result<(), ConfigError> {
+    if let Some(plan) = &warm.plan {
+        let shown = plan.display().to_string();
+        let name = warm.plan_name().unwrap_or_default();
+        if !is_plan_name(&name) {
+            return Err(ConfigError::invalid(
+                "warm.plan",
+                shown,
+                "the file name without its extension names the label larder.dev/warm-NAME: \
+                 1 to 58 characters of A-Z a-z 0-9 - _ ., beginning and ending with a letter or digit",
+            ));
+        }
+    }
+    if let Some(server) = &warm.api_server {
+        match Url::parse(server) {
+            Ok(url) if ["http", "https"].contains(&url.scheme()) && url.host().is_some() => {}
+            _ => {
+                return Err(ConfigError::invalid(
+                    "warm.api_server",
+                    server,
+                    "expected http(s)://HOST[:PORT]",
+                ));
+            }
+        }
+    }
+    check_non_zero("warm.check_interval", warm.check_interval)
+}
+
 fn validate_sources(sources: &[SourceConfig]) -> Result<(), ConfigError> {
     if sources.is_empty() {
         return Err(ConfigError::NoSources);
@@ -359,6 +389,31 @@ mod tests {
         config.validate().expect("a whole pair");
         config.peer.tls_name.clear();
         assert_invalid(&config, "peer.tls_name", "");
+    }
+
+    #[test]
+    fn warm_plan_names_a_label_and_the_api_server_is_a_url() {
+        let mut config = valid();
+        for good in ["/p/llama-70b.toml", "/p/a", "/p/v1.2_x.toml"] {
+            config.warm.plan = Some(good.into());
+            config.validate().unwrap();
+        }
+        for bad in [
+            "/p/-a.toml",
+            "/p/a b.toml",
+            "/p/.toml",
+            &format!("/p/{}.toml", "x".repeat(59)),
+        ] {
+            config.warm.plan = Some(bad.into());
+            assert_invalid(&config, "warm.plan", bad);
+        }
+        config.warm.plan = None;
+        config.warm.api_server = Some("127.0.0.1:8080".into());
+        assert_invalid(&config, "warm.api_server", "127.0.0.1:8080");
+        config.warm.api_server = Some("http://127.0.0.1:8080".into());
+        config.validate().unwrap();
+        config.warm.check_interval = Duration::ZERO;
+        assert!(config.validate().is_err());
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! - [`seaweed::Seaweed`] runs SeaweedFS, a production object store, for end-to-end runs.
 //! - [`dns::DnsServer`] answers A/AAAA queries on loopback from a table the test changes, for
 //!   peer membership by DNS.
+//! - [`kube::ApiServer`] answers and records the Node patches of the Kubernetes API server;
+//!   [`kube::manifests`] reads `deploy/kubernetes` for the tests that check and run it.
 //! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS), counts
 //!   the body bytes it returns, and injects a [`Fault`] switched at run time (latency, bandwidth,
 //!   stall after headers, a cut connection, a flipped byte): the TCP fault proxy of process tests.
@@ -22,6 +24,7 @@ pub mod dns;
 pub mod fake_peer;
 mod fault;
 pub mod fixture;
+pub mod kube;
 mod proxy;
 pub mod rack;
 pub mod seaweed;
