@@ -11,7 +11,7 @@ use larder_tests::dns::DnsServer;
 use larder_tests::fake_peer::{FakePeer, Misbehaviour};
 use larder_tests::rack::{Rack, SECRET, TlsFiles, member_ip};
 use larder_tests::seaweed::Seaweed;
-use larder_tests::{Fault, RecordingProxy, content, seed, upload};
+use larder_tests::{Fault, RecordingProxy, content, seed, upload, upload_in_parts};
 use object_store::ObjectStoreExt;
 
 const MIB: u64 = 1 << 20;
@@ -28,6 +28,8 @@ const LOADED: &[&str] = &["--peer-first-byte-timeout", "2s", "--peer-stall-timeo
 enum Upload {
     Single,
     Multipart,
+    /// Parts of 5.5 MiB: a part size the origin check does not guess.
+    OddParts,
 }
 
 /// SeaweedFS with `size` bytes at [`MODEL`], behind a counting proxy.
@@ -49,6 +51,11 @@ async fn origin_of(objects: &[(&str, u64, Upload)]) -> (Seaweed, RecordingProxy)
             Upload::Multipart => upload(client.as_ref(), key, seed(key, 0), size)
                 .await
                 .expect("upload"),
+            Upload::OddParts => {
+                upload_in_parts(client.as_ref(), key, seed(key, 0), size, 11 << 19)
+                    .await
+                    .expect("upload");
+            }
             Upload::Single => {
                 let bytes = content(seed(key, 0), 0, size as usize);
                 client
@@ -682,4 +689,43 @@ async fn a_prefetch_with_a_lying_member_fails_until_the_origin_check_passes() {
     })
     .await
     .expect("join");
+}
+
+/// ETags that do not give the content's MD5 (here: part sizes the check cannot guess) cost the
+/// origin the members' blocks of one object, compared once, not of every object.
+#[tokio::test(flavor = "multi_thread")]
+async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_object() {
+    const SHARD: &str = "llama/shard.bin";
+    let size = 64 * MIB;
+    let (_server, proxy) =
+        origin_of(&[(MODEL, size, Upload::OddParts), (SHARD, size, Upload::OddParts)]).await;
+    let (rack, proxy) = tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 2, LOADED, &[]).expect("rack");
+        for key in [MODEL, SHARD] {
+            let bytes = std::fs::read(rack.daemon(0).mount.join(key)).expect("read");
+            assert!(
+                bytes == content(seed(key, 0), 0, size as usize),
+                "{key}: wrong bytes"
+            );
+            // One object's check at a time, in the order read.
+            assert!(
+                wait_for_checks(&rack, "match", 1.0),
+                "no check; log:\n{}",
+                rack.log(0)
+            );
+        }
+        assert!(
+            wait_for_checks(&rack, "unchecked", 1.0),
+            "the second object was compared too"
+        );
+        (rack, proxy)
+    })
+    .await
+    .expect("join");
+    assert!(peer_bytes(&rack, 0) > 0, "n0 read nothing from its peer");
+    assert_eq!(origin_checks(&rack, "match"), 1.0);
+    assert_eq!(origin_checks(&rack, "mismatch"), 0.0);
+    // Both objects once, and the first object's blocks from the peer a second time.
+    let fetched = proxy.body_bytes() as f64 / (2 * size) as f64;
+    assert!(fetched <= 1.4, "the origin sent {fetched:.2}x the objects");
 }

@@ -34,17 +34,28 @@ pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
 pub use proxy::{Fault, RecordingProxy};
 pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_secret};
 
-/// Uploads `size` bytes of deterministic content with `seed` at `key`, in parts, without
-/// holding the whole object in memory.
+/// Uploads `size` bytes of deterministic content with `seed` at `key`, in parts of 32 MiB,
+/// without holding the whole object in memory.
 pub async fn upload(
     store: &dyn object_store::ObjectStore,
     key: &str,
     seed: u64,
     size: u64,
 ) -> anyhow::Result<()> {
+    upload_in_parts(store, key, seed, size, 32 << 20).await
+}
+
+/// As [`upload`], in parts of `part_size` bytes (the last one shorter).
+pub async fn upload_in_parts(
+    store: &dyn object_store::ObjectStore,
+    key: &str,
+    seed: u64,
+    size: u64,
+    part_size: usize,
+) -> anyhow::Result<()> {
     use object_store::ObjectStoreExt;
     let upload = store.put_multipart(&object_store::path::Path::from(key)).await?;
-    let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, 32 << 20);
+    let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, part_size);
     let mut offset = 0;
     while offset < size {
         let len = (size - offset).min(8 << 20) as usize;

@@ -15,7 +15,10 @@
 //! An ETag that does not match does not yet blame anyone: the part sizes guessed may be wrong,
 //! and some ETags of 32 hex digits are not the MD5 (S3 with SSE-KMS or SSE-C). Each block a
 //! member supplied is then fetched from the origin and compared with the cached one; only those
-//! that differ are a mismatch.
+//! that differ are a mismatch. If none differs, the ETags of that origin (of that shape:
+//! single-part or multipart) are taken as unusable, and its later objects of the shape are not
+//! checked (counted `unchecked`): otherwise every object from a store whose ETags are not the
+//! content's MD5 would cost the origin its members' blocks a second time.
 //!
 //! A mismatch drops the blocks that differ from the cache (later reads fetch them from
 //! the origin), opens the circuit of every member that supplied one for the longest backoff
@@ -61,6 +64,9 @@ pub(super) struct OriginChecks {
     /// Objects whose check dropped blocks since they were last opened: the kernel's page cache
     /// of the file may hold their bytes.
     mismatched: Mutex<HashSet<ObjectId>>,
+    /// Origins (by identity URL) and ETag shapes (multipart or not) whose ETags were found not
+    /// to be the content's MD5: objects of theirs are not checked.
+    unusable: Mutex<HashSet<(String, bool)>>,
 }
 
 /// Objects with a check queued, and the one whose check runs.
@@ -77,6 +83,7 @@ impl OriginChecks {
             busy: Mutex::new(Busy::default()),
             ended: Notify::new(),
             mismatched: Mutex::new(HashSet::new()),
+            unusable: Mutex::new(HashSet::new()),
         }
     }
 }
@@ -329,7 +336,15 @@ impl Cache {
             return;
         };
         let key = object.version.key.as_str();
-        let Some(checksum) = object.version.etag.as_deref().and_then(Checksum::of_etag) else {
+        let checksum = object.version.etag.as_deref().and_then(Checksum::of_etag);
+        let shape = checksum.map(|c| {
+            let multipart = matches!(c, Checksum::Multipart { .. });
+            (object.origin.identity_url().to_owned(), multipart)
+        });
+        let usable = shape
+            .as_ref()
+            .is_some_and(|shape| !self.inner.checks.unusable.lock().contains(shape));
+        let (Some(checksum), Some(shape), true) = (checksum, shape, usable) else {
             add(&stats.origin_checks_unchecked, 1);
             tracing::debug!(
                 key,
@@ -342,7 +357,20 @@ impl Cache {
         // MD5) or the part sizes guessed may be: only the origin's own bytes blame a member.
         let bad = match self.hash_cached(object, checksum).await {
             Ok(true) => Ok(Vec::new()),
-            Ok(false) => self.compare_with_origin(object, &blocks).await,
+            Ok(false) => {
+                let bad = self.compare_with_origin(object, &blocks).await;
+                if bad.as_ref().is_ok_and(Vec::is_empty) {
+                    tracing::info!(
+                        key,
+                        multipart = shape.1,
+                        "this origin's ETags are not the MD5 of the bytes (SSE-KMS or SSE-C, or \
+                         part sizes not guessed): its objects of this kind are not checked against \
+                         them from now on; seal them (larder seal) to check blocks from rack peers"
+                    );
+                    self.inner.checks.unusable.lock().insert(shape);
+                }
+                bad
+            }
             Err(error) => Err(error),
         };
         match bad {
