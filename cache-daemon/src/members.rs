@@ -12,7 +12,10 @@
 //! them the same way. A per-member circuit breaker leaves out a member that just failed: for
 //! [`FIRST_BACKOFF`] after a failure, twice as long after each further failure in a row, at
 //! most [`MAX_BACKOFF`]; then it is tried again, and one success closes the circuit. A member
-//! whose blocks the origin check proved wrong is left out for [`MAX_BACKOFF`] at once.
+//! that was only slow (a timeout, an answer that broke off) is left out so only after
+//! [`SLOW_STRIKES`] such failures in a row: a loaded node that misses one deadline keeps its
+//! runs, or every asker would take them to the origin for the whole backoff. A member whose
+//! blocks the origin check proved wrong is left out for [`MAX_BACKOFF`] at once.
 //!
 //! Time is tokio's clock, so tests can pause and advance it.
 
@@ -36,6 +39,9 @@ pub use crate::control_api::{MemberHealth, MemberState, RackBytes};
 
 /// How long a member stays out after its first failure in a row.
 pub const FIRST_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Slow answers in a row (timeouts, answers that broke off) after which a member is left out.
+pub const SLOW_STRIKES: u32 = 3;
 
 /// The longest a member stays out, however many failures in a row it has.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(120);
@@ -117,6 +123,8 @@ struct Entry {
     discovered: Option<(String, String)>,
     /// Failures since the last success.
     failures: u32,
+    /// Slow answers in a row, towards [`SLOW_STRIKES`].
+    strikes: u32,
     /// Left out of [`Membership::owners`] until then.
     open_until: Option<Instant>,
     /// The last request to it succeeded (and none failed since).
@@ -229,6 +237,24 @@ impl Membership {
         });
     }
 
+    /// A request to member `id` timed out or its answer broke off: after [`SLOW_STRIKES`] in a
+    /// row, it is left out as by [`Membership::failed`].
+    pub fn slow(&self, id: &str) {
+        {
+            let mut state = self.inner.state.lock();
+            let Some(entry) = state.members.get_mut(id) else {
+                return;
+            };
+            entry.up = false;
+            entry.strikes += 1;
+            if entry.strikes < SLOW_STRIKES {
+                tracing::debug!(member = id, strikes = entry.strikes, "peer slow; its runs stay");
+                return;
+            }
+        }
+        self.failed(id);
+    }
+
     /// Blocks member `id` sent, which its answer had vouched for, proved wrong against the
     /// origin: it is left out for [`MAX_BACKOFF`] at once. Its answers succeed in transit, so
     /// the doubling of [`Membership::failed`] would start again at [`FIRST_BACKOFF`] each time.
@@ -243,6 +269,7 @@ impl Membership {
             return;
         };
         entry.failures = entry.failures.saturating_add(1);
+        entry.strikes = 0;
         let backoff = backoff(entry.failures);
         entry.open_until = Some(Instant::now() + backoff);
         entry.up = false;
@@ -254,6 +281,7 @@ impl Membership {
         let mut state = self.inner.state.lock();
         if let Some(entry) = state.members.get_mut(id) {
             entry.failures = 0;
+            entry.strikes = 0;
             entry.open_until = None;
             entry.up = true;
         }
@@ -587,6 +615,31 @@ mod tests {
         // This node is never left out.
         m.failed("a");
         assert!(ids(&run).contains(&"a".to_owned()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_member_keeps_its_runs_until_it_is_slow_three_times_in_a_row() {
+        let m = Membership::new(&config(&FOUR), "a".into(), "r1".into());
+        let ids = |run: &Run| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
+        let run = runs(1).next().unwrap();
+        let b = |m: &Membership| m.states().into_iter().find(|s| s.id == "b").unwrap();
+        // Two slow answers, a success, two more: never out.
+        for _ in 0..2 {
+            m.slow("b");
+            m.slow("b");
+            assert!(ids(&run).contains(&"b".to_owned()));
+            assert_eq!(b(&m).state, MemberHealth::Unknown);
+            m.succeeded("b");
+        }
+        // Three in a row: out, as after a failure.
+        for _ in 0..3 {
+            m.slow("b");
+        }
+        assert!(!ids(&run).contains(&"b".to_owned()));
+        assert_eq!(
+            (b(&m).state, b(&m).retry_in_seconds, b(&m).failures),
+            (MemberHealth::Down, Some(10), 1)
+        );
     }
 
     #[tokio::test(start_paused = true)]

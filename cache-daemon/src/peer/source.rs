@@ -38,8 +38,9 @@ impl PeerSource {
         }
     }
 
-    /// Counts a failed request by its result, and opens the member's circuit unless the
-    /// member only declined.
+    /// Counts a failed request by its result, and opens the member's circuit: at once when it
+    /// is unreachable or misbehaved, after a few in a row when it was only slow (a timeout, an
+    /// answer that broke off), never when it only declined.
     fn failed(&self, member: &str, error: &PeerError) {
         let stats = &self.stats;
         let counter = match error {
@@ -50,8 +51,10 @@ impl PeerSource {
             PeerError::BadData { .. } => &stats.peer_requests_bad_data,
         };
         add(counter, 1);
-        if !matches!(error, PeerError::Declined(_)) {
-            self.members.failed(member);
+        match error {
+            PeerError::Declined(_) => {}
+            PeerError::Timeout(_) | PeerError::Broken(_) => self.members.slow(member),
+            _ => self.members.failed(member),
         }
         match error {
             PeerError::Unauthorized | PeerError::BadTag(_) | PeerError::BadData { .. } => {
