@@ -503,6 +503,18 @@ async fn a_rack_over_tls_shares_blocks_and_a_member_of_another_ca_gets_none() {
         // Plain HTTP gets no answer from a TLS listener.
         let answer = exchange(rack.addresses[0], b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n\r\n");
         assert!(!answer.starts_with("HTTP/"), "plain HTTP was answered: {answer}");
+        // A client that never starts its handshake is cut off after the read timeout (2 s).
+        let mut stalled = TcpStream::connect(rack.addresses[0]).expect("connect");
+        stalled
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let started = Instant::now();
+        let read = stalled.read(&mut [0; 16]);
+        assert!(
+            matches!(read, Ok(0)) && started.elapsed() < Duration::from_secs(5),
+            "a stalled handshake: {read:?} after {:?}",
+            started.elapsed()
+        );
 
         // A member whose CA is another one trusts neither member, and they not it: it reads
         // everything from the origin.
