@@ -162,11 +162,10 @@ struct Inner {
     /// The tiers a missing run is fetched from, in order.
     sources: Vec<Arc<dyn BlockSource>>,
     inflight: Mutex<HashMap<BlockKey, SharedFill>>,
-    /// Blocks whose fill failed less than [`FAILED_FILL_MEMORY`] ago, with the error and when.
-    failed: Mutex<HashMap<BlockKey, (ReadError, Instant)>>,
-    /// Blocks whose cache write failed less than [`FAILED_FILL_MEMORY`] ago, with why and
-    /// when: what [`Cache::fill`] tells its job.
-    unstored: Mutex<HashMap<BlockKey, (Arc<str>, Instant)>>,
+    /// Blocks whose fill failed lately, with the error.
+    failed: Lately<ReadError>,
+    /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
+    unstored: Lately<Arc<str>>,
     /// Blocks fetched but not yet written: bounds the memory a fast origin and a slow disk
     /// can pile up.
     write_permits: Arc<Semaphore>,
@@ -189,6 +188,41 @@ struct Inner {
     members: Option<Membership>,
     /// Origin checks of objects completed with blocks from peers ([`check`]).
     checks: check::OriginChecks,
+}
+
+/// What happened to blocks lately: each entry is kept [`FAILED_FILL_MEMORY`], and entries
+/// older than that are swept whenever new ones are recorded.
+#[derive(Debug)]
+struct Lately<T>(Mutex<HashMap<BlockKey, (T, Instant)>>);
+
+impl<T> Default for Lately<T> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<T: Clone> Lately<T> {
+    /// Records `value` for each of `keys`.
+    fn record(&self, keys: impl IntoIterator<Item = BlockKey>, value: &T) {
+        let now = Instant::now();
+        let mut map = self.0.lock();
+        map.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
+        for key in keys {
+            map.insert(key, (value.clone(), now));
+        }
+    }
+
+    /// The value recorded for `key` less than [`FAILED_FILL_MEMORY`] ago.
+    fn get(&self, key: BlockKey) -> Option<T> {
+        let map = self.0.lock();
+        let (value, at) = map.get(&key)?;
+        (at.elapsed() < FAILED_FILL_MEMORY).then(|| value.clone())
+    }
+
+    /// Removes and returns the value recorded for `key`, however old.
+    fn take(&self, key: BlockKey) -> Option<T> {
+        self.0.lock().remove(&key).map(|(value, _)| value)
+    }
 }
 
 /// Weak references to the blocks readers hold, swept of dead entries as the map grows.
@@ -222,8 +256,8 @@ impl Cache {
                 store,
                 sources: peer_source.into_iter().chain([Arc::new(origin) as _]).collect(),
                 inflight: Mutex::new(HashMap::new()),
-                failed: Mutex::new(HashMap::new()),
-                unstored: Mutex::new(HashMap::new()),
+                failed: Lately::default(),
+                unstored: Lately::default(),
                 write_permits: Arc::new(Semaphore::new(write_behind as usize)),
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
@@ -377,7 +411,7 @@ impl Cache {
                 return Ok(true);
             }
             if !inner.inflight.lock().contains_key(&key) {
-                let why = inner.unstored.lock().remove(&key).map(|(why, _)| why);
+                let why = inner.unstored.take(key);
                 let why = why.unwrap_or_else(|| "it was evicted as soon as it was written".into());
                 return Err(ReadError::NotStored(why));
             }
@@ -388,9 +422,7 @@ impl Cache {
     /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]
     /// ago: a read of it fails at once instead of starting another fill.
     fn failed_lately(&self, key: BlockKey) -> Option<ReadError> {
-        let failed = self.inner.failed.lock();
-        let (error, at) = failed.get(&key)?;
-        (at.elapsed() < FAILED_FILL_MEMORY).then(|| error.clone())
+        self.inner.failed.get(key)
     }
 
     /// Remembers that the fills of `blocks` of `object` failed with `error` (an origin's error:
@@ -400,21 +432,14 @@ impl Cache {
         if !matches!(error, ReadError::Origin(_)) || blocks.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let mut failed = self.inner.failed.lock();
-        failed.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
-        for index in blocks {
-            failed.insert((object, index), (error.clone(), now));
-        }
+        let keys = blocks.map(|index| (object, index));
+        self.inner.failed.record(keys, error);
     }
 
     /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
     /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
     fn remember_unstored(&self, key: BlockKey, error: &StoreError) {
-        let now = Instant::now();
-        let mut unstored = self.inner.unstored.lock();
-        unstored.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
-        unstored.insert(key, (error.to_string().into(), now));
+        self.inner.unstored.record([key], &error.to_string().into());
     }
 
     /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or
