@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::{Cache, OpenObject, ReadError};
+use crate::cache::{Cache, OpenObject, OriginCheckError, ReadError};
 pub use crate::control_api::{JobCounts, JobReport, JobState};
 use crate::manifest::is_seal_key;
 use crate::object::ObjectVersion;
@@ -136,6 +136,17 @@ impl Job {
         if errors.len() < MAX_ERRORS && !errors.iter().any(|e| e.starts_with(&format!("{key}: "))) {
             errors.push(format!("{key}: {error}"));
         }
+    }
+
+    /// Records that object `key` failed its origin check. Blocks the check dropped replace an
+    /// error its fills gave: the check may drop a member's block while a fill still waits to
+    /// see it stored, and only the check says why it went.
+    fn check_failed(&self, key: &str, error: &OriginCheckError) {
+        if *error == OriginCheckError::Dropped {
+            let prefix = format!("{key}: ");
+            self.errors.lock().retain(|e| !e.starts_with(&prefix));
+        }
+        self.error(key, error);
     }
 }
 
@@ -455,7 +466,7 @@ impl Jobs {
             fills.await;
             for object in &objects {
                 if let Err(error) = self.cache.origin_checked(object).await {
-                    job.error(&object.version().key, &error);
+                    job.check_failed(&object.version().key, &error);
                 }
             }
         };
@@ -560,5 +571,50 @@ impl Jobs {
             self.cache.store().set_pinned(version, false);
         }
         Ok(plan.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Job {
+            id: 1,
+            targets: vec!["models:llama".into()],
+            pin: false,
+            objects: 2,
+            planned: 0,
+            done: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            started: Instant::now(),
+            outcome: Mutex::new((JobState::Running, None)),
+            errors: Mutex::new(Vec::new()),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// A fill that saw its block go (the check dropped it) gives way to the check's verdict;
+    /// an unfinished check does not hide the fill's error, which says more.
+    #[test]
+    fn the_origin_checks_verdict_replaces_a_fills_error_only_when_it_dropped_blocks() {
+        let job = job();
+        let gone = ReadError::NotStored("it was evicted as soon as it was written".into());
+        job.error("a", &gone);
+        job.error("b", &gone);
+        job.check_failed("a", &OriginCheckError::Dropped);
+        job.check_failed("b", &OriginCheckError::Unfinished);
+        let errors = job.report().errors;
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("a: ") && e.contains("origin's checksum"))
+        );
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with("b: ") && e.contains("evicted"))
+        );
     }
 }
