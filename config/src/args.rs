@@ -36,7 +36,10 @@ use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
 use crate::redact::Redacted;
-use crate::schema::{Config, IoEngineKind, PeerConfig, PeerMember, SourceConfig, WarmConfig, parse_listen};
+use crate::schema::{
+    Config, IoEngineKind, PeerConfig, PeerMember, RegistryConfig, RegistryUpstream, SourceConfig, WarmConfig,
+    parse_listen,
+};
 
 /// The flags themselves; [`ConfigArgs`] adds where each value came from.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
@@ -404,6 +407,46 @@ struct Flags {
         help_heading = "Warm nodes"
     )]
     warm_ca_file: Option<OsString>,
+
+    /// Address and port the OCI registry mirror binds, or "off"; default 127.0.0.1:7471
+    /// [registry.listen].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_LISTEN",
+        value_name = "ADDR:PORT|off",
+        help_heading = "Registry mirror"
+    )]
+    registry_listen: Option<OsString>,
+
+    /// A registry pulled through, as HOST[=URL] (URL for a plain-HTTP or moved registry);
+    /// repeatable, comma-separated in the variable; replaces the file's list
+    /// [registry.upstreams].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_UPSTREAMS",
+        value_name = "HOST[=URL]",
+        value_delimiter = ',',
+        help_heading = "Registry mirror"
+    )]
+    registry_upstream: Vec<OsString>,
+
+    /// Upstream credentials in docker's config.json format [registry.credentials].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_CREDENTIALS",
+        value_name = "PATH",
+        help_heading = "Registry mirror"
+    )]
+    registry_credentials: Option<OsString>,
+
+    /// How long a resolved tag is trusted, e.g. "30s" [registry.tag_ttl].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_TAG_TTL",
+        value_name = "DURATION",
+        help_heading = "Registry mirror"
+    )]
+    registry_tag_ttl: Option<OsString>,
 
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
@@ -821,6 +864,7 @@ impl ConfigArgs {
 
         self.apply_peer(&mut config.peer, names)?;
         self.apply_warm(&mut config.warm, names)?;
+        self.apply_registry(&mut config.registry, names)?;
 
         // Source by source: the file's, then the variable's, then the flags'; a later entry
         // for a name replaces that source's URL.
@@ -1019,6 +1063,47 @@ impl ConfigArgs {
         Ok(())
     }
 
+    /// Lays the `[registry]` overrides over `registry`.
+    fn apply_registry(&self, registry: &mut RegistryConfig, names: &mut Names) -> Result<(), ConfigError> {
+        let flags = &self.flags;
+        set(
+            names,
+            &mut registry.listen,
+            &flags.registry_listen,
+            "registry.listen",
+            "registry_listen",
+            parse_listen,
+        )?;
+        set(
+            names,
+            &mut registry.credentials,
+            &flags.registry_credentials,
+            "registry.credentials",
+            "registry_credentials",
+            |text| Ok::<_, String>(Some(PathBuf::from(text))),
+        )?;
+        set(
+            names,
+            &mut registry.tag_ttl,
+            &flags.registry_tag_ttl,
+            "registry.tag_ttl",
+            "registry_tag_ttl",
+            duration::parse,
+        )?;
+        let upstreams = self.list(names, "registry_upstream", &flags.registry_upstream)?;
+        if !upstreams.is_empty() {
+            registry.upstreams.clear();
+            for (setting, spec) in upstreams {
+                let upstream = spec
+                    .parse::<RegistryUpstream>()
+                    .map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
+                names.overridden.insert("registry.upstreams".to_owned(), setting);
+                registry.upstreams.push(upstream);
+            }
+        }
+        Ok(())
+    }
+
     /// The entries of list flag `id`, each with the name of the setting it came from: those
     /// of its variable that flags hid, then `values` (the flags', or the variable's when no
     /// flag was given).
@@ -1188,6 +1273,10 @@ mod tests {
             ("warm-api-server", "LARDER_WARM_API_SERVER"),
             ("warm-token-file", "LARDER_WARM_TOKEN_FILE"),
             ("warm-ca-file", "LARDER_WARM_CA_FILE"),
+            ("registry-listen", "LARDER_REGISTRY_LISTEN"),
+            ("registry-upstream", "LARDER_REGISTRY_UPSTREAMS"),
+            ("registry-credentials", "LARDER_REGISTRY_CREDENTIALS"),
+            ("registry-tag-ttl", "LARDER_REGISTRY_TAG_TTL"),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),
@@ -1581,6 +1670,8 @@ mod tests {
         config.peer.tls_ca = Some("a".into());
         config.warm.plan = Some("p".into());
         config.warm.api_server = Some("http://h".into());
+        config.registry.upstreams.push("h".parse().unwrap());
+        config.registry.credentials = Some("c".into());
         let value = toml::Value::try_from(&config).unwrap();
         let mut schema = BTreeSet::new();
         keys("", &value, &mut schema);

@@ -23,5 +23,6 @@ pub use error::ConfigError;
 pub use redact::{Redacted, SourceUrl};
 pub use schema::{
     CacheConfig, Config, ControlConfig, DEFAULT_CA_FILE, DEFAULT_CONTROL_SOCKET, DEFAULT_TOKEN_FILE,
-    IoEngineKind, MetricsConfig, MountConfig, OriginConfig, PeerConfig, PeerMember, SourceConfig, WarmConfig,
+    IoEngineKind, MetricsConfig, MountConfig, OriginConfig, PeerConfig, PeerMember, RegistryConfig,
+    RegistryUpstream, SourceConfig, WarmConfig,
 };

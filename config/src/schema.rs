@@ -61,6 +61,12 @@
 //! token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 //! ca_file = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 //!
+//! [registry]                 # OCI pull-through mirror; off unless upstreams are given
+//! listen = "127.0.0.1:7471"  # or "off"
+//! upstreams = ["nvcr.io", "docker.io", "registry.local:5000=http://10.0.0.5:5000"]
+//! credentials = "/etc/larder/registry-auth.json"  # docker config.json format
+//! tag_ttl = "30s"
+//!
 //! [[source]]
 //! name = "datasets"
 //! url = "s3://bucket/prefix"
@@ -100,6 +106,8 @@ pub struct Config {
     pub peer: PeerConfig,
     /// Warm-node labels: a plan kept in the cache, and the Kubernetes API server told of it.
     pub warm: WarmConfig,
+    /// The OCI registry mirror: where it listens, the registries it pulls through.
+    pub registry: RegistryConfig,
     /// The object stores served; written as `[[source]]` tables in TOML.
     /// At least one is required by [`Config::validate`].
     #[serde(rename = "source", skip_serializing_if = "Vec::is_empty")]
@@ -488,6 +496,124 @@ pub(crate) fn is_plan_name(name: &str) -> bool {
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
+/// The OCI registry mirror (`[registry]`): the read-only pull API for containerd and CRI-O,
+/// served from the block cache, for the configured upstream registries only.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryConfig {
+    /// Address and port the mirror binds, or `"off"`. Default `127.0.0.1:7471`; it serves only
+    /// when `upstreams` names at least one registry.
+    #[serde(with = "listen_serde")]
+    pub listen: Option<SocketAddr>,
+    /// The registries pulled through, each `HOST[=URL]`. Default none (the mirror is off).
+    pub upstreams: Vec<RegistryUpstream>,
+    /// Credentials for the upstreams, in docker's `config.json` format (`auths.HOST.auth`,
+    /// base64 of `user:password`). Default none: anonymous tokens only.
+    pub credentials: Option<PathBuf>,
+    /// How long a tag's digest is trusted before it is resolved upstream again; past it, a
+    /// tag whose upstream cannot be reached is served from the last answer. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub tag_ttl: Duration,
+}
+
+/// The mirror's address when none is configured: loopback, next to the peer port.
+const DEFAULT_REGISTRY_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 7471);
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            listen: Some(DEFAULT_REGISTRY_LISTEN),
+            upstreams: Vec::new(),
+            credentials: None,
+            tag_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// Whether the mirror serves: an address and at least one upstream.
+    pub fn enabled(&self) -> bool {
+        self.listen.is_some() && !self.upstreams.is_empty()
+    }
+}
+
+/// An upstream registry: `HOST` as image references name it (`nvcr.io`, `localhost:5000`),
+/// and the URL it is reached at: `https://HOST` unless given (`docker.io` is
+/// `https://registry-1.docker.io`); an `http://` URL for a plain-HTTP registry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RegistryUpstream {
+    /// The registry's name in image references.
+    pub host: String,
+    /// Where it is reached: scheme, host and port, no path.
+    pub url: String,
+    /// Whether the URL was written (and is shown) rather than taken from the host.
+    explicit: bool,
+}
+
+impl FromStr for RegistryUpstream {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (host, url) = match text.split_once('=') {
+            Some((host, url)) => (host, Some(url)),
+            None => (text, None),
+        };
+        let named = match host.rsplit_once(':') {
+            Some((_, port)) if port.bytes().all(|b| b.is_ascii_digit()) => check_host_port(host),
+            _ => check_host_port(&format!("{host}:443")),
+        };
+        named.map_err(|_| format!("{text:?}: {host:?} is not a registry host (HOST or HOST:PORT)"))?;
+        let explicit = url.is_some();
+        let url = match url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None if host == "docker.io" => "https://registry-1.docker.io".to_owned(),
+            None => format!("https://{host}"),
+        };
+        let parsed = url::Url::parse(&url).map_err(|e| format!("{text:?}: {url:?} is not a URL: {e}"))?;
+        if !matches!(parsed.scheme(), "http" | "https")
+            || parsed.host_str().is_none()
+            || parsed.path() != "/"
+            || parsed.query().is_some()
+            || !parsed.username().is_empty()
+        {
+            return Err(format!(
+                "{text:?}: the URL must be http(s)://HOST[:PORT], without path, query or credentials"
+            ));
+        }
+        Ok(Self {
+            host: host.to_owned(),
+            url,
+            explicit,
+        })
+    }
+}
+
+impl TryFrom<String> for RegistryUpstream {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
+    }
+}
+
+impl From<RegistryUpstream> for String {
+    fn from(upstream: RegistryUpstream) -> Self {
+        upstream.to_string()
+    }
+}
+
+impl fmt::Display for RegistryUpstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.host)?;
+        if self.explicit {
+            write!(f, "={}", self.url)?;
+        }
+        Ok(())
+    }
+}
+
 /// A statically configured member: `ID=HOST:PORT[@RACK]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(try_from = "String", into = "String")]
@@ -754,6 +880,12 @@ mod tests {
         token_file = "/t"
         ca_file = "/c"
 
+        [registry]
+        listen = "127.0.0.1:5000"
+        upstreams = ["nvcr.io", "docker.io", "localhost:5001=http://127.0.0.2:5001"]
+        credentials = "/etc/larder/auth.json"
+        tag_ttl = "1m"
+
         [[source]]
         name = "datasets"
         url = "s3://training-data/datasets"
@@ -816,6 +948,31 @@ mod tests {
             ("a=[zz]:1", "is not a host name"),
         ] {
             let error = text.parse::<PeerMember>().unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn registry_upstreams_parse_with_their_urls_and_errors_name_the_problem() {
+        let url = |text: &str| text.parse::<RegistryUpstream>().unwrap().url;
+        assert_eq!(url("nvcr.io"), "https://nvcr.io");
+        assert_eq!(url("docker.io"), "https://registry-1.docker.io");
+        assert_eq!(
+            url("localhost:5000=http://127.0.0.1:5001/"),
+            "http://127.0.0.1:5001"
+        );
+        for text in ["nvcr.io", "localhost:5000=http://127.0.0.1:5001"] {
+            assert_eq!(text.parse::<RegistryUpstream>().unwrap().to_string(), text);
+        }
+        for (text, says) in [
+            ("", "not a registry host"),
+            ("a/b", "not a registry host"),
+            ("h=ftp://x", "http(s)://HOST"),
+            ("h=http://x/v2", "without path"),
+            ("h=http://u:p@x", "credentials"),
+            ("h=not a url", "not a URL"),
+        ] {
+            let error = text.parse::<RegistryUpstream>().unwrap_err();
             assert!(error.contains(says), "{text}: {error}");
         }
     }
@@ -892,6 +1049,14 @@ mod tests {
                 token_file: PathBuf::from("/t"),
                 ca_file: PathBuf::from("/c"),
             },
+            registry: RegistryConfig {
+                listen: Some("127.0.0.1:5000".parse().unwrap()),
+                upstreams: ["nvcr.io", "docker.io", "localhost:5001=http://127.0.0.2:5001"]
+                    .map(|text| text.parse().unwrap())
+                    .to_vec(),
+                credentials: Some(PathBuf::from("/etc/larder/auth.json")),
+                tag_ttl: Duration::from_secs(60),
+            },
             sources: vec![
                 SourceConfig {
                     name: "datasets".into(),
@@ -945,6 +1110,13 @@ mod tests {
             plan: Some("/etc/larder/plans/llama-70b.toml".into()),
             api_server: Some("https://10.96.0.1:443".into()),
             ..WarmConfig::default()
+        };
+        expected.registry = RegistryConfig {
+            upstreams: ["nvcr.io", "docker.io", "registry.local:5000=http://10.0.0.5:5000"]
+                .map(|text| text.parse().unwrap())
+                .to_vec(),
+            credentials: Some("/etc/larder/registry-auth.json".into()),
+            ..RegistryConfig::default()
         };
         assert_eq!(config, expected);
         assert_eq!(config.warm.plan_name().as_deref(), Some("llama-70b"));

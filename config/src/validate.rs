@@ -14,8 +14,8 @@ use crate::bytesize::ByteSize;
 use crate::error::ConfigError;
 use crate::redact::SourceUrl;
 use crate::schema::{
-    CacheConfig, Config, OriginConfig, PeerConfig, SourceConfig, WarmConfig, check_host_port, is_peer_label,
-    is_plan_name,
+    CacheConfig, Config, OriginConfig, PeerConfig, RegistryConfig, SourceConfig, WarmConfig, check_host_port,
+    is_peer_label, is_plan_name,
 };
 
 /// Smallest allowed `cache.block_size`.
@@ -58,6 +58,7 @@ impl Config {
         }
         validate_peer(&self.peer)?;
         validate_warm(&self.warm)?;
+        validate_registry(&self.registry)?;
         validate_sources(&self.sources)
     }
 }
@@ -239,6 +240,20 @@ fn validate_warm(warm: &WarmConfig) -> Result<(), ConfigError> {
         }
     }
     check_non_zero("warm.check_interval", warm.check_interval)
+}
+
+fn validate_registry(registry: &RegistryConfig) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for upstream in &registry.upstreams {
+        if !seen.insert(upstream.host.as_str()) {
+            return Err(ConfigError::invalid(
+                "registry.upstreams",
+                upstream.to_string(),
+                format!("registry {:?} is listed twice", upstream.host),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn validate_sources(sources: &[SourceConfig]) -> Result<(), ConfigError> {
