@@ -80,7 +80,7 @@ async fn prefetch_time(cache: &Cache, origin: &Arc<Origin>) -> anyhow::Result<Du
         Arc::new(Stats::default()),
     ));
     let started = Instant::now();
-    let id = jobs.start(vec![format!("bench:{KEY}")], false).await?.id;
+    let id = jobs.start(vec![format!("bench:{KEY}")], false, None).await?.id;
     loop {
         let report = jobs.report(id).context("the job is gone")?;
         match report.state {
@@ -147,6 +147,7 @@ fn synthesize_cache(dir: &Path, block_size: u64, blocks: u32) -> anyhow::Result<
             version: None,
             size: u64::from(count) * block_size,
             modified: std::time::SystemTime::UNIX_EPOCH,
+            content: None,
         };
         let (data, rec) = store::object_paths(dir, version.id());
         std::fs::create_dir_all(data.parent().context("no parent")?)?;

@@ -44,11 +44,16 @@ pub struct PrefetchArgs {
     /// Keep the objects in the cache until `larder unpin`.
     #[arg(long)]
     pub pin: bool,
-    /// A TOML plan: `targets = ["..."]` and optionally `pin = true`.
+    /// A TOML plan: `targets = ["..."]`, `images = ["..."]`, and optionally `pin = true` and
+    /// `platform = "os/arch"`.
     #[arg(long)]
     pub plan: Option<PathBuf>,
+    /// The platform of image targets, `os/architecture[/variant]`; default the node's.
+    #[arg(long)]
+    pub platform: Option<String>,
     /// Paths under the mount (`/models/llama/...`, or relative to the current directory),
-    /// `SOURCE:PREFIX`, or URLs of configured sources; a prefix means every object under it.
+    /// `SOURCE:PREFIX`, URLs of configured sources (a prefix means every object under it), or
+    /// container images as `image:REGISTRY/REPOSITORY[:TAG|@DIGEST]`.
     pub targets: Vec<String>,
 }
 
@@ -175,19 +180,25 @@ fn absolute_targets(targets: Vec<String>) -> anyhow::Result<Vec<String>> {
 pub async fn prefetch(args: PrefetchArgs) -> anyhow::Result<ExitCode> {
     let mut targets = Vec::new();
     let mut pin = args.pin;
+    let mut platform = args.platform;
     if let Some(path) = &args.plan {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading plan {}", path.display()))?;
         let plan: Plan = toml::from_str(&text).with_context(|| format!("plan {}", path.display()))?;
-        targets.extend(plan.targets);
+        targets.extend(plan.all_targets());
         pin |= plan.pin;
+        platform = platform.or(plan.platform);
     }
     targets.extend(args.targets);
     let targets = absolute_targets(targets)?;
     if targets.is_empty() {
         bail!("nothing to prefetch: give targets or --plan FILE");
     }
-    let body = TargetsRequest { targets, pin };
+    let body = TargetsRequest {
+        targets,
+        pin,
+        platform,
+    };
     let body = serde_json::to_vec(&body)?;
     let job: JobReport = call(&args.socket, Method::POST, control_api::PREFETCH, Some(body)).await?;
     eprintln!(
@@ -465,6 +476,9 @@ pub struct UnpinArgs {
     /// The daemon's control socket.
     #[arg(long, env = "LARDER_CONTROL_SOCKET", default_value = DEFAULT_SOCKET)]
     pub socket: PathBuf,
+    /// The platform of image targets, as for `larder prefetch`.
+    #[arg(long)]
+    pub platform: Option<String>,
     /// Targets, as for `larder prefetch`.
     #[arg(required = true)]
     pub targets: Vec<String>,
@@ -475,6 +489,7 @@ pub async fn unpin(args: UnpinArgs) -> anyhow::Result<()> {
     let body = TargetsRequest {
         targets: absolute_targets(args.targets)?,
         pin: false,
+        platform: args.platform,
     };
     let body = serde_json::to_vec(&body)?;
     let answer: Unpinned = call(&args.socket, Method::POST, control_api::UNPIN, Some(body)).await?;

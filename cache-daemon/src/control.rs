@@ -23,6 +23,7 @@ use crate::control_api::{
 use crate::http::{self, Body, Limits};
 use crate::members::Membership;
 use crate::prefetch::{Jobs, PrefetchError};
+use crate::registry::MirrorError;
 use crate::seal::{SealError, Sealer};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::store::BlockStore;
@@ -183,12 +184,20 @@ impl Control {
                     Err(e) => return error(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")),
                 };
                 if *action == "prefetch" {
-                    match self.jobs.start(request.targets, request.pin).await {
+                    match self
+                        .jobs
+                        .start(request.targets, request.pin, request.platform.as_deref())
+                        .await
+                    {
                         Ok(report) => json(StatusCode::ACCEPTED, &report),
                         Err(e) => prefetch_error(&e),
                     }
                 } else {
-                    match self.jobs.unpin(&request.targets).await {
+                    match self
+                        .jobs
+                        .unpin(&request.targets, request.platform.as_deref())
+                        .await
+                    {
                         Ok(unpinned) => json(StatusCode::OK, &Unpinned { unpinned }),
                         Err(e) => prefetch_error(&e),
                     }
@@ -255,6 +264,11 @@ fn prefetch_error(e: &PrefetchError) -> Response<Body> {
         PrefetchError::NotFound { .. } => StatusCode::NOT_FOUND,
         PrefetchError::TooLarge { .. } => StatusCode::INSUFFICIENT_STORAGE,
         PrefetchError::Origin(_) => StatusCode::BAD_GATEWAY,
+        PrefetchError::Image {
+            source: MirrorError::Upstream(upstream),
+            ..
+        } if upstream.is_not_found() => StatusCode::NOT_FOUND,
+        PrefetchError::Image { .. } => StatusCode::BAD_GATEWAY,
     };
     error(status, e.to_string())
 }

@@ -45,11 +45,15 @@ pub fn job(id: u64) -> String {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetsRequest {
-    /// Paths under the mount, `SOURCE:PREFIX`, or URLs of configured sources.
+    /// Paths under the mount, `SOURCE:PREFIX`, URLs of configured sources, or
+    /// `image:REGISTRY/REPOSITORY[:TAG|@DIGEST]`.
     pub targets: Vec<String>,
     /// Keep the objects in the cache until unpinned (prefetch only).
     #[serde(default)]
     pub pin: bool,
+    /// The platform of image targets, `os/architecture[/variant]`; default the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<String>,
 }
 
 /// A plan file, in TOML: what `larder prefetch --plan FILE` sends and what the daemon keeps
@@ -57,16 +61,33 @@ pub struct TargetsRequest {
 ///
 /// ```toml
 /// targets = ["models:llama-70b/", "datasets:shards/"]
+/// images = ["nvcr.io/nvidia/pytorch:24.05-py3"]  # optional: pulled through the registry mirror
+/// platform = "linux/amd64"  # optional, default the node's
 /// pin = true   # optional, default false
 /// ```
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
     /// Paths under the mount, `SOURCE:PREFIX`, or URLs of configured sources.
+    #[serde(default)]
     pub targets: Vec<String>,
+    /// Container images, `REGISTRY/REPOSITORY[:TAG|@DIGEST]`.
+    #[serde(default)]
+    pub images: Vec<String>,
+    /// The platform of the images; default the node's.
+    #[serde(default)]
+    pub platform: Option<String>,
     /// Keep the objects in the cache until unpinned.
     #[serde(default)]
     pub pin: bool,
+}
+
+impl Plan {
+    /// Every target of the plan, its images as `image:` targets.
+    pub fn all_targets(&self) -> Vec<String> {
+        let images = self.images.iter().map(|image| format!("image:{image}"));
+        self.targets.iter().cloned().chain(images).collect()
+    }
 }
 
 /// A body of `POST /v1/seal`.

@@ -49,6 +49,7 @@ use crate::origin::{Origin, OriginError};
 use crate::peer::listener::PeerListener;
 use crate::peer::{self, AskWho, PeerSetupError, PeerSource};
 use crate::prefetch::Jobs;
+use crate::registry::{self, Mirror};
 use crate::seal::Sealer;
 use crate::stats::Stats;
 use crate::store::{BlockStore, StoreError};
@@ -117,6 +118,17 @@ pub enum DaemonError {
     /// The peer listener cannot be bound.
     #[error("cannot listen for rack peers on {address} (peer.listen): {source}")]
     PeerListen {
+        /// The configured address.
+        address: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The registry mirror cannot be set up (its credentials file).
+    #[error("registry mirror: {0}")]
+    Registry(String),
+    /// The registry mirror's listener cannot be bound.
+    #[error("cannot listen for registry pulls on {address} (registry.listen; \"off\" disables it): {source}")]
+    RegistryListen {
         /// The configured address.
         address: SocketAddr,
         /// The OS error.
@@ -217,12 +229,23 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }
         None => None,
     };
-    let jobs = Arc::new(Jobs::new(
-        cache.clone(),
-        origins.clone(),
-        mountpoint.clone(),
-        stats.clone(),
-    ));
+    let mut jobs = Jobs::new(cache.clone(), origins.clone(), mountpoint.clone(), stats.clone());
+    let registry_task = match config.registry.listen.filter(|_| config.registry.enabled()) {
+        Some(address) => {
+            let mirror = Mirror::new(
+                &config.registry,
+                &config.origin,
+                cache.clone(),
+                &config.cache.dir,
+                stats.clone(),
+            )
+            .map_err(DaemonError::Registry)?;
+            jobs = jobs.with_mirror(mirror.clone());
+            Some(serve_registry(address, mirror, stop.clone()).await?)
+        }
+        None => None,
+    };
+    let jobs = Arc::new(jobs);
     let sealer = Arc::new(Sealer::new(
         origins,
         mountpoint.clone(),
@@ -326,7 +349,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     cache.stop_fills();
     cache.flush().await;
-    for task in [metrics_task, peer_task].into_iter().flatten() {
+    for task in [metrics_task, peer_task, registry_task].into_iter().flatten() {
         let _ = task.await;
     }
     detached.map(drop).map_err(|source| DaemonError::Io {
@@ -362,6 +385,26 @@ async fn serve_metrics(
         listener,
         metrics::service(snapshot, ready),
         metrics::LIMITS,
+        stop,
+    )))
+}
+
+/// Binds the registry mirror's listener and serves it on a task of its own until `stop`.
+async fn serve_registry(
+    address: SocketAddr,
+    mirror: Arc<Mirror>,
+    stop: CancellationToken,
+) -> Result<JoinHandle<()>, DaemonError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| DaemonError::RegistryListen { address, source })?;
+    let bound = listener.local_addr().unwrap_or(address);
+    let upstreams: Vec<&str> = mirror.upstreams().map(|(host, _)| host).collect();
+    tracing::info!(address = %bound, ?upstreams, "serving the registry mirror");
+    Ok(tokio::spawn(http::serve(
+        listener,
+        registry::server::service(mirror),
+        registry::server::LIMITS,
         stop,
     )))
 }
@@ -464,8 +507,8 @@ fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
     };
     let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
     let plan: Plan = toml::from_str(&text).map_err(|e| problem(e.to_string()))?;
-    if plan.targets.is_empty() {
-        return Err(problem("no targets".into()));
+    if plan.targets.is_empty() && plan.images.is_empty() {
+        return Err(problem("no targets and no images".into()));
     }
     Ok(plan)
 }

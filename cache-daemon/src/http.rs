@@ -192,6 +192,29 @@ pub fn error(status: StatusCode, message: &str) -> Response<Body> {
     full(status, "application/json", body)
 }
 
+/// A streamed body: the chunks an answering task sends, until it drops its sender. A task
+/// that stops before the `Content-Length` it announced cuts the answer short, and the client
+/// sees the connection fail rather than a complete body.
+pub fn channel_body(chunks: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
+    ChannelBody(chunks).boxed()
+}
+
+struct ChannelBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|bytes| bytes.map(|bytes| Ok(hyper::body::Frame::data(bytes))))
+    }
+}
+
 /// Serves `service` on `listener` under `limits` until `cancel` is cancelled and the
 /// connections still open have finished. A failed connection is logged at debug and dropped;
 /// nothing here stops the daemon.

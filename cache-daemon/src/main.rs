@@ -5,6 +5,7 @@ use std::io::Write as _;
 use clap::{Parser, Subcommand};
 use larder_cache_daemon::cli::{self, PrefetchArgs, SealArgs, StatusArgs, UnpinArgs};
 use larder_cache_daemon::daemon::{self, DaemonArgs};
+use larder_cache_daemon::registry::containerd::{self, ContainerdConfigArgs};
 use larder_config::Redacted;
 
 /// Larder: a node-local cache for GPU clusters.
@@ -28,6 +29,9 @@ enum Command {
     /// Write a manifest of each object's block hashes into its source, against which blocks
     /// from rack peers are checked.
     Seal(SealArgs),
+    /// Write containerd's hosts.toml files: the configured registries pulled through the
+    /// node's registry mirror, straight from the registry when it does not answer.
+    ContainerdConfig(Box<ContainerdConfigArgs>),
 }
 
 /// One log line, written to stderr whole when dropped, with the secrets of every URL in it
@@ -85,5 +89,6 @@ fn run(cli: Cli) -> anyhow::Result<std::process::ExitCode> {
         Command::Unpin(args) => runtime.block_on(cli::unpin(args)).map(|()| ok),
         Command::Status(args) => runtime.block_on(cli::status(args)).map(|()| ok),
         Command::Seal(args) => runtime.block_on(cli::seal(args)),
+        Command::ContainerdConfig(args) => containerd::run(*args).map(|()| ok),
     }
 }

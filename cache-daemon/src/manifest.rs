@@ -474,6 +474,7 @@ mod tests {
             version: None,
             size,
             modified: SystemTime::UNIX_EPOCH,
+            content: None,
         }
     }
 

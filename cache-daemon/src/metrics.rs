@@ -283,6 +283,33 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         out.sample("larder_peer_origin_checks_total", Some(("result", result)), n);
     }
     out.family(
+        "larder_registry_requests_total",
+        "counter",
+        "Requests to the registry mirror by kind: manifest, blob, refused (not the pull API, or a registry not configured upstream).",
+    );
+    for (kind, n) in [
+        ("manifest", s.registry_manifest_requests),
+        ("blob", s.registry_blob_requests),
+        ("refused", s.registry_refused),
+    ] {
+        out.sample("larder_registry_requests_total", Some(("kind", kind)), n);
+    }
+    out.counter(
+        "larder_registry_sent_bytes_total",
+        "Bytes of verified manifests and blobs the registry mirror sent (what upstreams sent is in larder_origin_bytes_total).",
+        s.registry_sent_bytes,
+    );
+    out.counter(
+        "larder_registry_digest_mismatches_total",
+        "Manifests and blobs whose upstream bytes did not match their digest: dropped from the cache, never served.",
+        s.registry_digest_mismatches,
+    );
+    out.counter(
+        "larder_registry_stale_tags_total",
+        "Tags served as last resolved because their upstream could not be reached.",
+        s.registry_stale_tags,
+    );
+    out.family(
         "larder_peer_members",
         "gauge",
         "Members of the rack by state as this node sees them: self (this node), up (the last request succeeded), down (failed, left out until its retry time), unknown (not asked since it joined or since its retry time). All zero when peers are off.",

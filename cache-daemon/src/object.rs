@@ -265,11 +265,18 @@ pub struct ObjectVersion {
     pub size: u64,
     /// When the origin last wrote it. Shown as the file's mtime; not part of the identity.
     pub modified: SystemTime,
+    /// The identity of its content, where the origin names content by digest (an OCI blob or
+    /// manifest, [`Identity::Digest`]): then it is the version's identity, the same in every
+    /// repository and registry, and the URL, key and ETag only say where to fetch it.
+    pub content: Option<Box<Identity>>,
 }
 
 impl ObjectVersion {
     /// What names this version's bytes.
     pub fn as_identity(&self) -> Identity {
+        if let Some(content) = &self.content {
+            return (**content).clone();
+        }
         let tag = match (&self.etag, &self.version) {
             (Some(etag), _) => VersionTag::ETag(etag.clone()),
             (None, Some(version)) => VersionTag::VersionId(version.clone()),
@@ -306,6 +313,7 @@ mod tests {
             version: None,
             size: 1 << 30,
             modified: SystemTime::UNIX_EPOCH,
+            content: None,
         }
     }
 

@@ -517,6 +517,7 @@ impl Origin {
             version: meta.version.clone(),
             size: meta.size,
             modified: meta.last_modified.into(),
+            content: None,
         }
     }
 

@@ -35,6 +35,8 @@ pub use crate::control_api::{JobCounts, JobReport, JobState};
 use crate::manifest::is_seal_key;
 use crate::object::ObjectVersion;
 use crate::origin::{Origin, OriginError};
+use crate::registry::reference::ImageRef;
+use crate::registry::{Mirror, MirrorError, node_platform};
 use crate::stats::{Stats, add};
 
 /// Origin parts a job keeps in flight.
@@ -91,6 +93,14 @@ pub enum PrefetchError {
     /// Listing or a HEAD failed.
     #[error(transparent)]
     Origin(#[from] Box<OriginError>),
+    /// An image target could not be resolved through the registry mirror.
+    #[error("target {target:?}: {source}")]
+    Image {
+        /// The target as given.
+        target: String,
+        /// Why.
+        source: MirrorError,
+    },
 }
 
 #[derive(Debug)]
@@ -186,12 +196,48 @@ impl History {
 pub(crate) struct Targets {
     sources: Vec<(String, Arc<Origin>)>,
     mount: PathBuf,
+    mirror: Option<Arc<Mirror>>,
 }
 
+/// The prefix of a target that names a container image: `image:REGISTRY/REPOSITORY[:TAG]`.
+pub const IMAGE_PREFIX: &str = "image:";
+
 impl Targets {
-    /// Targets naming `sources` (name, origin) or paths under `mount`.
-    pub(crate) fn new(sources: Vec<(String, Arc<Origin>)>, mount: PathBuf) -> Self {
-        Self { sources, mount }
+    /// Targets naming `sources` (name, origin), paths under `mount`, or images pulled through
+    /// `mirror`.
+    pub(crate) fn new(
+        sources: Vec<(String, Arc<Origin>)>,
+        mount: PathBuf,
+        mirror: Option<Arc<Mirror>>,
+    ) -> Self {
+        Self {
+            sources,
+            mount,
+            mirror,
+        }
+    }
+
+    /// The image `target` names, if it is an image target, with the mirror that pulls it.
+    fn image(&self, target: &str) -> Result<Option<(ImageRef, &Arc<Mirror>)>, PrefetchError> {
+        let Some(text) = target.strip_prefix(IMAGE_PREFIX) else {
+            return Ok(None);
+        };
+        let bad = |reason: String| PrefetchError::BadTarget {
+            target: target.to_owned(),
+            reason,
+        };
+        let image: ImageRef = text.parse().map_err(bad)?;
+        let mirror = self
+            .mirror
+            .as_ref()
+            .ok_or_else(|| bad("the registry mirror is off: configure registry.upstreams".into()))?;
+        if !mirror.knows(&image.host) {
+            return Err(bad(format!(
+                "registry {:?} is not configured upstream (registry.upstreams)",
+                image.host
+            )));
+        }
+        Ok(Some((image, mirror)))
     }
 
     /// The source and the path relative to it that `target` names.
@@ -309,18 +355,35 @@ impl Targets {
         Ok(found.into_iter().map(|v| (origin.clone(), v)).collect())
     }
 
-    /// Every object the targets name, each once.
-    /// Every target is checked before any is resolved, so a wrong one costs no origin request.
+    /// Every object the targets name, each once; images for `platform` (this node's when
+    /// `None`). Every target is checked before any is resolved, so a wrong one costs no
+    /// origin request.
     pub(crate) async fn plan(
         &self,
         targets: &[String],
+        platform: Option<&str>,
     ) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
         for target in targets {
-            self.parse(target)?;
+            if self.image(target)?.is_none() {
+                self.parse(target)?;
+            }
         }
+        let platform = platform.map_or_else(node_platform, str::to_owned);
         let mut plan = BTreeMap::new();
         for target in targets {
-            for (origin, version) in self.resolve(target).await? {
+            let found = match self.image(target)? {
+                Some((image, mirror)) => {
+                    mirror
+                        .image_plan(&image, &platform)
+                        .await
+                        .map_err(|source| PrefetchError::Image {
+                            target: target.clone(),
+                            source,
+                        })?
+                }
+                None => self.resolve(target).await?,
+            };
+            for (origin, version) in found {
                 plan.insert(version.id(), (origin, version));
             }
         }
@@ -357,13 +420,19 @@ impl Jobs {
     pub fn new(cache: Cache, sources: Vec<(String, Arc<Origin>)>, mount: PathBuf, stats: Arc<Stats>) -> Self {
         Self {
             cache,
-            targets: Targets::new(sources, mount),
+            targets: Targets::new(sources, mount, None),
             stats,
             jobs: Mutex::new(History::default()),
             next: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
         }
+    }
+
+    /// Lets targets name container images (`image:REF`), pulled through `mirror`.
+    pub fn with_mirror(mut self, mirror: Arc<Mirror>) -> Self {
+        self.targets.mirror = Some(mirror);
+        self
     }
 
     /// Cancels every job, running or yet to start, and waits until their tasks have ended.
@@ -374,12 +443,14 @@ impl Jobs {
         self.tasks.wait().await;
     }
 
-    /// Plans a job and starts it in the background. Fails before fetching anything when a
-    /// target is wrong or the plan cannot fit in the cache.
+    /// Plans a job and starts it in the background; image targets are for `platform` (this
+    /// node's when `None`). Fails before fetching anything when a target is wrong or the plan
+    /// cannot fit in the cache.
     pub async fn start(
         self: &Arc<Self>,
         targets: Vec<String>,
         pin: bool,
+        platform: Option<&str>,
     ) -> Result<JobReport, PrefetchError> {
         if targets.is_empty() {
             return Err(PrefetchError::BadTarget {
@@ -387,7 +458,7 @@ impl Jobs {
                 reason: "no targets given".into(),
             });
         }
-        let plan = self.targets.plan(&targets).await?;
+        let plan = self.targets.plan(&targets, platform).await?;
         let planned: u64 = plan.iter().map(|(_, v)| v.size).sum();
         let capacity = self.cache.store().usage().capacity;
         if planned > capacity {
@@ -432,41 +503,26 @@ impl Jobs {
                 store.set_pinned(version, true);
             }
         }
-        let block_size = store.block_size();
-        let part_blocks = self.cache.part_blocks();
         let objects: Vec<Arc<OpenObject>> = plan
             .into_iter()
             .map(|(origin, version)| OpenObject::new(origin, version))
             .collect();
-        let parts = objects.clone().into_iter().flat_map(|object| {
-            let count = object.version().size.div_ceil(block_size) as u32;
-            (0..count)
-                .step_by(part_blocks as usize)
-                .map(move |first| (object.clone(), first..count.min(first + part_blocks)))
-        });
-        let fills = futures::stream::iter(parts)
-            .map(|(object, blocks)| {
-                let job = &job;
-                async move {
-                    // In order: the first missing block's fill covers the rest of the part, and
-                    // the blocks after it join that fill.
-                    for index in blocks {
-                        let result = self.cache.fill(&object, index).await;
-                        // A failed fill fails the rest of its part too: leave it for a rerun.
-                        if !self.record(job, &object, index, result) {
-                            break;
-                        }
-                    }
-                }
-            })
-            .buffer_unordered(PREFETCH_PARTS as usize)
-            .for_each(|()| futures::future::ready(()));
+        let fills = self.cache.fill_objects(
+            objects.clone(),
+            PREFETCH_PARTS as usize,
+            |object, index, result| self.record(&job, object, index, result),
+        );
         // An object filled with blocks from rack peers is done once its origin check passed.
         let fills = async {
             fills.await;
             for object in &objects {
                 if let Err(error) = self.cache.origin_checked(object).await {
                     job.check_failed(&object.version().key, &error);
+                }
+                if let Some(mirror) = &self.targets.mirror
+                    && let Err(error) = mirror.check_prefetched(object).await
+                {
+                    job.error(&object.version().key, &error);
                 }
             }
         };
@@ -537,9 +593,13 @@ impl Jobs {
 
     /// Checks the objects the targets name now (a listing and a HEAD per object: a new version
     /// is a new object): their versions, and whether every block of each is in the cache and
-    /// verified in this process. Reads no block.
-    pub async fn check(&self, targets: &[String]) -> Result<PlanCheck, PrefetchError> {
-        let plan = self.targets.plan(targets).await?;
+    /// verified in this process. Reads no block, but an image's manifests (for `platform`).
+    pub async fn check(
+        &self,
+        targets: &[String],
+        platform: Option<&str>,
+    ) -> Result<PlanCheck, PrefetchError> {
+        let plan = self.targets.plan(targets, platform).await?;
         let store = self.cache.store();
         let block_size = store.block_size();
         let complete = plan.iter().all(|(_, version)| {
@@ -564,9 +624,9 @@ impl Jobs {
         }
     }
 
-    /// Unpins every object the targets name; returns how many.
-    pub async fn unpin(&self, targets: &[String]) -> Result<usize, PrefetchError> {
-        let plan = self.targets.plan(targets).await?;
+    /// Unpins every object the targets name (images for `platform`); returns how many.
+    pub async fn unpin(&self, targets: &[String], platform: Option<&str>) -> Result<usize, PrefetchError> {
+        let plan = self.targets.plan(targets, platform).await?;
         for (_, version) in &plan {
             self.cache.store().set_pinned(version, false);
         }

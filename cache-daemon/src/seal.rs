@@ -141,7 +141,7 @@ impl Sealer {
         manifests: Manifests,
     ) -> Self {
         Self {
-            targets: Targets::new(sources, mount),
+            targets: Targets::new(sources, mount, None),
             manifests,
             block_size,
             part_blocks: (part_size / block_size.max(1)).max(1),
@@ -168,7 +168,7 @@ impl Sealer {
             }
             .into());
         }
-        let mut plan = self.targets.plan(&targets).await?;
+        let mut plan = self.targets.plan(&targets, None).await?;
         if plan.len() > MAX_SEAL_OBJECTS {
             return Err(SealError::TooManyObjects {
                 objects: plan.len(),

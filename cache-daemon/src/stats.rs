@@ -128,6 +128,19 @@ counters! {
     prefetch_planned_bytes,
     /// Bytes that prefetch jobs have brought into the cache (or found there).
     prefetch_done_bytes,
+    /// Manifest requests to the registry mirror.
+    registry_manifest_requests,
+    /// Blob requests to the registry mirror.
+    registry_blob_requests,
+    /// Registry mirror requests refused: not the pull API's grammar, or a registry that is not
+    /// configured upstream.
+    registry_refused,
+    /// Bytes of verified manifests and blobs the registry mirror sent.
+    registry_sent_bytes,
+    /// Content whose upstream bytes did not match its digest (dropped, fetched again).
+    registry_digest_mismatches,
+    /// Tags served as last resolved because their upstream could not be reached.
+    registry_stale_tags,
 }
 
 /// Upper bounds of the histogram buckets: in nanoseconds, and as Prometheus writes them in

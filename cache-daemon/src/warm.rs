@@ -96,7 +96,11 @@ impl Warm {
                     return;
                 }
             }
-            match self.jobs.check(&self.plan.targets).await {
+            match self
+                .jobs
+                .check(&self.plan.all_targets(), self.plan.platform.as_deref())
+                .await
+            {
                 Ok(PlanCheck {
                     complete,
                     versions: now,
@@ -146,7 +150,15 @@ impl Warm {
 
     /// Runs one prefetch job of the plan to its end (or until `stop`).
     async fn prefetch(&self, stop: &CancellationToken) {
-        let job = match self.jobs.start(self.plan.targets.clone(), self.plan.pin).await {
+        let job = match self
+            .jobs
+            .start(
+                self.plan.all_targets(),
+                self.plan.pin,
+                self.plan.platform.as_deref(),
+            )
+            .await
+        {
             Ok(job) => job,
             Err(error) => {
                 tracing::warn!(label = %self.label, %error, "cannot prefetch the warm plan");

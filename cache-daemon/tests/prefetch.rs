@@ -329,7 +329,7 @@ async fn a_prefetch_job_keeps_at_most_four_origin_requests_in_flight() {
         fx.stats.clone(),
     ));
     let id = jobs
-        .start(vec!["models:small".into()], false)
+        .start(vec!["models:small".into()], false, None)
         .await
         .expect("start")
         .id;
@@ -496,7 +496,7 @@ async fn finished_jobs_are_kept_up_to_a_bound_and_counted() {
     let mut last = 0;
     for _ in 0..total {
         last = jobs
-            .start(vec!["models:tiny.json".into()], false)
+            .start(vec!["models:tiny.json".into()], false, None)
             .await
             .expect("start")
             .id;

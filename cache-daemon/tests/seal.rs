@@ -153,6 +153,7 @@ async fn a_sealed_prefix_has_a_manifest_of_every_block_hidden_from_the_mount_and
             version: None,
             size,
             modified: SystemTime::UNIX_EPOCH,
+            content: None,
         };
         let (_, record) = object_paths(&daemon.cache, version.id());
         let recorded = replay(&std::fs::read(&record).expect("record")).expect("replay");

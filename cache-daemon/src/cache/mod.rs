@@ -37,8 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::FutureExt;
 use futures::future::{BoxFuture, Shared, WeakShared};
+use futures::{FutureExt, StreamExt};
 use larder_config::OriginConfig;
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
@@ -417,6 +417,40 @@ impl Cache {
             }
             written.await;
         }
+    }
+
+    /// Fills every missing block of `objects`, `parts_at_once` origin parts at a time, the
+    /// blocks of a part in order (the first missing block's fill covers the rest of the part,
+    /// and the blocks after it join that fill). `each` hears every block's result (whether it
+    /// was fetched, as [`Cache::fill`] says) and answers whether to go on with its part: a
+    /// failed fill usually fails the rest of its part too.
+    pub async fn fill_objects(
+        &self,
+        objects: Vec<Arc<OpenObject>>,
+        parts_at_once: usize,
+        each: impl Fn(&OpenObject, u32, Result<bool, ReadError>) -> bool,
+    ) {
+        let block_size = self.inner.store.block_size();
+        let part_blocks = self.part_blocks();
+        let parts = objects.into_iter().flat_map(|object| {
+            let count = object.version.size.div_ceil(block_size) as u32;
+            (0..count)
+                .step_by(part_blocks as usize)
+                .map(move |first| (object.clone(), first..count.min(first + part_blocks)))
+        });
+        let each = &each;
+        futures::stream::iter(parts)
+            .map(|(object, blocks)| async move {
+                for index in blocks {
+                    let result = self.fill(&object, index).await;
+                    if !each(&object, index, result) {
+                        break;
+                    }
+                }
+            })
+            .buffer_unordered(parts_at_once)
+            .for_each(|()| futures::future::ready(()))
+            .await;
     }
 
     /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]

@@ -13,14 +13,10 @@
 //! cut off after [`ANSWER_DEADLINE`] however slowly its asker reads.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
-use hyper::body::Frame;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use larder_peer_proto::auth::Verifier;
@@ -31,7 +27,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::cache::{Cache, OpenObject};
-use crate::http::{self, Body, BoxError, Limits};
+use crate::http::{self, Body, Limits};
 use crate::object::ObjectVersion;
 use crate::origin::Origin;
 use crate::peer::source::version_tag;
@@ -182,6 +178,7 @@ impl PeerListener {
             version,
             size: run.size,
             modified: UNIX_EPOCH,
+            content: None,
         };
         debug_assert_eq!(version_tag(&version), run.version);
         let object = OpenObject::new(origin.clone(), version);
@@ -249,27 +246,10 @@ impl PeerListener {
                 tracing::debug!(peer = %sender.node, "an answer to a peer ran past its deadline");
             }
         });
-        let mut response = Response::new(BodyExt::boxed(Blocks(rx)));
+        let mut response = Response::new(http::channel_body(rx));
         let answer = HeaderValue::from_static(if hit { "hit" } else { "filled" });
         response.headers_mut().insert(RUN_HIT_HEADER, answer);
         response
-    }
-}
-
-/// An answer's body: the frames the answering task sends, until it stops sending.
-struct Blocks(mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for Blocks {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|bytes| bytes.map(|bytes| Ok(Frame::data(bytes))))
     }
 }
 

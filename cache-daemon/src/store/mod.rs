@@ -1052,6 +1052,25 @@ impl BlockStore {
         }
     }
 
+    /// Drops every block of object `id` present now: its content failed the digest that
+    /// names it. Blocks written after this call stay.
+    pub async fn drop_object(&self, id: ObjectId) {
+        let blocks: Vec<(u32, u64)> = {
+            let state = self.state.lock();
+            let Some(object) = state.objects.get(&id) else {
+                return;
+            };
+            object
+                .blocks
+                .iter()
+                .map(|(&index, meta)| (index, meta.generation))
+                .collect()
+        };
+        for (index, generation) in blocks {
+            self.remove_block(id, index, generation).await;
+        }
+    }
+
     /// Opens (once) the object's files; `create` makes fresh ones for an object not on disk.
     async fn files(
         &self,
