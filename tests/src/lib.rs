@@ -17,6 +17,8 @@
 //!   registry), counts the body bytes it returns (in all and per request), and injects a
 //!   [`Fault`] switched at run time (latency, bandwidth, stall after headers, a cut connection, a
 //!   flipped byte, connections closed unanswered): the TCP fault proxy of process tests.
+//! - [`oci`] holds the real components of the OCI registry mirror's tests: a registry
+//!   ([`oci::Registry`]), a multi-platform test image, a pusher (skopeo) and containerd.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
@@ -26,6 +28,7 @@ pub mod fake_peer;
 mod fault;
 pub mod fixture;
 pub mod kube;
+pub mod oci;
 mod proxy;
 pub mod rack;
 pub mod seaweed;
