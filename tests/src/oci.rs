@@ -6,7 +6,8 @@
 //! - [`TestImage`] writes an OCI image layout: an image index of a linux/amd64 and a
 //!   linux/arm64 image, each with its own config and uncompressed tar layers of seeded bytes,
 //!   with every digest and size kept for the tests to check.
-//! - [`push`] copies such a layout into a registry with `skopeo`, digests unchanged.
+//! - [`push`] copies such a layout into a registry with `skopeo`, digests unchanged;
+//!   [`write_auth_file`] writes a registry's credentials into a Docker `config.json`.
 //! - [`Containerd`] runs `containerd` with its own root, state and socket, and pulls with `ctr`.
 //! - [`hosts_dir`] writes the `hosts.toml` that makes containerd ask a mirror before the
 //!   registry itself.
@@ -491,6 +492,32 @@ fn tar_header(name: &str, size: u64) -> anyhow::Result<[u8; 512]> {
     Ok(header)
 }
 
+/// A `skopeo` command to add arguments to. As root, skopeo keeps a blob-info cache in
+/// /var/lib/containers, with no flag to move it: it runs in a mount namespace of its own with a
+/// tmpfs on /var/lib, gone when it exits.
+fn skopeo() -> Command {
+    let mut skopeo = Command::new("unshare");
+    skopeo
+        .args(["--mount", "--propagation=private", "--", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o size=16m larder-skopeo /var/lib && exec "$@""#)
+        .args(["sh", "skopeo"]);
+    skopeo
+}
+
+/// Writes the credentials `user` and `password` of the registry at `registry` (`host:port`)
+/// into the Docker config file `path` (`{"auths": {"<registry>": {"auth": ...}}}`, what
+/// `docker login` writes), with `skopeo login`, which checks them with the registry first.
+pub fn write_auth_file(path: &Path, registry: &str, user: &str, password: &str) -> anyhow::Result<()> {
+    let mut login = skopeo();
+    login
+        .args(["login", "--tls-verify=false", "--authfile"])
+        .arg(path)
+        .args(["--username", user, "--password", password, registry]);
+    let output = run(&mut login)?;
+    ensure!(output.status.success(), "skopeo login: {}", said(&output));
+    Ok(())
+}
+
 /// Copies the OCI layout at `image` (a [`TestImage::path`]) into the registry at `registry`
 /// (`host:port`, plain HTTP) as `reference` (`repo:tag`), every platform, with `skopeo copy
 /// --all --preserve-digests`: the registry then holds the very blobs and digests of the layout.
@@ -504,16 +531,13 @@ pub fn push(
     let dir = tempfile::tempdir()?;
     let policy = dir.path().join("policy.json");
     std::fs::write(&policy, br#"{"default":[{"type":"insecureAcceptAnything"}]}"#)?;
-    // As root, skopeo keeps a blob-info cache in /var/lib/containers, with no flag to move
-    // it: it runs in a mount namespace of its own with a tmpfs on /var/lib, gone when it exits.
-    let mut skopeo = Command::new("unshare");
-    skopeo
-        .args(["--mount", "--propagation=private", "--", "sh", "-c"])
-        .arg(r#"mount -t tmpfs -o size=16m larder-skopeo /var/lib && exec "$@""#)
-        .args(["sh", "skopeo"])
-        .arg("--policy")
-        .arg(&policy)
-        .args(["copy", "--all", "--preserve-digests", "--dest-tls-verify=false"]);
+    let mut skopeo = skopeo();
+    skopeo.arg("--policy").arg(&policy).args([
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--dest-tls-verify=false",
+    ]);
     if let Some((user, password)) = credentials {
         skopeo.arg(format!("--dest-creds={user}:{password}"));
     }

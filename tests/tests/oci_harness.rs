@@ -4,7 +4,9 @@
 
 use std::collections::BTreeSet;
 
-use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, http_status, is_blob_get, push};
+use larder_tests::oci::{
+    Containerd, Registry, TestImage, hosts_dir, http_status, is_blob_get, push, write_auth_file,
+};
 use larder_tests::{Bucket, Fault, RecordingProxy};
 
 /// The registry name the image references use; only the hosts dir says where it is.
@@ -144,6 +146,19 @@ fn a_registry_with_htpasswd_serves_only_its_user() {
         Some(("larder", "s3cret-pass")),
     )
     .expect("push with the credentials");
+
+    // The Docker config file the daemon's --registry-credentials takes: base64 of user:password.
+    let auth = tempfile::tempdir().expect("auth dir");
+    let config = auth.path().join("config.json");
+    write_auth_file(&config, registry.address(), "larder", "wrong-pass").expect_err("a wrong password");
+    write_auth_file(&config, registry.address(), "larder", "s3cret-pass").expect("login");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&config).expect("read config.json")).expect("json");
+    assert_eq!(
+        config["auths"][registry.address()]["auth"],
+        "bGFyZGVyOnMzY3JldC1wYXNz",
+        "{config}"
+    );
 
     let containerd = Containerd::start().expect("containerd");
     let reference = format!("{}/larder/test:v1", registry.address());
