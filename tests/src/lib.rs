@@ -13,9 +13,12 @@
 //!   peer membership by DNS.
 //! - [`kube::ApiServer`] answers and records the Node patches of the Kubernetes API server;
 //!   [`kube::manifests`] reads `deploy/kubernetes` for the tests that check and run it.
-//! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS), counts
-//!   the body bytes it returns, and injects a [`Fault`] switched at run time (latency, bandwidth,
-//!   stall after headers, a cut connection, a flipped byte): the TCP fault proxy of process tests.
+//! - [`RecordingProxy`] logs the requests made to a server that keeps no log (SeaweedFS, an OCI
+//!   registry), counts the body bytes it returns (in all and per request), and injects a
+//!   [`Fault`] switched at run time (latency, bandwidth, stall after headers, a cut connection, a
+//!   flipped byte, connections closed unanswered): the TCP fault proxy of process tests.
+//! - [`oci`] holds the real components of the OCI registry mirror's tests: a registry
+//!   ([`oci::Registry`]), a multi-platform test image, a pusher (skopeo) and containerd.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
@@ -25,6 +28,7 @@ pub mod fake_peer;
 mod fault;
 pub mod fixture;
 pub mod kube;
+pub mod oci;
 mod proxy;
 pub mod rack;
 pub mod seaweed;

@@ -24,6 +24,9 @@ use crate::{Bucket, ServedRequest};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Every request forwarded, with the body bytes of its response sent so far.
+type RequestLog = Arc<Mutex<Vec<(ServedRequest, Arc<AtomicU64>)>>>;
+
 /// What the proxy does to the traffic it forwards; switched at run time with
 /// [`RecordingProxy::set_fault`]. Body faults are applied chunk by chunk as the body passes, so
 /// a switch also reaches responses already under way, from their next chunk.
@@ -45,16 +48,20 @@ pub enum Fault {
     /// Flip the bits of the body byte at this offset of each response (no byte flipped in a
     /// body shorter than that).
     FlipByte(u64),
+    /// Answer nothing: close each connection as a request arrives on it, as a server that is
+    /// down looks to a client that still reaches its port.
+    CloseConnections,
 }
 
-/// Forwards every request to a bucket's server unchanged (the `Host` header too, so request
-/// signatures still verify), logs it, counts the body bytes it returns and applies the current
-/// [`Fault`]. Stops when dropped (a stalled body then ends with an error).
+/// Forwards every request to a bucket's server (or any HTTP server) unchanged (the `Host`
+/// header too, so request signatures still verify), logs it, counts the body bytes it returns
+/// and applies the current [`Fault`]. Stops when dropped (a stalled body then ends with an
+/// error).
 #[derive(Debug)]
 pub struct RecordingProxy {
     addr: SocketAddr,
     url: String,
-    log: Arc<Mutex<Vec<ServedRequest>>>,
+    log: RequestLog,
     fault: watch::Sender<Fault>,
     body_bytes: Arc<AtomicU64>,
     accept: JoinHandle<()>,
@@ -69,6 +76,19 @@ impl RecordingProxy {
             .authority()
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("{} has no host", upstream.endpoint()))?;
+        Self::start_with(authority, Some(upstream.url())).await
+    }
+
+    /// Starts a pass-through proxy in front of the HTTP server at `upstream` (`host:port`),
+    /// one that is no bucket, such as an OCI registry. Its [`Bucket::url`] is then its own
+    /// endpoint.
+    pub async fn start_to(upstream: &str) -> anyhow::Result<Self> {
+        Self::start_with(upstream.parse()?, None).await
+    }
+
+    /// Starts the proxy in front of the server at `authority`; `url` is what
+    /// [`Bucket::url`] answers (the proxy's endpoint if `None`).
+    async fn start_with(authority: Authority, url: Option<String>) -> anyhow::Result<Self> {
         let client: Client<HttpConnector, Incoming> = Client::builder(TokioExecutor::new()).build_http();
         let log = Arc::new(Mutex::new(Vec::new()));
         let (fault, _) = watch::channel(Fault::PassThrough);
@@ -76,7 +96,8 @@ impl RecordingProxy {
         let link = Arc::new(Mutex::new(Instant::now()));
         let (served, faults, counted) = (log.clone(), fault.clone(), body_bytes.clone());
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-            served.lock().push(ServedRequest::of(&request));
+            let sent = Arc::new(AtomicU64::new(0));
+            served.lock().push((ServedRequest::of(&request), sent.clone()));
             let (mut parts, body) = request.into_parts();
             let mut uri = std::mem::take(&mut parts.uri).into_parts();
             uri.scheme = Some(Scheme::HTTP);
@@ -89,13 +110,16 @@ impl RecordingProxy {
                 faults: faults.subscribe(),
                 link: link.clone(),
                 counted: counted.clone(),
-                sent: 0,
+                sent,
                 cut: false,
             };
             async move {
                 let fault = *body.faults.borrow();
-                if let Fault::Latency(delay) = fault {
-                    tokio::time::sleep(delay).await;
+                match fault {
+                    Fault::Latency(delay) => tokio::time::sleep(delay).await,
+                    // An error from the service makes hyper close the connection unanswered.
+                    Fault::CloseConnections => anyhow::bail!("the fault proxy closes the connection"),
+                    _ => {}
                 }
                 let response = forward?.await.map_err(anyhow::Error::from)?;
                 Ok::<_, anyhow::Error>(response.map(|upstream| body.wrap(upstream)))
@@ -104,7 +128,7 @@ impl RecordingProxy {
         let (addr, accept) = serve_on_loopback(service).await?;
         Ok(Self {
             addr,
-            url: upstream.url(),
+            url: url.unwrap_or_else(|| format!("http://{addr}")),
             log,
             fault,
             body_bytes,
@@ -127,12 +151,27 @@ impl RecordingProxy {
 
     /// Every request forwarded, in order.
     pub fn requests(&self) -> Vec<ServedRequest> {
-        self.log.lock().clone()
+        self.log
+            .lock()
+            .iter()
+            .map(|(request, _)| request.clone())
+            .collect()
     }
 
     /// Bytes of response bodies sent to clients so far.
     pub fn body_bytes(&self) -> u64 {
         self.body_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the response bodies sent so far to the requests that `pick` chooses, such as
+    /// the GETs of one object or of an OCI registry's blobs.
+    pub fn body_bytes_of(&self, pick: impl Fn(&ServedRequest) -> bool) -> u64 {
+        self.log
+            .lock()
+            .iter()
+            .filter(|(request, _)| pick(request))
+            .map(|(_, sent)| sent.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -142,8 +181,8 @@ struct FaultyBody {
     /// When the shared link is free again, for [`Fault::Bandwidth`].
     link: Arc<Mutex<Instant>>,
     counted: Arc<AtomicU64>,
-    /// Body bytes of this response sent so far.
-    sent: u64,
+    /// Body bytes of this response sent so far (shared with the request log).
+    sent: Arc<AtomicU64>,
     /// [`Fault::ResetAfter`] was reached: the connection is cut before the next chunk.
     cut: bool,
 }
@@ -153,7 +192,10 @@ impl FaultyBody {
         let frames = futures::stream::unfold(Some((self, upstream)), |state| async move {
             let (mut body, mut upstream) = state?;
             if body.cut {
-                let error = format!("connection cut by the fault proxy after {} body bytes", body.sent);
+                let error = format!(
+                    "connection cut by the fault proxy after {} body bytes",
+                    body.sent.load(Ordering::Relaxed)
+                );
                 return Some((Err(error.into()), None));
             }
             let frame = match upstream.frame().await? {
@@ -179,7 +221,7 @@ impl FaultyBody {
             .wait_for(|fault| *fault != Fault::StallAfterHeaders)
             .await
             .map_err(|_| "the proxy stopped while the body was stalled")?;
-        let start = self.sent;
+        let start = self.sent.load(Ordering::Relaxed);
         let end = start + data.len() as u64;
         match fault {
             Fault::Bandwidth(per_second) => {
@@ -202,7 +244,7 @@ impl FaultyBody {
             }
             _ => {}
         }
-        self.sent = start + data.len() as u64;
+        self.sent.store(start + data.len() as u64, Ordering::Relaxed);
         self.counted.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(data)
     }

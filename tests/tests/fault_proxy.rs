@@ -23,6 +23,11 @@ async fn each_fault_of_the_proxy_switches_at_run_time() {
 
     assert!(get().await.expect("pass-through") == want);
     assert_eq!(proxy.body_bytes(), size as u64);
+    assert_eq!(
+        proxy.body_bytes_of(|request| request.path.ends_with(key)),
+        size as u64
+    );
+    assert_eq!(proxy.body_bytes_of(|request| request.method != "GET"), 0);
 
     proxy.set_fault(Fault::FlipByte(1000));
     let flipped = get().await.expect("a flipped byte is no error");
@@ -56,4 +61,13 @@ async fn each_fault_of_the_proxy_switches_at_run_time() {
         "{:?}",
         started.elapsed()
     );
+
+    proxy.set_fault(Fault::CloseConnections);
+    let (asked, sent) = (proxy.requests().len(), proxy.body_bytes());
+    get().await.expect_err("no answer");
+    assert!(
+        proxy.requests().len() > asked,
+        "the request did not reach the proxy"
+    );
+    assert_eq!(proxy.body_bytes(), sent);
 }

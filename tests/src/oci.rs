@@ -1,0 +1,798 @@
+//! The real components of the OCI registry mirror's end-to-end tests: a registry, a
+//! multi-platform test image, a pusher and containerd as the client that pulls.
+//!
+//! - [`Registry`] runs the CNCF distribution registry (Debian's `docker-registry`) on loopback,
+//!   over plain HTTP, optionally behind htpasswd Basic auth.
+//! - [`TestImage`] writes an OCI image layout: an image index of a linux/amd64 and a
+//!   linux/arm64 image, each with its own config and uncompressed tar layers of seeded bytes,
+//!   with every digest and size kept for the tests to check.
+//! - [`push`] copies such a layout into a registry with `skopeo`, digests unchanged;
+//!   [`write_auth_file`] writes a registry's credentials into a Docker `config.json`.
+//! - [`Containerd`] runs `containerd` with its own root, state and socket, and pulls with `ctr`.
+//! - [`hosts_dir`] writes the `hosts.toml` that makes containerd ask a mirror before the
+//!   registry itself.
+//!
+//! A counting and tampering proxy in front of a registry is [`RecordingProxy::start_to`]
+//! (the registry's [`Registry::address`]):
+//! - the bytes sent for blobs are `proxy.body_bytes_of(is_blob_get)` (see [`is_blob_get`]);
+//! - `proxy.set_fault(Fault::FlipByte(64 << 10))` flips a byte in every body longer than
+//!   64 KiB, which in a [`TestImage`] with layers larger than that means the layer blobs only (its
+//!   manifests, index and configs are a few hundred bytes);
+//! - `proxy.set_fault(Fault::CloseConnections)` is an upstream that is down: connections are
+//!   taken and closed unanswered. Dropping the proxy frees its port, so connections are refused.
+//!
+//! `scripts/test` installs `docker-registry`, `skopeo`, `containerd` (with `ctr`) and
+//! `htpasswd` (apache2-utils). Everything runs as the test's own child processes, with its
+//! files in temporary directories; nothing is written under `/etc` or `/var`.
+//!
+//! [`RecordingProxy::start_to`]: crate::RecordingProxy::start_to
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+use crate::ServedRequest;
+
+/// Media type of an OCI image index.
+pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+/// Media type of an OCI image manifest.
+pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+/// Media type of an OCI image config.
+pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
+/// Media type of an uncompressed tar layer.
+pub const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// The platforms of a [`TestImage`], in the order of its index.
+pub const PLATFORMS: [&str; 2] = ["linux/amd64", "linux/arm64"];
+
+/// Layers of each platform's image.
+const LAYERS: usize = 4;
+
+/// How long a `skopeo` or `ctr` command may take before it is killed.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(180);
+
+/// Whether `request` fetches a blob (a layer or a config) from a registry:
+/// `GET /v2/<name>/blobs/<digest>`.
+pub fn is_blob_get(request: &ServedRequest) -> bool {
+    request.method == "GET" && request.path.starts_with("/v2/") && request.path.contains("/blobs/")
+}
+
+/// Runs `command` to its end, killed after [`COMMAND_DEADLINE`] so a test never hangs on it.
+fn run(command: &mut Command) -> anyhow::Result<Output> {
+    let shown = format!("{command:?}");
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {shown}"))?;
+    // Read both pipes on their own threads so a chatty child never blocks on a full pipe.
+    let mut stdout = child.stdout.take().context("no stdout pipe")?;
+    let mut stderr = child.stderr.take().context("no stderr pipe")?;
+    let out = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stdout.read_to_end(&mut bytes);
+        bytes
+    });
+    let err = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        bytes
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > COMMAND_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{shown} did not finish within {COMMAND_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let joined = |thread: std::thread::JoinHandle<Vec<u8>>| thread.join().unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout: joined(out),
+        stderr: joined(err),
+    })
+}
+
+/// What `output` said, for an error message.
+fn said(output: &Output) -> String {
+    format!(
+        "{}; stdout: {} stderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout).trim(),
+        String::from_utf8_lossy(&output.stderr).trim()
+    )
+}
+
+/// Sends SIGTERM to `child`, waits up to `grace` for it to exit, then kills it.
+fn stop(child: &mut Child, grace: Duration) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child's PID, which `wait` has not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let asked = Instant::now();
+    while matches!(child.try_wait(), Ok(None)) && asked.elapsed() < grace {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The last `lines` lines of the file at `path`, joined by " | ".
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let last: Vec<&str> = text.lines().rev().take(lines).collect();
+    last.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// The status code of `GET path` on the HTTP server at `address`, asked without credentials.
+pub fn http_status(address: &str, path: &str) -> std::io::Result<u16> {
+    let mut stream = TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut head = [0; 12];
+    stream.read_exact(&mut head)?;
+    std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other("not an HTTP status line"))
+}
+
+/// A running `docker-registry serve` on `127.0.0.1:<free port>` with filesystem storage in a
+/// temporary directory; killed (by its PID) and its files removed when dropped.
+#[derive(Debug)]
+pub struct Registry {
+    child: Child,
+    address: String,
+    dir: TempDir,
+}
+
+impl Registry {
+    /// Starts a registry anyone may push to and pull from.
+    pub fn start() -> anyhow::Result<Self> {
+        Self::start_with_auth(None)
+    }
+
+    /// Starts a registry that answers only requests with the Basic credentials `user` and
+    /// `password` (an htpasswd file with the password's bcrypt hash, made by `htpasswd -B`).
+    pub fn start_with_htpasswd(user: &str, password: &str) -> anyhow::Result<Self> {
+        Self::start_with_auth(Some((user, password)))
+    }
+
+    /// Starts the registry, with htpasswd auth if `credentials` are given. Its port is free
+    /// when chosen but not held until the registry binds it, so a registry that exits before
+    /// serving is started again on another port, three times at most.
+    fn start_with_auth(credentials: Option<(&str, &str)>) -> anyhow::Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(credentials)? {
+                Ok(registry) => return Ok(registry),
+                Err(exited) if attempt < 3 => {
+                    eprintln!("{exited}; starting it again on another port");
+                    attempt += 1;
+                }
+                Err(exited) => bail!(exited),
+            }
+        }
+    }
+
+    /// One start: the registry, or why it exited before serving.
+    fn start_once(credentials: Option<(&str, &str)>) -> anyhow::Result<Result<Self, String>> {
+        let dir = tempfile::Builder::new().prefix("larder-registry").tempdir()?;
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let address = format!("127.0.0.1:{port}");
+        let mut config = json!({
+            "version": "0.1",
+            "log": { "level": "info", "accesslog": { "disabled": false } },
+            "storage": {
+                "filesystem": { "rootdirectory": dir.path().join("storage") },
+                "delete": { "enabled": true },
+            },
+            "http": { "addr": address, "secret": "larder-test-registry" },
+        });
+        if let Some((user, password)) = credentials {
+            let hashed = run(Command::new("htpasswd").args(["-B", "-b", "-n", user, password]))?;
+            ensure!(hashed.status.success(), "htpasswd: {}", said(&hashed));
+            let htpasswd = dir.path().join("htpasswd");
+            std::fs::write(&htpasswd, &hashed.stdout)?;
+            config["auth"] = json!({ "htpasswd": { "realm": "larder-test", "path": htpasswd } });
+        }
+        // YAML is a superset of JSON: the registry reads this as its config.yml.
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, serde_json::to_vec_pretty(&config)?)?;
+        let log = dir.path().join("registry.log");
+        let log_file = File::create(&log)?;
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config_path)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .context("starting docker-registry")?;
+        let mut registry = Self { child, address, dir };
+        let started = Instant::now();
+        // Without credentials a registry with auth answers 401: it is serving all the same.
+        while !matches!(http_status(&registry.address, "/v2/"), Ok(200 | 401)) {
+            if let Some(status) = registry.child.try_wait()? {
+                return Ok(Err(format!(
+                    "docker-registry exited ({status}) before serving on {}; its log ends: {}",
+                    registry.address,
+                    tail(&log, 5)
+                )));
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "docker-registry did not serve within 30s; its log ends: {}",
+                    tail(&log, 5)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Ok(registry))
+    }
+
+    /// `127.0.0.1:<port>`: the registry's name in image references.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// The end of the registry's log (its last `lines` lines), for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.dir.path().join("registry.log"), lines)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        stop(&mut self.child, Duration::from_secs(5));
+    }
+}
+
+/// One content-addressed blob of an image: what an OCI descriptor says of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blob {
+    /// Its media type.
+    pub media_type: &'static str,
+    /// `sha256:<hex>` of its bytes.
+    pub digest: String,
+    /// Its length in bytes.
+    pub size: u64,
+}
+
+impl Blob {
+    /// The OCI descriptor of this blob, as manifests and indexes list it.
+    fn descriptor(&self) -> serde_json::Value {
+        json!({ "mediaType": self.media_type, "digest": self.digest, "size": self.size })
+    }
+}
+
+/// The image of one platform in a [`TestImage`].
+#[derive(Debug, Clone)]
+pub struct PlatformImage {
+    /// `os/architecture`, as `ctr --platform` takes it.
+    pub platform: &'static str,
+    /// The image manifest.
+    pub manifest: Blob,
+    /// The image config.
+    pub config: Blob,
+    /// The layers, bottom first.
+    pub layers: Vec<Blob>,
+}
+
+impl PlatformImage {
+    /// The digests of the manifest, the config and the layers: what a pull of this platform
+    /// fetches besides the index.
+    pub fn digests(&self) -> BTreeSet<String> {
+        let blobs = [&self.manifest, &self.config].into_iter().chain(&self.layers);
+        blobs.map(|blob| blob.digest.clone()).collect()
+    }
+
+    /// The bytes of all the layer blobs together (tar headers and padding included).
+    pub fn layer_bytes(&self) -> u64 {
+        self.layers.iter().map(|layer| layer.size).sum()
+    }
+}
+
+/// A multi-platform image written as an OCI image layout directory (`oci-layout`,
+/// `index.json`, `blobs/sha256/...`), removed when dropped. The layout's `index.json` names
+/// the image index `latest`.
+///
+/// Each platform's image has [`LAYERS`] layers; each layer is an uncompressed tar holding one
+/// file of seeded random bytes, so every byte and digest is a function of the seed.
+#[derive(Debug)]
+pub struct TestImage {
+    dir: TempDir,
+    /// The image index: what a tag of this image names.
+    pub index: Blob,
+    /// The image of each platform, in the order of [`PLATFORMS`].
+    pub images: Vec<PlatformImage>,
+}
+
+impl TestImage {
+    /// Writes the image of `seed` with about `layer_bytes` bytes of file content in the layers
+    /// of each platform (so twice that in the whole image), split evenly between its layers.
+    pub fn write(seed: u64, layer_bytes: u64) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("larder-image").tempdir()?;
+        let blobs = dir.path().join("blobs/sha256");
+        std::fs::create_dir_all(&blobs)?;
+        let mut images = Vec::new();
+        for platform in PLATFORMS {
+            let (os, architecture) = platform.split_once('/').context("platform without a slash")?;
+            let mut layers = Vec::new();
+            for layer in 0..LAYERS {
+                let share = layer_bytes / LAYERS as u64;
+                let len = if layer + 1 == LAYERS {
+                    layer_bytes - share * (LAYERS as u64 - 1)
+                } else {
+                    share
+                };
+                let name = format!("{os}-{architecture}-layer-{layer}.bin");
+                let layer_seed = crate::seed(&name, seed);
+                layers.push(write_layer(&blobs, &name, layer_seed, len)?);
+            }
+            let config = json!({
+                "architecture": architecture,
+                "os": os,
+                "config": { "Labels": { "dev.larder.test.seed": seed.to_string() } },
+                "rootfs": {
+                    "type": "layers",
+                    "diff_ids": layers.iter().map(|layer| &layer.digest).collect::<Vec<_>>(),
+                },
+            });
+            let config = write_blob(&blobs, CONFIG_MEDIA_TYPE, &serde_json::to_vec(&config)?)?;
+            let manifest = json!({
+                "schemaVersion": 2,
+                "mediaType": MANIFEST_MEDIA_TYPE,
+                "config": config.descriptor(),
+                "layers": layers.iter().map(Blob::descriptor).collect::<Vec<_>>(),
+            });
+            let manifest = write_blob(&blobs, MANIFEST_MEDIA_TYPE, &serde_json::to_vec(&manifest)?)?;
+            images.push(PlatformImage {
+                platform,
+                manifest,
+                config,
+                layers,
+            });
+        }
+        let manifests = images.iter().map(|image| {
+            let (os, architecture) = image.platform.split_once('/').unwrap_or_default();
+            let mut descriptor = image.manifest.descriptor();
+            descriptor["platform"] = json!({ "architecture": architecture, "os": os });
+            descriptor
+        });
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": INDEX_MEDIA_TYPE,
+            "manifests": manifests.collect::<Vec<_>>(),
+        });
+        let index = write_blob(&blobs, INDEX_MEDIA_TYPE, &serde_json::to_vec(&index)?)?;
+        let mut top = index.descriptor();
+        top["annotations"] = json!({ "org.opencontainers.image.ref.name": "latest" });
+        let layout = json!({ "schemaVersion": 2, "manifests": [top] });
+        std::fs::write(dir.path().join("index.json"), serde_json::to_vec(&layout)?)?;
+        std::fs::write(
+            dir.path().join("oci-layout"),
+            br#"{"imageLayoutVersion":"1.0.0"}"#,
+        )?;
+        Ok(Self { dir, index, images })
+    }
+
+    /// The layout directory (`skopeo`'s `oci:<path>`).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The image of `platform` (`linux/amd64` or `linux/arm64`).
+    pub fn image(&self, platform: &str) -> anyhow::Result<&PlatformImage> {
+        self.images
+            .iter()
+            .find(|image| image.platform == platform)
+            .with_context(|| format!("the test image has no {platform} image"))
+    }
+
+    /// The digests of every blob: the index and each platform's manifest, config and layers.
+    pub fn digests(&self) -> BTreeSet<String> {
+        let mut digests: BTreeSet<String> = self.images.iter().flat_map(PlatformImage::digests).collect();
+        digests.insert(self.index.digest.clone());
+        digests
+    }
+}
+
+/// Writes `bytes` as a blob of `media_type` into `blobs` (a layout's `blobs/sha256`).
+fn write_blob(blobs: &Path, media_type: &'static str, bytes: &[u8]) -> anyhow::Result<Blob> {
+    let hex = hex::encode(Sha256::digest(bytes));
+    std::fs::write(blobs.join(&hex), bytes)?;
+    Ok(Blob {
+        media_type,
+        digest: format!("sha256:{hex}"),
+        size: bytes.len() as u64,
+    })
+}
+
+/// Writes a layer into `blobs`: an uncompressed tar of one file `name` holding `len` bytes of
+/// the content of `seed`, streamed through the hash rather than held in memory.
+fn write_layer(blobs: &Path, name: &str, seed: u64, len: u64) -> anyhow::Result<Blob> {
+    let partial = blobs.join(format!("{name}.partial"));
+    let mut out = BufWriter::new(File::create(&partial)?);
+    let mut hash = Sha256::new();
+    let mut size = 0;
+    let mut put = |bytes: &[u8]| -> std::io::Result<()> {
+        hash.update(bytes);
+        size += bytes.len() as u64;
+        out.write_all(bytes)
+    };
+    put(&tar_header(name, len)?)?;
+    let mut offset = 0;
+    while offset < len {
+        let chunk = (len - offset).min(1 << 20);
+        put(&crate::content(seed, offset, chunk as usize))?;
+        offset += chunk;
+    }
+    // The file's last block is padded to 512 bytes; two zero blocks end the archive.
+    let padding = (512 - len % 512) % 512;
+    put(&vec![0; padding as usize + 1024])?;
+    out.into_inner().map_err(|error| error.into_error())?.sync_all()?;
+    let hex = hex::encode(hash.finalize());
+    std::fs::rename(&partial, blobs.join(&hex))?;
+    Ok(Blob {
+        media_type: LAYER_MEDIA_TYPE,
+        digest: format!("sha256:{hex}"),
+        size,
+    })
+}
+
+/// The 512-byte ustar header of a regular file `name` (under 100 bytes) of `size` bytes,
+/// mode 0644, owned by root, dated 1970.
+fn tar_header(name: &str, size: u64) -> anyhow::Result<[u8; 512]> {
+    ensure!(name.len() < 100, "tar member name {name} is too long");
+    ensure!(
+        size < 8 << 30,
+        "tar member of {size} bytes is too big for an octal size field"
+    );
+    let mut header = [0u8; 512];
+    let mut field = |at: usize, value: &[u8]| header[at..at + value.len()].copy_from_slice(value);
+    field(0, name.as_bytes());
+    field(100, b"0000644\0");
+    field(108, b"0000000\0");
+    field(116, b"0000000\0");
+    field(124, format!("{size:011o}\0").as_bytes());
+    field(136, b"00000000000\0");
+    // The checksum is summed with its own field as spaces.
+    field(148, b"        ");
+    field(156, b"0");
+    field(257, b"ustar\0");
+    field(263, b"00");
+    field(265, b"root");
+    field(297, b"root");
+    let sum: u32 = header.iter().map(|&byte| u32::from(byte)).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    Ok(header)
+}
+
+/// A `skopeo` command to add arguments to. As root, skopeo keeps a blob-info cache in
+/// /var/lib/containers, with no flag to move it: it runs in a mount namespace of its own with a
+/// tmpfs on /var/lib, gone when it exits.
+fn skopeo() -> Command {
+    let mut skopeo = Command::new("unshare");
+    skopeo
+        .args(["--mount", "--propagation=private", "--", "sh", "-c"])
+        .arg(r#"mount -t tmpfs -o size=16m larder-skopeo /var/lib && exec "$@""#)
+        .args(["sh", "skopeo"]);
+    skopeo
+}
+
+/// Writes the credentials `user` and `password` of the registry at `registry` (`host:port`)
+/// into the Docker config file `path` (`{"auths": {"<registry>": {"auth": ...}}}`, what
+/// `docker login` writes), with `skopeo login`, which checks them with the registry first.
+pub fn write_auth_file(path: &Path, registry: &str, user: &str, password: &str) -> anyhow::Result<()> {
+    let mut login = skopeo();
+    login
+        .args(["login", "--tls-verify=false", "--authfile"])
+        .arg(path)
+        .args(["--username", user, "--password", password, registry]);
+    let output = run(&mut login)?;
+    ensure!(output.status.success(), "skopeo login: {}", said(&output));
+    Ok(())
+}
+
+/// Copies the OCI layout at `image` (a [`TestImage::path`]) into the registry at `registry`
+/// (`host:port`, plain HTTP) as `reference` (`repo:tag`), every platform, with `skopeo copy
+/// --all --preserve-digests`: the registry then holds the very blobs and digests of the layout.
+/// `credentials` are the registry's user and password, if it asks for them.
+pub fn push(
+    image: &Path,
+    registry: &str,
+    reference: &str,
+    credentials: Option<(&str, &str)>,
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, br#"{"default":[{"type":"insecureAcceptAnything"}]}"#)?;
+    let mut skopeo = skopeo();
+    skopeo.arg("--policy").arg(&policy).args([
+        "copy",
+        "--all",
+        "--preserve-digests",
+        "--dest-tls-verify=false",
+    ]);
+    if let Some((user, password)) = credentials {
+        skopeo.arg(format!("--dest-creds={user}:{password}"));
+    }
+    skopeo
+        .arg(format!("oci:{}", image.display()))
+        .arg(format!("docker://{registry}/{reference}"));
+    let output = run(&mut skopeo)?;
+    ensure!(output.status.success(), "skopeo copy: {}", said(&output));
+    Ok(())
+}
+
+/// Writes `dir/<registry_host>/hosts.toml`: containerd asks `mirror_url` first (to pull and
+/// to resolve tags), then `upstream_url`, the registry itself. `registry_host` is the host of
+/// the image references (`host` or `host:port`); both URLs are `http://host:port`.
+pub fn hosts_dir(
+    dir: &Path,
+    registry_host: &str,
+    mirror_url: &str,
+    upstream_url: &str,
+) -> anyhow::Result<()> {
+    let host_dir = dir.join(registry_host);
+    std::fs::create_dir_all(&host_dir)?;
+    let toml = format!(
+        "server = \"{upstream_url}\"\n\n[host.\"{mirror_url}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+    );
+    std::fs::write(host_dir.join("hosts.toml"), toml)?;
+    Ok(())
+}
+
+/// A running `containerd` with its own config, root, state and socket in a temporary
+/// directory (no CRI plugin), and `ctr` to drive it in namespace `larder`. Stopped (by its
+/// PID) when dropped; the mounts it left under its directory are detached and the directory
+/// removed.
+#[derive(Debug)]
+pub struct Containerd {
+    child: Child,
+    dir: TempDir,
+    /// `overlayfs` where the kernel and file system allow it, `native` (plain copies) where not.
+    snapshotter: String,
+}
+
+impl Containerd {
+    /// Starts containerd and waits until `ctr version` reaches it.
+    pub fn start() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("larder-containerd").tempdir()?;
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{opt}"
+"#,
+            root = path("root"),
+            state = path("state"),
+            socket = path("containerd.sock"),
+            opt = path("opt"),
+        );
+        std::fs::write(path("config.toml"), config)?;
+        let log = File::create(path("containerd.log"))?;
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(path("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting containerd")?;
+        let mut containerd = Self {
+            child,
+            dir,
+            snapshotter: String::new(),
+        };
+        let started = Instant::now();
+        while !containerd
+            .ctr(&["version"])
+            .is_ok_and(|output| output.status.success())
+        {
+            if let Some(status) = containerd.child.try_wait()? {
+                bail!(
+                    "containerd exited ({status}); its log ends: {}",
+                    containerd.log_tail(5)
+                );
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!(
+                    "containerd did not answer within 30s; its log ends: {}",
+                    containerd.log_tail(5)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        containerd.snapshotter = if containerd.plugin_loaded("io.containerd.snapshotter.v1", "overlayfs")? {
+            "overlayfs".to_owned()
+        } else {
+            "native".to_owned()
+        };
+        Ok(containerd)
+    }
+
+    /// The socket `ctr --address` takes.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// The snapshotter that pulls unpack into.
+    pub fn snapshotter(&self) -> &str {
+        &self.snapshotter
+    }
+
+    /// The end of containerd's log (its last `lines` lines), for failure messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.dir.path().join("containerd.log"), lines)
+    }
+
+    /// Runs `ctr --address <socket> -n larder <args>`.
+    pub fn ctr(&self, args: &[&str]) -> anyhow::Result<Output> {
+        run(Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(["-n", "larder"])
+            .args(args))
+    }
+
+    /// Runs `ctr <args>` and returns its standard output, or fails with what it said.
+    fn ctr_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = self.ctr(args)?;
+        ensure!(
+            output.status.success(),
+            "ctr {}: {}",
+            args.join(" "),
+            said(&output)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Whether the plugin `id` of `kind` loaded (`ctr plugins ls` says `ok`).
+    fn plugin_loaded(&self, kind: &str, id: &str) -> anyhow::Result<bool> {
+        let plugins = self.ctr_ok(&["plugins", "ls"])?;
+        Ok(plugins.lines().any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.first() == Some(&kind) && fields.get(1) == Some(&id) && fields.last() == Some(&"ok")
+        }))
+    }
+
+    /// Pulls and unpacks `reference` with `ctr images pull --plain-http`: the registries of
+    /// `hosts_dir` (see [`hosts_dir`]) when given, the reference's host over plain HTTP when
+    /// not; the host's platform unless `platform` (`linux/arm64`) is given. The output is
+    /// returned whether the pull succeeded or not.
+    pub fn pull(
+        &self,
+        reference: &str,
+        hosts_dir: Option<&Path>,
+        platform: Option<&str>,
+    ) -> anyhow::Result<Output> {
+        let mut args = vec![
+            "images".to_owned(),
+            "pull".to_owned(),
+            "--plain-http".to_owned(),
+            format!("--snapshotter={}", self.snapshotter),
+        ];
+        if let Some(dir) = hosts_dir {
+            args.push(format!("--hosts-dir={}", dir.display()));
+        }
+        if let Some(platform) = platform {
+            args.push(format!("--platform={platform}"));
+        }
+        args.push(reference.to_owned());
+        self.ctr(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// The digests of every blob in the content store.
+    pub fn content_digests(&self) -> anyhow::Result<BTreeSet<String>> {
+        let listed = self.ctr_ok(&["content", "ls", "--quiet"])?;
+        Ok(listed
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// The digest `reference` names in the image store (the index's, for a multi-platform
+    /// image), or an error if it is not there.
+    pub fn image_digest(&self, reference: &str) -> anyhow::Result<String> {
+        // Columns: REF TYPE DIGEST SIZE PLATFORMS LABELS.
+        let listed = self.ctr_ok(&["images", "ls"])?;
+        listed
+            .lines()
+            .skip(1)
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|fields| fields.first() == Some(&reference))
+            .and_then(|fields| fields.get(2).map(|digest| (*digest).to_owned()))
+            .with_context(|| format!("no image {reference} in: {listed}"))
+    }
+
+    /// Removes every image, snapshot, blob and half-written blob (ingest), so that the next
+    /// pull starts from nothing; fails if some content is left.
+    pub fn remove_all(&self) -> anyhow::Result<()> {
+        let images = self.ctr_ok(&["images", "ls", "--quiet"])?;
+        let images: Vec<&str> = images.split_whitespace().collect();
+        if !images.is_empty() {
+            self.ctr_ok(&[&["images", "rm"], images.as_slice()].concat())?;
+        }
+        // Leases keep content (a killed pull's lease outlives it), and until the garbage
+        // collection runs so do the ingests of a failed pull, which the next pull would resume
+        // and commit as they are. Removing every lease with --sync runs the collection at
+        // once; with no lease left, one made for the purpose does the same.
+        let leases = self.ctr_ok(&["leases", "ls", "--quiet"])?;
+        let mut leases: Vec<&str> = leases.split_whitespace().collect();
+        if leases.is_empty() {
+            self.ctr_ok(&["leases", "create", "--id=larder-reset"])?;
+            leases.push("larder-reset");
+        }
+        self.ctr_ok(&[&["leases", "rm", "--sync"], leases.as_slice()].concat())?;
+        let left = self.content_digests()?;
+        ensure!(
+            left.is_empty(),
+            "content left after removing everything: {left:?}"
+        );
+        // Columns: REF SIZE AGE.
+        let active = self.ctr_ok(&["content", "active"])?;
+        ensure!(
+            active.lines().nth(1).is_none(),
+            "ingests left after removing everything: {active}"
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        stop(&mut self.child, Duration::from_secs(10));
+        // Mounts containerd left under its own directory (unpacks mount layers for a moment),
+        // deepest first; nothing else is touched.
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut mounts: Vec<PathBuf> = mountinfo
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4).map(PathBuf::from))
+            .filter(|mount| mount.starts_with(self.dir.path()))
+            .collect();
+        mounts.sort_by_key(|mount| std::cmp::Reverse(mount.components().count()));
+        for mount in mounts {
+            if let Ok(path) = std::ffi::CString::new(mount.as_os_str().as_encoded_bytes()) {
+                // SAFETY: umount2(2) with a NUL-terminated path that outlives the call.
+                unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+            }
+        }
+    }
+}
