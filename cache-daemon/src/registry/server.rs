@@ -84,7 +84,7 @@ async fn route(mirror: &Arc<Mirror>, request: &Request<Bytes>) -> Response<Body>
         Route::Base => return http::full(StatusCode::OK, "application/json", "{}"),
         Route::Manifest { name, reference } => {
             add(&mirror.stats.registry_manifest_requests, 1);
-            let indexes = takes_indexes(request.headers().get(ACCEPT));
+            let indexes = takes_indexes(request.headers().get_all(ACCEPT));
             manifest(mirror, ns.as_deref(), &name, &reference, indexes, head).await
         }
         Route::Blob { name, digest } => {
@@ -103,16 +103,16 @@ async fn route(mirror: &Arc<Mirror>, request: &Request<Bytes>) -> Response<Body>
 
 type Answer = Result<Response<Body>, (MirrorError, bool)>;
 
-/// Whether an `Accept` header takes image indexes and manifest lists: no header, `*/*`, or
-/// one of their types.
-fn takes_indexes(accept: Option<&HeaderValue>) -> bool {
-    let Some(accept) = accept.and_then(|v| v.to_str().ok()) else {
-        return true;
-    };
-    accept.split(',').any(|item| {
-        let media = item.split(';').next().unwrap_or_default().trim();
-        media == "*/*" || INDEX_TYPES.contains(&media)
-    })
+/// Whether the `Accept` headers (a client may send several) take image indexes and manifest
+/// lists: none at all, `*/*`, or one of their types.
+fn takes_indexes(accept: hyper::header::GetAll<'_, HeaderValue>) -> bool {
+    let mut items = accept
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|item| item.split(';').next().unwrap_or_default().trim())
+        .peekable();
+    items.peek().is_none() || items.any(|media| media == "*/*" || INDEX_TYPES.contains(&media))
 }
 
 async fn manifest(
@@ -334,12 +334,20 @@ mod tests {
 
     #[test]
     fn accept_headers_that_take_indexes() {
-        let takes = |text: &str| takes_indexes(Some(&HeaderValue::from_str(text).unwrap()));
-        assert!(takes_indexes(None));
-        assert!(takes("*/*"));
-        assert!(takes(
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"
-        ));
-        assert!(!takes("application/vnd.docker.distribution.manifest.v2+json"));
+        let takes = |values: &[&str]| {
+            let mut headers = hyper::HeaderMap::new();
+            for value in values {
+                headers.append(ACCEPT, HeaderValue::from_str(value).unwrap());
+            }
+            takes_indexes(headers.get_all(ACCEPT))
+        };
+        assert!(takes(&[]));
+        assert!(takes(&["*/*"]));
+        assert!(takes(&["application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"]));
+        assert!(takes(&[
+            "application/vnd.docker.distribution.manifest.v2+json",
+            "application/vnd.docker.distribution.manifest.list.v2+json"
+        ]));
+        assert!(!takes(&["application/vnd.docker.distribution.manifest.v2+json"]));
     }
 }
