@@ -10,7 +10,9 @@
 //! - A connection is *idle* while it waits for a request head (a new connection, or one kept
 //!   alive between requests). An idle connection is closed after `read_timeout` (hyper's header
 //!   read timeout), and when a limit is reached, the oldest idle connection (of that client if
-//!   the client is at its limit, else of anyone) is closed at once to make room. Only when
+//!   the client is at its limit, else of anyone) is closed at once to make room; one that has
+//!   answered a request only once `read_timeout` has passed since, as the last bytes of its
+//!   answer may still be on their way to a slow reader when its body ends. Only when
 //!   every connection in the way is busy with a request is a new connection refused (closed).
 //!   Idle sockets therefore never keep a request out: a scrape that sends its request gets in.
 //! - The request body is read whole, at most `max_body` bytes (else 413), within
@@ -31,8 +33,8 @@ use std::io;
 use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -296,7 +298,14 @@ async fn connection<I, S>(
         let (service, idle) = (service.clone(), idle.clone());
         async move {
             // Busy until the body has been sent: a streamed answer is not an idle connection.
-            let busy = Busy::new(idle);
+            let Some(busy) = Busy::new(idle) else {
+                // Closed to make room just as this request arrived: it is refused.
+                let refused = error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the connection was closed to make room",
+                );
+                return Ok::<_, Infallible>(refused);
+            };
             let response = answer(request, service.as_ref(), &limits).await;
             Ok::<_, Infallible>(response.map(|body| BusyBody { body, _busy: busy }.boxed()))
         }
@@ -307,11 +316,13 @@ async fn connection<I, S>(
         .serve_connection(TokioIo::new(io), hyper_service);
     tokio::pin!(connection);
     let result = tokio::select! {
-        result = connection.as_mut() => result,
+        // An evicted connection is not polled again: nothing more of it goes out.
+        biased;
         () = evict.cancelled() => {
             tracing::debug!("closed an idle connection to make room");
             return;
         }
+        result = connection.as_mut() => result,
         () = cancel.cancelled() => {
             connection.as_mut().graceful_shutdown();
             tokio::select! {
@@ -359,19 +370,91 @@ async fn answer<S: Service>(request: Request<Incoming>, service: &S, limits: &Li
     }
 }
 
-/// Marks a connection busy while a request is being answered; idle again when dropped.
-struct Busy(Arc<AtomicBool>);
+/// Whether a connection may be closed to make room: a fresh one (no request yet) at once, a
+/// busy one never, one that has answered once a grace has passed (its answer's last bytes may
+/// still be in its buffer when the body ends).
+#[derive(Debug)]
+struct Idle {
+    /// [`Idle::FRESH`], [`Idle::BUSY`], or 1 + the milliseconds since `epoch` at which its
+    /// last answer's body ended.
+    state: AtomicU64,
+    epoch: Instant,
+}
+
+impl Idle {
+    const FRESH: u64 = 0;
+    const BUSY: u64 = u64::MAX;
+    const EVICTED: u64 = u64::MAX - 1;
+
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: AtomicU64::new(Self::FRESH),
+            epoch: Instant::now(),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        1 + self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Marks it busy; false if it was closed to make room first.
+    fn busy(&self) -> bool {
+        let before = self.state.swap(Self::BUSY, Ordering::AcqRel);
+        if before == Self::EVICTED {
+            self.state.store(Self::EVICTED, Ordering::Release);
+            return false;
+        }
+        true
+    }
+
+    /// Marks it closed to make room, if it may be closed: in one step, so that a request
+    /// arriving at the same moment either finds it closed or keeps it.
+    fn evict(&self, grace: Duration) -> bool {
+        let mut state = self.state.load(Ordering::Acquire);
+        while self.evictable_in(state, grace) {
+            match self
+                .state
+                .compare_exchange(state, Self::EVICTED, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return true,
+                Err(now) => state = now,
+            }
+        }
+        false
+    }
+
+    fn answered(&self) {
+        let now = self.now();
+        // Not over an eviction.
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                (state != Self::EVICTED).then_some(now)
+            });
+    }
+
+    fn evictable_in(&self, state: u64, grace: Duration) -> bool {
+        match state {
+            Self::FRESH => true,
+            Self::BUSY | Self::EVICTED => false,
+            since => self.now().saturating_sub(since) >= grace.as_millis() as u64,
+        }
+    }
+}
+
+/// Marks a connection busy while a request is being answered; answered when dropped.
+struct Busy(Arc<Idle>);
 
 impl Busy {
-    fn new(idle: Arc<AtomicBool>) -> Self {
-        idle.store(false, Ordering::Relaxed);
-        Self(idle)
+    /// `None` if the connection was closed to make room first.
+    fn new(idle: Arc<Idle>) -> Option<Self> {
+        idle.busy().then(|| Self(idle))
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
+        self.0.answered();
     }
 }
 
@@ -416,8 +499,8 @@ impl Drop for Registered {
 /// A connection let in.
 struct Admitted {
     id: u64,
-    /// True while the connection waits for a request head.
-    idle: Arc<AtomicBool>,
+    /// Whether the connection may be closed to make room.
+    idle: Arc<Idle>,
     /// Cancelled when the connection is closed to make room.
     evict: CancellationToken,
 }
@@ -432,7 +515,7 @@ struct Connections {
 
 struct Open {
     client: Client,
-    idle: Arc<AtomicBool>,
+    idle: Arc<Idle>,
     evict: CancellationToken,
 }
 
@@ -441,15 +524,15 @@ impl Connections {
     /// reached, and registers it; `None` when the connections in the way are all busy.
     fn admit(&mut self, client: Client, limits: &Limits) -> Option<Admitted> {
         let from_client = self.per_client.get(&client).copied().unwrap_or(0);
-        if from_client >= limits.max_per_client && !self.evict_idle(Some(client)) {
+        if from_client >= limits.max_per_client && !self.evict_idle(Some(client), limits.read_timeout) {
             return None;
         }
-        if self.open.len() >= limits.max_connections && !self.evict_idle(None) {
+        if self.open.len() >= limits.max_connections && !self.evict_idle(None, limits.read_timeout) {
             return None;
         }
         let id = self.next;
         self.next += 1;
-        let idle = Arc::new(AtomicBool::new(true));
+        let idle = Idle::new();
         let evict = CancellationToken::new();
         self.open.insert(
             id,
@@ -463,12 +546,13 @@ impl Connections {
         Some(Admitted { id, idle, evict })
     }
 
-    /// Closes the oldest idle connection (of `client`, if given); false if there is none.
-    fn evict_idle(&mut self, client: Option<Client>) -> bool {
+    /// Closes the oldest idle connection (of `client`, if given; one that answered only
+    /// `grace` after it did); false if there is none.
+    fn evict_idle(&mut self, client: Option<Client>, grace: Duration) -> bool {
         let victim = self
             .open
             .iter()
-            .find(|(_, open)| open.idle.load(Ordering::Relaxed) && client.is_none_or(|c| c == open.client))
+            .find(|(_, open)| client.is_none_or(|c| c == open.client) && open.idle.evict(grace))
             .map(|(&id, _)| id);
         let Some(open) = victim.and_then(|id| self.remove(id)) else {
             return false;
@@ -582,20 +666,30 @@ mod tests {
             first.evict.is_cancelled(),
             "the oldest idle one of that client goes"
         );
+        // A request arriving on it now finds it closed, and is refused rather than cut.
+        assert!(!first.idle.busy());
         assert!(!second.evict.is_cancelled() && !other.evict.is_cancelled());
         assert_eq!(connections.open.len(), 3);
         assert_eq!(connections.per_client[&ip(1)], 2);
 
         // Busy connections are never closed: with all of a client's busy, it is refused.
-        second.idle.store(false, Ordering::Relaxed);
-        third.idle.store(false, Ordering::Relaxed);
+        second.idle.busy();
+        third.idle.busy();
         assert!(connections.admit(ip(1), &LIMITS).is_none());
         // Another client takes the room of the oldest idle connection of anyone.
         let fourth = connections.admit(ip(3), &LIMITS).unwrap();
         assert!(other.evict.is_cancelled());
-        other.idle.store(false, Ordering::Relaxed);
-        fourth.idle.store(false, Ordering::Relaxed);
+        other.idle.busy();
+        fourth.idle.busy();
         assert!(connections.admit(ip(4), &LIMITS).is_none(), "all busy");
+
+        // Just answered: its answer may not have left yet, so it is not closed for room.
+        fourth.idle.answered();
+        assert!(!fourth.idle.evict(LIMITS.read_timeout));
+        assert!(
+            connections.admit(ip(4), &LIMITS).is_none(),
+            "an answer just sent was cut"
+        );
 
         // A closed connection gives its room back once.
         connections.remove(second.id);

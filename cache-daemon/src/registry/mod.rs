@@ -389,11 +389,22 @@ impl Mirror {
             checks
                 .entry(id)
                 .or_insert_with(|| {
+                    // A task of its own: a check runs to its end even when every request
+                    // waiting for it goes away, so that none is left half done for the next.
+                    let digest = digest_of(object);
                     let (mirror, object) = (self.clone(), object.clone());
-                    async move {
+                    let task = tokio::spawn(async move {
                         let result = mirror.check(&object).await;
                         mirror.checks.lock().remove(&object.id());
                         result
+                    });
+                    async move {
+                        task.await.unwrap_or_else(|_| {
+                            Err(MirrorError::Manifest {
+                                what: digest.map(|d| d.to_string()).unwrap_or_default(),
+                                reason: "the check was abandoned".into(),
+                            })
+                        })
                     }
                     .boxed()
                     .shared()
@@ -477,7 +488,13 @@ impl Mirror {
 
     /// Block `index` of a verified `object`, if it is still the block that was verified.
     async fn verified_block(&self, object: &Arc<OpenObject>, hashes: &Verified, index: u32) -> Option<Bytes> {
-        let bytes = self.cache.block_for_peer(object, index).await.ok()?;
+        let bytes = match self.cache.block_for_peer(object, index).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::warn!(key = %object.version().key, index, %error, "a block of verified content could not be read: the answer is cut");
+                return None;
+            }
+        };
         if hashes.get(index as usize) == Some(blake3::hash(&bytes).as_bytes()) {
             return Some(bytes);
         }

@@ -273,6 +273,7 @@ async fn send(
         at += chunk.len() as u64;
         add(&mirror.stats.registry_sent_bytes, chunk.len() as u64);
         if tx.send(chunk).await.is_err() {
+            tracing::debug!(key = %object.version().key, at, "the client went away");
             return;
         }
     }
@@ -343,7 +344,9 @@ mod tests {
         };
         assert!(takes(&[]));
         assert!(takes(&["*/*"]));
-        assert!(takes(&["application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"]));
+        assert!(takes(&[
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"
+        ]));
         assert!(takes(&[
             "application/vnd.docker.distribution.manifest.v2+json",
             "application/vnd.docker.distribution.manifest.list.v2+json"

@@ -1,0 +1,454 @@
+//! The registry mirror end to end, with real parts only: Debian's `docker-registry` as the
+//! upstream (behind the recording proxy, which counts the bytes it sends and injects faults),
+//! a multi-platform image pushed by `skopeo`, the daemon as a process, and Debian's
+//! `containerd` pulling with `ctr images pull --hosts-dir` through the hosts.toml files that
+//! `larder containerd-config` writes.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use larder_tests::daemon::DaemonProcess;
+use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, is_blob_get, push, write_auth_file};
+use larder_tests::rack::free_port;
+use larder_tests::{Bucket, Fault, RecordingProxy, S3Server};
+
+const BIN: &str = env!("CARGO_BIN_EXE_larder");
+
+/// The registry's name in image references; the daemon's upstream list says where it is.
+const HOST: &str = "registry.larder.test";
+
+/// The repository and tag pushed.
+const REPO_TAG: &str = "larder/test:v1";
+
+/// Bytes of layers per platform of the big image (two platforms: about 200 MiB in all).
+const BIG_LAYERS: u64 = 100 << 20;
+
+/// A runtime for the proxy and the source's S3 server, whose threads serve them while the test
+/// blocks on processes.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// One mirror under test: the upstream behind its proxy, the daemon, and what to run again.
+struct Mirror {
+    _runtime: tokio::runtime::Runtime,
+    server: S3Server,
+    proxy: RecordingProxy,
+    _registry: Registry,
+    dir: tempfile::TempDir,
+    daemon: Option<DaemonProcess>,
+    /// The daemon's arguments after the harness's own.
+    args: Vec<String>,
+    /// The mirror's address.
+    address: String,
+    /// The metrics listener's address.
+    metrics: String,
+}
+
+impl Mirror {
+    /// A registry holding `image` as [`REPO_TAG`] (pushed with `credentials`, which the
+    /// daemon is given too), and a daemon mirroring it with `extra` arguments.
+    fn start(image: &TestImage, credentials: Option<(&str, &str)>, extra: &[&str]) -> Self {
+        let registry = match credentials {
+            Some((user, password)) => Registry::start_with_htpasswd(user, password),
+            None => Registry::start(),
+        }
+        .expect("registry");
+        push(image.path(), registry.address(), REPO_TAG, credentials).expect("push");
+        let runtime = runtime();
+        let server = runtime
+            .block_on(S3Server::start("larder-test"))
+            .expect("s3 server");
+        let proxy = runtime
+            .block_on(RecordingProxy::start_to(registry.address()))
+            .expect("proxy");
+        let dir = tempfile::tempdir().expect("dir");
+        let address = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST).expect("port"));
+        let metrics = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST).expect("port"));
+        let mut args = vec![
+            "--registry-listen".to_owned(),
+            address.clone(),
+            "--registry-upstream".to_owned(),
+            format!("{HOST}={}", proxy.endpoint()),
+            "--metrics-listen".to_owned(),
+            metrics.clone(),
+        ];
+        if let Some((user, password)) = credentials {
+            let auth = dir.path().join("auth.json");
+            write_auth_file(&auth, registry.address(), user, password).expect("auth file");
+            // The daemon's credentials are by the registry's name in references.
+            let text = std::fs::read_to_string(&auth).expect("auth file");
+            std::fs::write(&auth, text.replace(registry.address(), HOST)).expect("auth file");
+            args.extend(["--registry-credentials".to_owned(), auth.display().to_string()]);
+        }
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let mut mirror = Self {
+            _runtime: runtime,
+            server,
+            proxy,
+            _registry: registry,
+            dir,
+            daemon: None,
+            args,
+            address,
+            metrics,
+        };
+        mirror.restart();
+        mirror
+    }
+
+    /// Starts the daemon (again, after a stop: same cache dir).
+    fn restart(&mut self) {
+        if let Some(daemon) = self.daemon.take() {
+            daemon.stop().expect("stop");
+        }
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let daemon =
+            DaemonProcess::start(Path::new(BIN), &self.server, self.dir.path(), &args).expect("daemon");
+        self.daemon = Some(daemon);
+    }
+
+    fn daemon(&self) -> &DaemonProcess {
+        self.daemon.as_ref().expect("daemon")
+    }
+
+    /// `larder containerd-config --dir` for this daemon's configuration: the hosts dir.
+    fn hosts_dir(&self) -> PathBuf {
+        let hosts = self.dir.path().join("hosts");
+        let mut command = Command::new(BIN);
+        command
+            .args(["containerd-config", "--dir"])
+            .arg(&hosts)
+            .args(["--source", "models=file:///"])
+            .args(&self.args);
+        let output = command.output().expect("containerd-config");
+        assert_ok(&output, "larder containerd-config");
+        hosts
+    }
+
+    /// Bytes of blobs the upstream has sent so far.
+    fn upstream_blob_bytes(&self) -> u64 {
+        self.proxy.body_bytes_of(is_blob_get)
+    }
+
+    /// The value of `series` in the daemon's metrics; 0 if absent.
+    fn metric(&self, series: &str) -> f64 {
+        let (_, body) = get(&self.metrics, "/metrics", &[]);
+        body.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.parse().expect("number"))
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+}
+
+/// `GET path` on `address` with `headers`: the status and the body as text.
+fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).expect("read");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn assert_ok(output: &Output, what: &str) {
+    assert!(
+        output.status.success(),
+        "{what}: {}; stdout: {}; stderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// What a pull of `platform` puts in the content store: the index and that platform's blobs.
+fn pulled(image: &TestImage, platform: &str) -> BTreeSet<String> {
+    let mut digests = image.image(platform).expect("platform").digests();
+    digests.insert(image.index.digest.clone());
+    digests
+}
+
+/// Pulls `platform` of the image through `hosts` and checks every digest.
+fn pull_and_check(containerd: &Containerd, hosts: &Path, image: &TestImage, platform: &str) {
+    let reference = format!("{HOST}/{REPO_TAG}");
+    let pull = containerd
+        .pull(&reference, Some(hosts), Some(platform))
+        .expect("ctr");
+    assert!(
+        pull.status.success(),
+        "pull of {platform}: {}; containerd: {}",
+        String::from_utf8_lossy(&pull.stderr),
+        containerd.log_tail(10)
+    );
+    assert_eq!(
+        containerd.image_digest(&reference).expect("image"),
+        image.index.digest
+    );
+    assert_eq!(
+        containerd.content_digests().expect("content"),
+        pulled(image, platform)
+    );
+}
+
+#[test]
+fn containerd_pulls_through_the_mirror_once_from_upstream_even_after_a_restart_or_a_prepull() {
+    let image = TestImage::write(11, BIG_LAYERS).expect("image");
+    let mut mirror = Mirror::start(&image, None, &[]);
+    let hosts = mirror.hosts_dir();
+    let written = std::fs::read_to_string(hosts.join(HOST).join("hosts.toml")).expect("hosts.toml");
+    assert!(
+        written.contains(&format!("[host.\"http://{}\"]", mirror.address)),
+        "{written}"
+    );
+    let containerd = Containerd::start().expect("containerd");
+    let amd64 = image.image("linux/amd64").expect("amd64");
+
+    // Cold: the upstream sends each blob of the platform once.
+    pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+    let first = mirror.upstream_blob_bytes();
+    let wanted = amd64.layer_bytes() + amd64.config.size;
+    assert!(
+        first >= wanted && first as f64 <= 1.05 * wanted as f64,
+        "the upstream sent {first} blob bytes for {wanted}"
+    );
+    assert!(mirror.metric("larder_registry_sent_bytes_total") >= wanted as f64);
+
+    // Warm, after a restart of the daemon: no blob byte from the upstream.
+    containerd.remove_all().expect("reset");
+    mirror.restart();
+    pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+    assert_eq!(
+        mirror.upstream_blob_bytes(),
+        first,
+        "a warm pull fetched blobs upstream"
+    );
+
+    // Pre-pulled: `larder prefetch image:` of the other platform, then its first pull.
+    let target = format!("image:{HOST}/{REPO_TAG}");
+    let prefetch = mirror
+        .daemon()
+        .larder(&["prefetch", "--wait", "--platform", "linux/arm64", &target]);
+    assert_ok(&prefetch, "prefetch of the image");
+    let prepulled = mirror.upstream_blob_bytes();
+    let arm64 = image.image("linux/arm64").expect("arm64");
+    assert!(prepulled - first >= arm64.layer_bytes());
+    containerd.remove_all().expect("reset");
+    pull_and_check(&containerd, &hosts, &image, "linux/arm64");
+    assert_eq!(
+        mirror.upstream_blob_bytes(),
+        prepulled,
+        "a pre-pulled image fetched blobs upstream"
+    );
+}
+
+#[test]
+fn a_tampering_upstream_gets_no_bad_byte_to_containerd_or_into_the_cache() {
+    let image = TestImage::write(12, 8 << 20).expect("image");
+    let mirror = Mirror::start(&image, None, &[]);
+    let hosts = mirror.hosts_dir();
+    // Containerd must not go around the mirror to the (tampering) upstream itself.
+    hosts_dir(
+        &hosts,
+        HOST,
+        &format!("http://{}", mirror.address),
+        "http://127.0.0.1:1",
+    )
+    .expect("hosts");
+    let containerd = Containerd::start().expect("containerd");
+    let reference = format!("{HOST}/{REPO_TAG}");
+    let layers: BTreeSet<String> = image.images[0]
+        .layers
+        .iter()
+        .map(|layer| layer.digest.clone())
+        .collect();
+
+    mirror.proxy.set_fault(Fault::FlipByte(64 << 10));
+    let tampered = containerd
+        .pull(&reference, Some(&hosts), Some("linux/amd64"))
+        .expect("ctr");
+    assert!(!tampered.status.success(), "a pull of tampered layers succeeded");
+    let kept = containerd.content_digests().expect("content");
+    assert!(
+        kept.is_disjoint(&layers),
+        "tampered layers reached containerd: {kept:?}"
+    );
+    assert!(mirror.metric("larder_registry_digest_mismatches_total") >= 1.0);
+    // The mirror answers a blob whose bytes fail their digest with an error, not the bytes.
+    let layer = &image.images[0].layers[0].digest;
+    let (status, body) = get(
+        &mirror.address,
+        &format!("/v2/{}/blobs/{layer}?ns={HOST}", "larder/test"),
+        &[],
+    );
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("DIGEST_INVALID"), "{body}");
+
+    // The tampered bytes were not kept: with the upstream honest again, the pull succeeds.
+    mirror.proxy.set_fault(Fault::PassThrough);
+    containerd.remove_all().expect("reset");
+    // Checks containerd gave up on run to their end in the background: let them.
+    let mut mismatches = -1.0;
+    while mirror.metric("larder_registry_digest_mismatches_total") != mismatches {
+        mismatches = mirror.metric("larder_registry_digest_mismatches_total");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+}
+
+#[test]
+fn with_the_upstream_down_cached_images_pull_and_the_rest_fail_at_once_in_the_registry_shape() {
+    let image = TestImage::write(13, 8 << 20).expect("image");
+    // Every tag is resolved upstream again: the stale answer is what serves it.
+    let mirror = Mirror::start(&image, None, &["--registry-tag-ttl", "0s"]);
+    let hosts = mirror.hosts_dir();
+    hosts_dir(
+        &hosts,
+        HOST,
+        &format!("http://{}", mirror.address),
+        "http://127.0.0.1:1",
+    )
+    .expect("hosts");
+    let containerd = Containerd::start().expect("containerd");
+    pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+
+    mirror.proxy.set_fault(Fault::CloseConnections);
+    containerd.remove_all().expect("reset");
+    pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+    assert!(mirror.metric("larder_registry_stale_tags_total") >= 1.0);
+    assert!(mirror.log().contains("serving the tag as last resolved"));
+
+    // Uncached: the other platform's manifest, an unknown blob, an unknown tag.
+    let arm64 = &image.image("linux/arm64").expect("arm64").manifest.digest;
+    let unknown_blob = format!("sha256:{}", "0".repeat(64));
+    for (path, code) in [
+        (
+            format!("/v2/larder/test/manifests/{arm64}?ns={HOST}"),
+            "UNAVAILABLE",
+        ),
+        (
+            format!("/v2/larder/test/blobs/{unknown_blob}?ns={HOST}"),
+            "UNAVAILABLE",
+        ),
+        (format!("/v2/larder/test/manifests/v2?ns={HOST}"), "UNAVAILABLE"),
+    ] {
+        let started = Instant::now();
+        let (status, body) = get(&mirror.address, &path, &[]);
+        assert_eq!(status, 503, "{path}: {body}");
+        let errors: serde_json::Value = serde_json::from_str(&body).expect("registry error JSON");
+        assert_eq!(errors["errors"][0]["code"], code, "{body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{path} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+#[test]
+fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_or_bounded() {
+    let image = TestImage::write(14, 8 << 20).expect("image");
+    let mirror = Mirror::start(&image, None, &[]);
+    let layer = image.images[0].layers[0].clone();
+    for (path, status, code) in [
+        (
+            "/v2/x/manifests/v1?ns=registry.example.org".to_owned(),
+            403,
+            "DENIED",
+        ),
+        (format!("/v2/a/../b/manifests/v1?ns={HOST}"), 400, "NAME_INVALID"),
+        (
+            format!("/v2/A/blobs/{}?ns={HOST}", layer.digest),
+            400,
+            "NAME_INVALID",
+        ),
+        (format!("/v2/a/blobs/sha512:00?ns={HOST}"), 400, "DIGEST_INVALID"),
+        ("/v2/a/tags/list".to_owned(), 404, "NOT_FOUND"),
+    ] {
+        let (got, body) = get(&mirror.address, &path, &[]);
+        assert_eq!(got, status, "{path}: {body}");
+        assert!(body.contains(code), "{path}: {body}");
+    }
+    assert!(mirror.metric(r#"larder_registry_requests_total{kind="refused"}"#) >= 5.0);
+    assert_eq!(
+        mirror.proxy.requests().len(),
+        0,
+        "a refused request reached the upstream"
+    );
+
+    // A thousand requests for one blob at once: each answered right or refused, the blob
+    // fetched from the upstream about once, and the daemon serving afterwards.
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    let threads: Vec<_> = (0..1000)
+        .map(|_| {
+            let (address, path) = (mirror.address.clone(), path.clone());
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(&address).ok()?;
+                stream.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+                let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+                stream.write_all(request.as_bytes()).ok()?;
+                let mut answer = Vec::new();
+                stream.read_to_end(&mut answer).ok()?;
+                Some(answer)
+            })
+        })
+        .collect();
+    let mut served = 0;
+    for thread in threads {
+        if let Some(answer) = thread.join().expect("thread")
+            && answer.starts_with(b"HTTP/1.1 200")
+        {
+            let at = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
+            assert_eq!(
+                (answer.len() - at) as u64,
+                layer.size,
+                "a short answer: {}",
+                String::from_utf8_lossy(&answer[..at])
+            );
+            served += 1;
+        }
+    }
+    assert!(served > 0, "no request of the thousand was served");
+    let fetched = mirror.upstream_blob_bytes();
+    assert!(
+        fetched as f64 <= 1.05 * layer.size as f64,
+        "the upstream sent {fetched} bytes for one blob of {}",
+        layer.size
+    );
+    let (status, _) = get(&mirror.address, &path, &[]);
+    assert_eq!(status, 200, "the mirror stopped serving");
+}
+
+#[test]
+fn an_upstream_with_basic_credentials_is_pulled_with_the_credentials_file() {
+    let image = TestImage::write(15, 4 << 20).expect("image");
+    let mirror = Mirror::start(&image, Some(("larder", "s3cret-pass")), &[]);
+    let hosts = mirror.hosts_dir();
+    let containerd = Containerd::start().expect("containerd");
+    pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+    let logged = mirror.log();
+    assert!(!logged.contains("s3cret-pass") && !logged.contains("bGFyZGVyOnMzY3JldC1wYXNz"));
+}
