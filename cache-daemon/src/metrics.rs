@@ -603,7 +603,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 32);
+        assert_eq!(families.len(), 36);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }
