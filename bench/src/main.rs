@@ -16,6 +16,7 @@
 mod common;
 mod engine;
 mod fleet;
+mod images;
 mod mount;
 
 use std::path::PathBuf;
@@ -38,6 +39,28 @@ enum Command {
     Mount(MountArgs),
     /// N daemons in network namespaces read one model at once, without and with rack peers.
     Fleet(FleetArgs),
+    /// containerd pulls an image directly and through Larder's mirror: cold, warm, pre-pulled.
+    Images(ImagesArgs),
+}
+
+/// Arguments of `larder-bench images`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ImagesArgs {
+    /// Bytes of layers per platform of the two-platform image.
+    #[arg(long, default_value = "1GiB")]
+    layers: ByteSize,
+    /// Rounds; the report gives the median and the spread.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The `larder` binary under test.
+    #[arg(long, default_value = "target/release/larder")]
+    larder: PathBuf,
+    /// Where the cache dirs go (the disk under test).
+    #[arg(long, default_value = "bench/work")]
+    work_dir: PathBuf,
+    /// Write the report to this file as well as to stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 /// Arguments of `larder-bench engine`.
@@ -150,6 +173,10 @@ async fn main() -> anyhow::Result<()> {
             // The mount benchmark blocks on file reads; the runtime keeps serving the proxy.
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || mount::run(args, &runtime)).await?
+        }
+        Command::Images(args) => {
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || images::run(args, &runtime)).await?
         }
         Command::Fleet(args) => {
             let runtime = tokio::runtime::Handle::current();
