@@ -45,7 +45,10 @@ struct Row {
 
 /// Runs the benchmark.
 pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
-    let larder = args.larder.canonicalize().with_context(|| format!("{}", args.larder.display()))?;
+    let larder = args
+        .larder
+        .canonicalize()
+        .with_context(|| format!("{}", args.larder.display()))?;
     std::fs::create_dir_all(&args.work_dir)?;
     let work = tempfile::tempdir_in(&args.work_dir)?;
     eprintln!("writing the image ({} of layers per platform)", args.layers);
@@ -78,18 +81,31 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
                 bail!("pull failed: {}", String::from_utf8_lossy(&output.stderr));
             }
             rows[row].1.seconds.push(took);
-            rows[row].1.upstream_bytes.push(proxy.body_bytes_of(is_blob_get) - before);
+            rows[row]
+                .1
+                .upstream_bytes
+                .push(proxy.body_bytes_of(is_blob_get) - before);
             Ok(())
         };
         pull(&direct_hosts, 0)?;
 
-        let (mut daemon, hosts) = start_daemon(&larder, &server, &proxy, &work.path().join(format!("cold-{round}")))?;
+        let (mut daemon, hosts) = start_daemon(
+            &larder,
+            &server,
+            &proxy,
+            &work.path().join(format!("cold-{round}")),
+        )?;
         pull(&hosts, 1)?;
         daemon.restart()?;
         pull(&hosts, 2)?;
         drop(daemon);
 
-        let (daemon, hosts) = start_daemon(&larder, &server, &proxy, &work.path().join(format!("pre-{round}")))?;
+        let (daemon, hosts) = start_daemon(
+            &larder,
+            &server,
+            &proxy,
+            &work.path().join(format!("pre-{round}")),
+        )?;
         let started = Instant::now();
         let prefetch = daemon.process()?.larder(&[
             "prefetch",
@@ -190,7 +206,10 @@ fn report(args: &ImagesArgs, rows: &[(&str, Row)], prefetch: &[f64], blob_bytes:
         args.rounds,
         args.larder.display()
     );
-    let _ = writeln!(out, "| pull | median s (min–max) | ÷ direct | upstream blob bytes per pull |");
+    let _ = writeln!(
+        out,
+        "| pull | median s (min–max) | ÷ direct | upstream blob bytes per pull |"
+    );
     let _ = writeln!(out, "|---|---|---|---|");
     let direct = summary(rows[0].1.seconds.clone()).0;
     for (name, row) in rows {

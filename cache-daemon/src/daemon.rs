@@ -218,9 +218,25 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .iter()
         .map(|(name, s)| (name.clone(), s.origin.clone()))
         .collect();
+    let mirror = match config.registry.listen.filter(|_| config.registry.enabled()) {
+        Some(address) => Some((
+            address,
+            Mirror::new(
+                &config.registry,
+                &config.origin,
+                cache.clone(),
+                &config.cache.dir,
+                stats.clone(),
+            )
+            .map_err(DaemonError::Registry)?,
+        )),
+        None => None,
+    };
     let peer_task = match config.peer.listen {
         Some(address) => {
-            let by_name = origins.iter().cloned().collect();
+            // Members ask for image content by the registry's origin, as for any source.
+            let registries = mirror.iter().flat_map(|(_, mirror)| mirror.origins());
+            let by_name = origins.iter().cloned().chain(registries).collect();
             Some(
                 peers
                     .serve(address, &cache, by_name, &stats, stop.clone())
@@ -230,16 +246,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut jobs = Jobs::new(cache.clone(), origins.clone(), mountpoint.clone(), stats.clone());
-    let registry_task = match config.registry.listen.filter(|_| config.registry.enabled()) {
-        Some(address) => {
-            let mirror = Mirror::new(
-                &config.registry,
-                &config.origin,
-                cache.clone(),
-                &config.cache.dir,
-                stats.clone(),
-            )
-            .map_err(DaemonError::Registry)?;
+    let registry_task = match mirror {
+        Some((address, mirror)) => {
             jobs = jobs.with_mirror(mirror.clone());
             Some(serve_registry(address, mirror, stop.clone()).await?)
         }

@@ -741,3 +741,85 @@ async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_o
     let fetched = proxy.body_bytes() as f64 / (2 * size) as f64;
     assert!(fetched <= 1.4, "the origin sent {fetched:.2}x the objects");
 }
+
+/// A rack pre-pulling one image on every member at once fetches each blob from the registry
+/// about once: members ask the owner of each run for image content as for any object, by the
+/// content's digest. Each member then serves the image whole and verified to containerd.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rack_pre_pulling_an_image_fetches_it_from_the_registry_about_once() {
+    use larder_tests::Bucket;
+    use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, is_blob_get, push};
+    const HOST: &str = "registry.larder.test";
+    let (_server, bucket) = origin_of(&[]).await;
+    let (image, registry) = tokio::task::spawn_blocking(|| {
+        let image = TestImage::write(21, 48 * MIB).expect("image");
+        let registry = Registry::start().expect("registry");
+        push(image.path(), registry.address(), "larder/test:v1", None).expect("push");
+        (image, registry)
+    })
+    .await
+    .expect("join");
+    let proxy = RecordingProxy::start_to(registry.address()).await.expect("proxy");
+    let upstream = format!("{HOST}={}", proxy.endpoint());
+    let rack = tokio::task::spawn_blocking(move || {
+        let mut extra = vec!["--registry-upstream", &upstream];
+        extra.extend_from_slice(LOADED);
+        let rack = Rack::start(Path::new(BIN), &bucket, 3, &extra, &[]).expect("rack");
+        let target = format!("image:{HOST}/larder/test:v1");
+        std::thread::scope(|scope| {
+            let prefetches: Vec<_> = (0..3)
+                .map(|i| {
+                    let (rack, target) = (&rack, &target);
+                    scope.spawn(move || {
+                        rack.daemon(i)
+                            .larder(&["prefetch", "--wait", "--platform", "linux/amd64", target])
+                    })
+                })
+                .collect();
+            for (i, prefetch) in prefetches.into_iter().enumerate() {
+                let output = prefetch.join().expect("thread");
+                assert!(
+                    output.status.success(),
+                    "n{i}: {}\nlog:\n{}",
+                    String::from_utf8_lossy(&output.stderr),
+                    rack.log(i)
+                );
+            }
+        });
+        rack
+    })
+    .await
+    .expect("join");
+    let amd64 = image.image("linux/amd64").expect("amd64");
+    let blobs = amd64.layer_bytes() + amd64.config.size;
+    let mut wanted = amd64.digests();
+    wanted.insert(image.index.digest.clone());
+    let fetched = proxy.body_bytes_of(is_blob_get);
+    assert!(
+        fetched as f64 <= 1.15 * blobs as f64,
+        "the registry sent {fetched} blob bytes for {blobs} to a rack of 3"
+    );
+    let from_peers: f64 = (0..3)
+        .map(|i| rack.metric(i, "larder_peer_fetched_bytes_total").expect("metric"))
+        .sum();
+    assert!(from_peers > 0.0, "no member fetched from a peer");
+
+    // Each member serves the image whole: containerd pulls it from n2 with every digest right.
+    let mirror = format!("http://{}", rack.registries[2]);
+    tokio::task::spawn_blocking(move || {
+        let hosts = tempfile::tempdir().expect("hosts");
+        hosts_dir(hosts.path(), HOST, &mirror, "http://127.0.0.1:1").expect("hosts.toml");
+        let containerd = Containerd::start().expect("containerd");
+        let reference = format!("{HOST}/larder/test:v1");
+        let pull = containerd
+            .pull(&reference, Some(hosts.path()), Some("linux/amd64"))
+            .expect("ctr");
+        assert!(pull.status.success(), "{}", String::from_utf8_lossy(&pull.stderr));
+        assert_eq!(containerd.content_digests().expect("content"), wanted);
+        drop(rack);
+        drop(registry);
+    })
+    .await
+    .expect("join");
+    assert!(proxy.body_bytes_of(is_blob_get) as f64 <= 1.15 * blobs as f64);
+}

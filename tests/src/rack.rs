@@ -162,6 +162,8 @@ pub struct Rack {
     pub addresses: Vec<SocketAddr>,
     /// The members' metrics addresses.
     pub metrics: Vec<SocketAddr>,
+    /// The members' registry mirror addresses (serving only when `extra` names upstreams).
+    pub registries: Vec<SocketAddr>,
     /// The cluster key file.
     pub key_file: PathBuf,
     /// Where each member keeps its mount, cache and log.
@@ -229,12 +231,20 @@ impl Rack {
         let metrics = (0..addresses.len())
             .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let registries = (0..addresses.len())
+            .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let mut daemons = Vec::new();
         let mut dirs = Vec::new();
         for (i, address) in addresses.iter().enumerate() {
             let dir = root.path().join(format!("n{i}"));
             std::fs::create_dir_all(&dir)?;
-            let mut owned = vec!["--metrics-listen".to_owned(), metrics[i].to_string()];
+            let mut owned = vec![
+                "--metrics-listen".to_owned(),
+                metrics[i].to_string(),
+                "--registry-listen".to_owned(),
+                registries[i].to_string(),
+            ];
             owned.extend(member_args(&format!("n{i}"), &address.to_string(), &key_file));
             let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
             args.extend_from_slice(discovery);
@@ -250,6 +260,7 @@ impl Rack {
             daemons,
             addresses,
             metrics,
+            registries,
             key_file,
             dirs,
             _root: root,

@@ -31,6 +31,7 @@ use crate::http::{self, Body, Limits};
 use crate::object::ObjectVersion;
 use crate::origin::Origin;
 use crate::peer::source::version_tag;
+use crate::registry;
 use crate::stats::{Stats, add};
 
 /// The peer listener's connection bounds.
@@ -171,6 +172,13 @@ impl PeerListener {
             _ if run.version == "-" => (None, None),
             _ => return Err("unknown version tag"),
         };
+        // Image content is named by its digest, whichever repository it was fetched from.
+        let content = origin
+            .name()
+            .starts_with(registry::ORIGIN_PREFIX)
+            .then(|| registry::content_at(&run.key, run.size))
+            .flatten()
+            .map(Box::new);
         let version = ObjectVersion {
             origin_url: origin.identity_url().to_owned(),
             key: run.key.clone(),
@@ -178,7 +186,7 @@ impl PeerListener {
             version,
             size: run.size,
             modified: UNIX_EPOCH,
-            content: None,
+            content,
         };
         debug_assert_eq!(version_tag(&version), run.version);
         let object = OpenObject::new(origin.clone(), version);

@@ -46,6 +46,9 @@ use crate::object::{Identity, ObjectId, ObjectVersion};
 use crate::origin::Origin;
 use crate::stats::{Stats, add};
 
+/// The names of the upstreams' origins begin so: `registry:nvcr.io`.
+pub const ORIGIN_PREFIX: &str = "registry:";
+
 /// Origin parts of one blob filled at once when it is verified.
 const PARTS_AT_ONCE: usize = 4;
 
@@ -182,7 +185,7 @@ impl Mirror {
             let upstream = Arc::new(Upstream::new(&configured.host, base, auth)?);
             let store = Arc::new(UpstreamStore::new(upstream.clone()));
             let origin = Arc::new(Origin::new(
-                &format!("registry:{}", configured.host),
+                &format!("{ORIGIN_PREFIX}{}", configured.host),
                 &format!("oci://{}", configured.host),
                 store,
                 object_store::path::Path::default(),
@@ -596,10 +599,28 @@ impl Mirror {
         Ok(())
     }
 
+    /// The upstreams' origins by name, for the peer listener: a member asks for image content
+    /// by the registry's origin and the key the content was fetched at.
+    pub fn origins(&self) -> impl Iterator<Item = (String, Arc<Origin>)> + '_ {
+        self.registries
+            .values()
+            .map(|registry| (registry.origin.name().to_owned(), registry.origin.clone()))
+    }
+
     /// Whether `host` is a configured upstream.
     pub fn knows(&self, host: &str) -> bool {
         self.registries.contains_key(host)
     }
+}
+
+/// The identity of content of `size` bytes fetched from an upstream at `key`
+/// (`<repository>/blobs/<digest>` or `<repository>/manifests/<digest>`), as [`Mirror`] names
+/// it; `None` for a key of another shape.
+pub fn content_at(key: &str, size: u64) -> Option<Identity> {
+    let (_, digest) = key
+        .rsplit_once("/blobs/")
+        .or_else(|| key.rsplit_once("/manifests/"))?;
+    digest.parse::<Digest>().ok()?.identity(size).ok()
 }
 
 /// The digest naming `object`'s content, if it is content named by one.
