@@ -42,7 +42,7 @@ struct Mirror {
     _runtime: tokio::runtime::Runtime,
     server: S3Server,
     proxy: RecordingProxy,
-    _registry: Registry,
+    registry: Registry,
     dir: tempfile::TempDir,
     daemon: Option<DaemonProcess>,
     /// The daemon's arguments after the harness's own.
@@ -62,6 +62,23 @@ impl Mirror {
             None => Registry::start(),
         }
         .expect("registry");
+        Self::start_on(registry, image, credentials, extra)
+    }
+
+    /// As [`Mirror::start`], with a registry with token auth whose token server gives tokens
+    /// only to the user of `credentials` (to anyone when `None`).
+    fn start_with_token_auth(image: &TestImage, credentials: Option<(&str, &str)>) -> Self {
+        let registry = Registry::start_with_token_auth(credentials).expect("registry");
+        Self::start_on(registry, image, credentials, &[])
+    }
+
+    /// As [`Mirror::start`], with `registry` as the upstream.
+    fn start_on(
+        registry: Registry,
+        image: &TestImage,
+        credentials: Option<(&str, &str)>,
+        extra: &[&str],
+    ) -> Self {
         push(image.path(), registry.address(), REPO_TAG, credentials).expect("push");
         let runtime = runtime();
         let server = runtime
@@ -94,7 +111,7 @@ impl Mirror {
             _runtime: runtime,
             server,
             proxy,
-            _registry: registry,
+            registry,
             dir,
             daemon: None,
             args,
@@ -451,4 +468,35 @@ fn an_upstream_with_basic_credentials_is_pulled_with_the_credentials_file() {
     pull_and_check(&containerd, &hosts, &image, "linux/amd64");
     let logged = mirror.log();
     assert!(!logged.contains("s3cret-pass") && !logged.contains("bGFyZGVyOnMzY3JldC1wYXNz"));
+}
+
+#[test]
+fn an_upstream_with_token_auth_is_pulled_through_the_bearer_flow() {
+    let image = TestImage::write(16, 4 << 20).expect("image");
+    // Tokens for anyone, then only for the user of the daemon's credentials file.
+    for credentials in [None, Some(("larder", "s3cret-pass"))] {
+        let mirror = Mirror::start_with_token_auth(&image, credentials);
+        let hosts = mirror.hosts_dir();
+        // Containerd must not go around the mirror to the registry itself.
+        hosts_dir(
+            &hosts,
+            HOST,
+            &format!("http://{}", mirror.address),
+            "http://127.0.0.1:1",
+        )
+        .expect("hosts");
+        let containerd = Containerd::start().expect("containerd");
+        let before = mirror.registry.tokens_issued().len();
+        pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+        let tokens = mirror.registry.tokens_issued();
+        assert!(
+            tokens.len() > before,
+            "{credentials:?}: the daemon pulled without a token"
+        );
+        let logged = mirror.log();
+        for token in &tokens[before..] {
+            assert!(!logged.contains(token.as_str()), "a token was logged");
+        }
+        assert!(!logged.contains("s3cret-pass") && !logged.contains("bGFyZGVyOnMzY3JldC1wYXNz"));
+    }
 }

@@ -2,7 +2,8 @@
 //! multi-platform test image, a pusher and containerd as the client that pulls.
 //!
 //! - [`Registry`] runs the CNCF distribution registry (Debian's `docker-registry`) on loopback,
-//!   over plain HTTP, optionally behind htpasswd Basic auth.
+//!   over plain HTTP, optionally behind htpasswd Basic auth or token auth (a token server of its
+//!   own, on loopback too, signs the JWTs the registry takes).
 //! - [`TestImage`] writes an OCI image layout: an image index of a linux/amd64 and a
 //!   linux/arm64 image, each with its own config and uncompressed tar layers of seeded bytes,
 //!   with every digest and size kept for the tests to check.
@@ -29,13 +30,17 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use parking_lot::Mutex;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
@@ -155,34 +160,54 @@ pub fn http_status(address: &str, path: &str) -> std::io::Result<u16> {
         .ok_or_else(|| std::io::Error::other("not an HTTP status line"))
 }
 
+/// How a [`Registry`] checks who asks.
+#[derive(Debug, Clone, Copy)]
+enum Auth<'a> {
+    /// Everyone may push and pull.
+    Anyone,
+    /// htpasswd Basic auth with this user and password.
+    Htpasswd(&'a str, &'a str),
+    /// Token auth with a [`TokenServer`] of this user (anyone when `None`).
+    Token(Option<(&'a str, &'a str)>),
+}
+
 /// A running `docker-registry serve` on `127.0.0.1:<free port>` with filesystem storage in a
 /// temporary directory; killed (by its PID) and its files removed when dropped.
 #[derive(Debug)]
 pub struct Registry {
     child: Child,
     address: String,
+    /// The token service of a registry with token auth.
+    tokens: Option<TokenServer>,
     dir: TempDir,
 }
 
 impl Registry {
     /// Starts a registry anyone may push to and pull from.
     pub fn start() -> anyhow::Result<Self> {
-        Self::start_with_auth(None)
+        Self::start_with_auth(Auth::Anyone)
     }
 
     /// Starts a registry that answers only requests with the Basic credentials `user` and
     /// `password` (an htpasswd file with the password's bcrypt hash, made by `htpasswd -B`).
     pub fn start_with_htpasswd(user: &str, password: &str) -> anyhow::Result<Self> {
-        Self::start_with_auth(Some((user, password)))
+        Self::start_with_auth(Auth::Htpasswd(user, password))
     }
 
-    /// Starts the registry, with htpasswd auth if `credentials` are given. Its port is free
-    /// when chosen but not held until the registry binds it, so a registry that exits before
-    /// serving is started again on another port, three times at most.
-    fn start_with_auth(credentials: Option<(&str, &str)>) -> anyhow::Result<Self> {
+    /// Starts a registry with token auth: it answers requests without a token `401` with a
+    /// `Bearer` challenge naming its own token server, which gives pull and push tokens for any
+    /// repository to anyone, or only to `user` (user and password, as Basic credentials).
+    pub fn start_with_token_auth(user: Option<(&str, &str)>) -> anyhow::Result<Self> {
+        Self::start_with_auth(Auth::Token(user))
+    }
+
+    /// Starts the registry with `auth`. Its port is free when chosen but not held until the
+    /// registry binds it, so a registry that exits before serving is started again on another
+    /// port, three times at most.
+    fn start_with_auth(auth: Auth<'_>) -> anyhow::Result<Self> {
         let mut attempt = 1;
         loop {
-            match Self::start_once(credentials)? {
+            match Self::start_once(auth)? {
                 Ok(registry) => return Ok(registry),
                 Err(exited) if attempt < 3 => {
                     eprintln!("{exited}; starting it again on another port");
@@ -194,7 +219,7 @@ impl Registry {
     }
 
     /// One start: the registry, or why it exited before serving.
-    fn start_once(credentials: Option<(&str, &str)>) -> anyhow::Result<Result<Self, String>> {
+    fn start_once(auth: Auth<'_>) -> anyhow::Result<Result<Self, String>> {
         let dir = tempfile::Builder::new().prefix("larder-registry").tempdir()?;
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let address = format!("127.0.0.1:{port}");
@@ -207,12 +232,26 @@ impl Registry {
             },
             "http": { "addr": address, "secret": "larder-test-registry" },
         });
-        if let Some((user, password)) = credentials {
-            let hashed = run(Command::new("htpasswd").args(["-B", "-b", "-n", user, password]))?;
-            ensure!(hashed.status.success(), "htpasswd: {}", said(&hashed));
-            let htpasswd = dir.path().join("htpasswd");
-            std::fs::write(&htpasswd, &hashed.stdout)?;
-            config["auth"] = json!({ "htpasswd": { "realm": "larder-test", "path": htpasswd } });
+        let mut tokens = None;
+        match auth {
+            Auth::Anyone => {}
+            Auth::Htpasswd(user, password) => {
+                let hashed = run(Command::new("htpasswd").args(["-B", "-b", "-n", user, password]))?;
+                ensure!(hashed.status.success(), "htpasswd: {}", said(&hashed));
+                let htpasswd = dir.path().join("htpasswd");
+                std::fs::write(&htpasswd, &hashed.stdout)?;
+                config["auth"] = json!({ "htpasswd": { "realm": "larder-test", "path": htpasswd } });
+            }
+            Auth::Token(user) => {
+                let server = TokenServer::start(dir.path(), user)?;
+                config["auth"] = json!({ "token": {
+                    "realm": server.realm(),
+                    "service": TOKEN_SERVICE,
+                    "issuer": TOKEN_ISSUER,
+                    "rootcertbundle": server.certificate_path(),
+                } });
+                tokens = Some(server);
+            }
         }
         // YAML is a superset of JSON: the registry reads this as its config.yml.
         let config_path = dir.path().join("config.yml");
@@ -227,7 +266,12 @@ impl Registry {
             .stderr(log_file)
             .spawn()
             .context("starting docker-registry")?;
-        let mut registry = Self { child, address, dir };
+        let mut registry = Self {
+            child,
+            address,
+            tokens,
+            dir,
+        };
         let started = Instant::now();
         // Without credentials a registry with auth answers 401: it is serving all the same.
         while !matches!(http_status(&registry.address, "/v2/"), Ok(200 | 401)) {
@@ -263,12 +307,318 @@ impl Registry {
     pub fn log_tail(&self, lines: usize) -> String {
         tail(&self.dir.path().join("registry.log"), lines)
     }
+
+    /// Every token its token server has given so far, oldest first (none without token auth).
+    pub fn tokens_issued(&self) -> Vec<String> {
+        self.tokens.as_ref().map(TokenServer::issued).unwrap_or_default()
+    }
 }
 
 impl Drop for Registry {
     fn drop(&mut self) {
         stop(&mut self.child, Duration::from_secs(5));
     }
+}
+
+/// The `issuer` of the tokens a [`TokenServer`] signs, which the registry trusts.
+const TOKEN_ISSUER: &str = "larder-test-token-issuer";
+
+/// The `service` of a registry with token auth: its challenge names it, and tokens are for it
+/// (their audience).
+const TOKEN_SERVICE: &str = "larder-test-registry";
+
+/// How long a token is good for, in seconds (`expires_in` and the token's `exp`).
+const TOKEN_LIFE: u64 = 300;
+
+/// The token service of a registry with token auth (distribution's `auth: token`), on
+/// `127.0.0.1:<free port>`: `GET /token?service=..&scope=repository:<name>:<actions>` is
+/// answered with a JWT (RS256) granting every action asked on every repository asked, signed
+/// with an RSA key made for it by `openssl`, whose self-signed certificate rides in the
+/// token's `x5c` header and is the registry's `rootcertbundle`. It gives tokens to anyone, or
+/// — when it has a user — only to requests with that user's Basic credentials (`401`
+/// otherwise). Other methods (containerd tries an OAuth `POST` first when it has credentials)
+/// are answered `405`. Each connection is served on a thread of its own and closed after one
+/// answer; the server stops when dropped.
+#[derive(Debug)]
+struct TokenServer {
+    address: String,
+    issuer: Arc<TokenIssuer>,
+    stop: Arc<AtomicBool>,
+    accept: Option<JoinHandle<()>>,
+}
+
+/// What a [`TokenServer`] signs with and whom it serves.
+#[derive(Debug)]
+struct TokenIssuer {
+    /// The PEM private key.
+    key: PathBuf,
+    /// The PEM certificate of the key.
+    certificate: PathBuf,
+    /// The certificate's DER in standard base64: the `x5c` of every token.
+    x5c: String,
+    /// The user tokens are given to, and the `Authorization` header that user sends; anyone
+    /// gets tokens when `None`.
+    user: Option<(String, String)>,
+    /// Every token given, oldest first.
+    issued: Mutex<Vec<String>>,
+}
+
+impl TokenServer {
+    /// Makes a key and its certificate in `dir` and starts serving tokens to `user` (anyone
+    /// when `None`).
+    fn start(dir: &Path, user: Option<(&str, &str)>) -> anyhow::Result<Self> {
+        let key = dir.join("token-key.pem");
+        let certificate = dir.join("token-cert.pem");
+        let made = run(Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=larder-test-token-issuer", "-keyout"])
+            .arg(&key)
+            .arg("-out")
+            .arg(&certificate))?;
+        ensure!(made.status.success(), "openssl req: {}", said(&made));
+        // A PEM certificate is the base64 of its DER between its two armour lines.
+        let pem = std::fs::read_to_string(&certificate)?;
+        let x5c: String = pem.lines().filter(|line| !line.starts_with("-----")).collect();
+        let issuer = Arc::new(TokenIssuer {
+            key,
+            certificate,
+            x5c,
+            user: user.map(|(name, password)| {
+                let basic = format!("Basic {}", base64(format!("{name}:{password}").as_bytes(), true));
+                (name.to_owned(), basic)
+            }),
+            issued: Mutex::new(Vec::new()),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let address = listener.local_addr()?.to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let accept = {
+            let (issuer, stop) = (Arc::clone(&issuer), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                for stream in listener.incoming() {
+                    if stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(stream) = stream else { continue };
+                    let issuer = Arc::clone(&issuer);
+                    std::thread::spawn(move || {
+                        if let Err(error) = issuer.serve(stream) {
+                            eprintln!("token server: {error:#}");
+                        }
+                    });
+                }
+            })
+        };
+        Ok(Self {
+            address,
+            issuer,
+            stop,
+            accept: Some(accept),
+        })
+    }
+
+    /// The URL of its token endpoint: the `realm` of the registry's challenges.
+    fn realm(&self) -> String {
+        format!("http://{}/token", self.address)
+    }
+
+    /// The file of the certificate its tokens chain to.
+    fn certificate_path(&self) -> &Path {
+        &self.issuer.certificate
+    }
+
+    /// Every token given so far, oldest first.
+    fn issued(&self) -> Vec<String> {
+        self.issuer.issued.lock().clone()
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread, which then sees the stop.
+        let _ = TcpStream::connect(&self.address);
+        if let Some(accept) = self.accept.take() {
+            let _ = accept.join();
+        }
+    }
+}
+
+impl TokenIssuer {
+    /// Reads one request from `stream` and answers it.
+    fn serve(&self, stream: TcpStream) -> anyhow::Result<()> {
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let mut words = line.split_whitespace();
+        let method = words.next().unwrap_or_default().to_owned();
+        let target = words.next().unwrap_or_default().to_owned();
+        let (mut authorization, mut length) = (None, 0);
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header)? == 0 || header.trim().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "authorization" => authorization = Some(value.trim().to_owned()),
+                    "content-length" => length = value.trim().parse().unwrap_or(0),
+                    _ => {}
+                }
+            }
+        }
+        // The body (a POST's form) is read so that closing the connection does not reset it
+        // before the client reads the answer.
+        std::io::copy(&mut reader.by_ref().take(length), &mut std::io::sink())?;
+        let (status, extra, body) = self.answer(&method, &target, authorization.as_deref())?;
+        let mut stream = stream;
+        write!(
+            stream,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n{extra}\r\n",
+            body.len()
+        )?;
+        stream.write_all(body.as_bytes())?;
+        Ok(())
+    }
+
+    /// The status line's status, any extra header lines, and the body that answer `method
+    /// target` with `authorization`.
+    fn answer(
+        &self,
+        method: &str,
+        target: &str,
+        authorization: Option<&str>,
+    ) -> anyhow::Result<(&'static str, String, String)> {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        if path != "/token" {
+            return Ok(("404 Not Found", String::new(), String::new()));
+        }
+        if method != "GET" {
+            return Ok(("405 Method Not Allowed", String::new(), String::new()));
+        }
+        let subject = match &self.user {
+            Some((name, basic)) if authorization == Some(basic.as_str()) => name.as_str(),
+            Some(_) => {
+                let refused = json!({ "errors": [{ "code": "UNAUTHORIZED", "message": "bad credentials" }] });
+                return Ok((
+                    "401 Unauthorized",
+                    "WWW-Authenticate: Basic realm=\"larder-test-token\"\r\n".to_owned(),
+                    refused.to_string(),
+                ));
+            }
+            None => "",
+        };
+        // `scope=repository:<name>:<actions>`, as many as asked; a name may hold colons.
+        let access: Vec<serde_json::Value> = query
+            .split('&')
+            .filter_map(|pair| pair.strip_prefix("scope="))
+            .map(percent_decoded)
+            .filter_map(|scope| {
+                let (kind, rest) = scope.split_once(':')?;
+                let (name, actions) = rest.rsplit_once(':')?;
+                let actions: Vec<&str> = actions.split(',').collect();
+                Some(json!({ "type": kind, "name": name, "actions": actions }))
+            })
+            .collect();
+        let token = self.sign(subject, &access)?;
+        let answer = json!({ "token": token, "access_token": token, "expires_in": TOKEN_LIFE });
+        self.issued.lock().push(token);
+        Ok(("200 OK", String::new(), answer.to_string()))
+    }
+
+    /// A JWT for `subject` granting `access`, signed RS256 with the key (by `openssl dgst`).
+    fn sign(&self, subject: &str, access: &[serde_json::Value]) -> anyhow::Result<String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs();
+        let serial = self.issued.lock().len();
+        let header = json!({ "alg": "RS256", "typ": "JWT", "x5c": [self.x5c] });
+        let claims = json!({
+            "iss": TOKEN_ISSUER,
+            "sub": subject,
+            "aud": TOKEN_SERVICE,
+            "exp": now + TOKEN_LIFE,
+            "nbf": now,
+            "iat": now,
+            "jti": format!("larder-test-{now}-{serial}"),
+            "access": access,
+        });
+        let signed = format!(
+            "{}.{}",
+            base64(header.to_string().as_bytes(), false),
+            base64(claims.to_string().as_bytes(), false)
+        );
+        let mut openssl = Command::new("openssl")
+            .args(["dgst", "-sha256", "-sign"])
+            .arg(&self.key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting openssl dgst")?;
+        // The input is far smaller than a pipe's buffer: written whole before the output is read.
+        openssl
+            .stdin
+            .take()
+            .context("no stdin pipe")?
+            .write_all(signed.as_bytes())?;
+        let output = openssl.wait_with_output()?;
+        ensure!(output.status.success(), "openssl dgst: {}", said(&output));
+        Ok(format!("{signed}.{}", base64(&output.stdout, false)))
+    }
+}
+
+/// `bytes` in base64: the standard alphabet with padding when `standard`, else the URL-safe
+/// alphabet without padding (JWTs).
+fn base64(bytes: &[u8], standard: bool) -> String {
+    let alphabet: &[u8; 64] = if standard {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    } else {
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    };
+    let mut text = String::new();
+    for chunk in bytes.chunks(3) {
+        let group = chunk.iter().enumerate().fold(0u32, |group, (at, &byte)| {
+            group | u32::from(byte) << (16 - 8 * at)
+        });
+        for sextet in 0..=chunk.len() {
+            text.push(char::from(alphabet[(group >> (18 - 6 * sextet) & 63) as usize]));
+        }
+        if standard {
+            text.push_str(&"=".repeat(3 - chunk.len()));
+        }
+    }
+    text
+}
+
+/// `text` (a query value) with its `%XX` escapes and `+` decoded.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let escaped = (bytes[at] == b'%')
+            .then(|| bytes.get(at + 1..at + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok());
+        match (bytes[at], escaped) {
+            (_, Some(byte)) => {
+                decoded.push(byte);
+                at += 3;
+            }
+            (b'+', None) => {
+                decoded.push(b' ');
+                at += 1;
+            }
+            (byte, None) => {
+                decoded.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
 }
 
 /// One content-addressed blob of an image: what an OCI descriptor says of it.
@@ -794,5 +1144,37 @@ impl Drop for Containerd {
                 unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_pads_only_the_standard_alphabet() {
+        let cases: [(&[u8], &str, &str); 4] = [
+            (b"", "", ""),
+            (b"f", "Zg==", "Zg"),
+            (b"fo\xfb", "Zm/7", "Zm_7"),
+            (
+                b"larder:s3cret-pass!",
+                "bGFyZGVyOnMzY3JldC1wYXNzIQ==",
+                "bGFyZGVyOnMzY3JldC1wYXNzIQ",
+            ),
+        ];
+        for (bytes, standard, url) in cases {
+            assert_eq!(base64(bytes, true), standard);
+            assert_eq!(base64(bytes, false), url);
+        }
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded() {
+        assert_eq!(
+            percent_decoded("repository%3Alarder%2Ftest%3Apull%2Cpush"),
+            "repository:larder/test:pull,push"
+        );
+        assert_eq!(percent_decoded("a+b%2"), "a b%2");
     }
 }

@@ -3,6 +3,9 @@
 //! a tampered layer or a registry with credentials behaves as the mirror's tests rely on.
 
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
 
 use larder_tests::oci::{
     Containerd, Registry, TestImage, hosts_dir, http_status, is_blob_get, push, write_auth_file,
@@ -39,6 +42,29 @@ fn assert_ok(output: &std::process::Output, what: &str, containerd: &Containerd)
         String::from_utf8_lossy(&output.stderr),
         containerd.log_tail(10)
     );
+}
+
+/// `GET path` on the HTTP server at `address`, with `authorization` if given: the status and
+/// the head of the answer (status line and headers), lowercased.
+fn head_of_get(address: &str, path: &str, authorization: Option<&str>) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n");
+    if let Some(authorization) = authorization {
+        request.push_str(&format!("authorization: {authorization}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).expect("read");
+    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let head = text
+        .split_once("\r\n\r\n")
+        .map_or(text.as_str(), |(head, _)| head);
+    (status, head.to_owned())
 }
 
 /// How many committed snapshots (unpacked layers) containerd holds.
@@ -186,4 +212,59 @@ fn a_registry_with_htpasswd_serves_only_its_user() {
         containerd.content_digests().expect("content"),
         pulled(&image, "linux/amd64")
     );
+}
+
+#[test]
+fn a_registry_with_token_auth_serves_skopeo_and_containerd_with_tokens_of_its_server() {
+    let image = TestImage::write(3, 1 << 20).expect("test image");
+    let registry = Registry::start_with_token_auth(None).expect("registry");
+    let (status, head) = head_of_get(registry.address(), "/v2/", None);
+    assert_eq!(status, 401, "{head}");
+    assert!(
+        head.contains("www-authenticate: bearer realm=\"http://127.0.0.1:"),
+        "{head}"
+    );
+    let (status, head) = head_of_get(registry.address(), "/v2/", Some("Bearer not.a.token"));
+    assert_eq!(status, 401, "a forged token was taken: {head}");
+
+    push(image.path(), registry.address(), "larder/test:v1", None).expect("push");
+    let pushed = registry.tokens_issued();
+    assert!(!pushed.is_empty(), "skopeo pushed without a token");
+    let (status, head) = head_of_get(registry.address(), "/v2/", Some(&format!("Bearer {}", pushed[0])));
+    assert_eq!(status, 200, "the server's token was refused: {head}");
+
+    let containerd = Containerd::start().expect("containerd");
+    let reference = format!("{}/larder/test:v1", registry.address());
+    let pull = containerd
+        .pull(&reference, None, Some("linux/amd64"))
+        .expect("ctr");
+    assert_ok(&pull, "pull from the registry", &containerd);
+    assert_eq!(
+        containerd.image_digest(&reference).expect("image"),
+        image.index.digest
+    );
+    assert_eq!(
+        containerd.content_digests().expect("content"),
+        pulled(&image, "linux/amd64")
+    );
+    assert!(
+        registry.tokens_issued().len() > pushed.len(),
+        "containerd pulled without a token"
+    );
+
+    // A token server of one user: no token, so no push, without its credentials.
+    let registry = Registry::start_with_token_auth(Some(("larder", "s3cret-pass"))).expect("registry");
+    for credentials in [None, Some(("larder", "wrong-pass"))] {
+        let refused = push(image.path(), registry.address(), "larder/test:v1", credentials)
+            .expect_err("a push without the credentials");
+        assert!(format!("{refused:#}").contains("unauthorized"), "{refused:#}");
+    }
+    assert!(registry.tokens_issued().is_empty());
+    push(
+        image.path(),
+        registry.address(),
+        "larder/test:v1",
+        Some(("larder", "s3cret-pass")),
+    )
+    .expect("push with the credentials");
 }
