@@ -4,7 +4,8 @@
 //! The registry is Debian's `docker-registry` on loopback, behind the recording proxy, which
 //! counts the blob bytes the registry sends; containerd is started for the run on its own
 //! socket. Each round:
-//! - **direct**: containerd pulls from the registry itself (the limit);
+//! - **direct**: containerd pulls from the registry itself, not through the proxy (the
+//!   reference; its blob bytes are the platform's blobs by definition);
 //! - **cold**: a daemon on a fresh cache dir, containerd pulls through it;
 //! - **warm**: containerd's store emptied, the same daemon restarted, pulled again;
 //! - **pre-pulled**: a daemon on a fresh cache dir runs `larder prefetch --wait image:...`
@@ -62,8 +63,9 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
     let blob_bytes = wanted.layer_bytes() + wanted.config.size;
     let reference = format!("{HOST}/{REPO_TAG}");
 
+    // The direct pull goes to the registry itself: the recording proxy would slow it.
     let direct_hosts = work.path().join("hosts-direct");
-    hosts_dir(&direct_hosts, HOST, &proxy.endpoint(), &proxy.endpoint())?;
+    hosts_dir(&direct_hosts, HOST, &registry.url(), &registry.url())?;
     let mut rows: Vec<(&str, Row)> = ["direct", "cold", "warm", "pre-pulled"]
         .into_iter()
         .map(|name| (name, Row::default()))
