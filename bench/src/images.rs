@@ -83,10 +83,12 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
                 bail!("pull failed: {}", String::from_utf8_lossy(&output.stderr));
             }
             rows[row].1.seconds.push(took);
-            rows[row]
-                .1
-                .upstream_bytes
-                .push(proxy.body_bytes_of(is_blob_get) - before);
+            // The direct pull bypasses the proxy: it takes every blob from the registry.
+            let sent = match row {
+                0 => blob_bytes,
+                _ => proxy.body_bytes_of(is_blob_get) - before,
+            };
+            rows[row].1.upstream_bytes.push(sent);
             Ok(())
         };
         pull(&direct_hosts, 0)?;

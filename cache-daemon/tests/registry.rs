@@ -500,3 +500,50 @@ fn an_upstream_with_token_auth_is_pulled_through_the_bearer_flow() {
         assert!(!logged.contains("s3cret-pass") && !logged.contains("bGFyZGVyOnMzY3JldC1wYXNz"));
     }
 }
+
+/// An upstream that says every manifest is 5 MiB, over the 4 MiB any registry stores: a fake
+/// around the real daemon, answering `HEAD` (all the mirror asks before it refuses) and `GET`.
+fn oversize_upstream() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let size = 5 << 20;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/vnd.oci.image.manifest.v1+json\r\n\
+                 docker-content-digest: sha256:{}\r\ncontent-length: {size}\r\nconnection: close\r\n\r\n",
+                "1".repeat(64)
+            );
+            let _ = stream.write_all(answer.as_bytes());
+            if head.starts_with(b"GET") {
+                let _ = stream.write_all(&vec![b' '; size]);
+            }
+        }
+    });
+    format!("http://{address}")
+}
+
+#[test]
+fn an_oversize_manifest_is_refused_and_the_mirror_keeps_serving() {
+    let image = TestImage::write(16, 1 << 20).expect("image");
+    let huge = format!("huge.test={}", oversize_upstream());
+    let mirror = Mirror::start(&image, None, &["--registry-upstream", &huge]);
+    let (status, body) = get(&mirror.address, "/v2/big/manifests/v1?ns=huge.test", &[]);
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body.contains("MANIFEST_INVALID") && body.contains("larger than"),
+        "{body}"
+    );
+    let (status, body) = get(
+        &mirror.address,
+        &format!("/v2/larder/test/manifests/v1?ns={HOST}"),
+        &[],
+    );
+    assert_eq!(status, 200, "{body}");
+}
