@@ -49,6 +49,10 @@ use crate::stats::{Stats, add};
 /// The names of the upstreams' origins begin so: `registry:nvcr.io`.
 pub const ORIGIN_PREFIX: &str = "registry:";
 
+/// Verified objects whose block hashes are kept (32 bytes a block); past it they are forgotten
+/// all at once and hashed again when next asked for.
+const VERIFIED_KEPT: usize = 16384;
+
 /// Origin parts of one blob filled at once when it is verified.
 const PARTS_AT_ONCE: usize = 4;
 
@@ -441,7 +445,12 @@ impl Mirror {
             let (sha256, hashes) = self.hash(object, &digest).await?;
             if sha256.as_slice() == hex::decode(digest.hex()).unwrap_or_default().as_slice() {
                 let hashes: Verified = hashes.into();
-                self.verified.lock().insert(object.id(), hashes.clone());
+                let mut verified = self.verified.lock();
+                // Bounded: past it, content is hashed again when next asked for.
+                if verified.len() >= VERIFIED_KEPT {
+                    verified.clear();
+                }
+                verified.insert(object.id(), hashes.clone());
                 return Ok(hashes);
             }
             add(&self.stats.registry_digest_mismatches, 1);
