@@ -300,6 +300,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         s.registry_sent_bytes,
     );
     out.counter(
+        "larder_registry_digest_checks_total",
+        "Checks of manifests and blobs against their digest: a SHA-256 pass over the content read from the cache. Content checked before a restart is not checked again while its blocks hash as they did.",
+        s.registry_digest_checks,
+    );
+    out.counter(
         "larder_registry_digest_mismatches_total",
         "Manifests and blobs whose upstream bytes did not match their digest: dropped from the cache, never served.",
         s.registry_digest_mismatches,
@@ -603,7 +608,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 36);
+        assert_eq!(families.len(), 37);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

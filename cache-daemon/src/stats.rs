@@ -137,6 +137,8 @@ counters! {
     registry_refused,
     /// Bytes of verified manifests and blobs the registry mirror sent.
     registry_sent_bytes,
+    /// Checks of content against its digest (a SHA-256 pass over it, read from the cache).
+    registry_digest_checks,
     /// Content whose upstream bytes did not match its digest (dropped, fetched again).
     registry_digest_mismatches,
     /// Tags served as last resolved because their upstream could not be reached.

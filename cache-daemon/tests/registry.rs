@@ -263,6 +263,8 @@ fn containerd_pulls_through_the_mirror_once_from_upstream_even_after_a_restart_o
         first,
         "a warm pull fetched blobs upstream"
     );
+    // Checked before the restart, and its blocks hash as they did: not hashed again.
+    assert_eq!(mirror.metric("larder_registry_digest_checks_total"), 0.0);
 
     // Pre-pulled: `larder prefetch image:` of the other platform, then its first pull.
     let target = format!("image:{HOST}/{REPO_TAG}");

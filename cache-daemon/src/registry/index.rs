@@ -3,6 +3,10 @@
 //! content by (digest, size), so a blob can be found without its upstream only if its size is
 //! known here; a tag can be served while its upstream is down only from here.
 //!
+//! It also keeps, for content whose digest was checked, the BLAKE3 of each of its blocks as
+//! they were when the check passed: after a restart, content whose blocks still hash to those
+//! (every block sent is checked against them) needs no second SHA-256 pass.
+//!
 //! Kept in one small JSON file in the cache dir (`registry-index.json`), written whole
 //! (a temporary file renamed over it) after each change, read at start; a file that cannot be
 //! read is logged and started over (the content stays cached; only what names it is lost).
@@ -54,6 +58,10 @@ struct Saved {
     format: u32,
     tags: BTreeMap<String, TagEntry>,
     contents: BTreeMap<Digest, ContentEntry>,
+    /// The blocks' BLAKE3 (hex, one after the other) of content whose digest was checked, by
+    /// block size.
+    #[serde(default)]
+    verified: BTreeMap<Digest, (u64, String)>,
 }
 
 /// The mirror's index, shared.
@@ -149,6 +157,42 @@ impl Index {
         }
     }
 
+    /// The blocks' BLAKE3 of `digest`'s content, of blocks of `block_size`, as they were when
+    /// its digest was last checked.
+    pub(crate) fn verified(&self, digest: &Digest, block_size: u64) -> Option<Vec<[u8; 32]>> {
+        let state = self.state.lock();
+        let (size, hex) = state.verified.get(digest)?;
+        if *size != block_size || hex.len() % 64 != 0 {
+            return None;
+        }
+        let mut hashes = vec![[0; 32]; hex.len() / 64];
+        for (hash, text) in hashes.iter_mut().zip(hex.as_bytes().chunks(64)) {
+            hex::decode_to_slice(text, hash).ok()?;
+        }
+        Some(hashes)
+    }
+
+    /// Records that `digest`'s content, in blocks of `block_size`, checked out with `hashes`.
+    pub(crate) async fn record_verified(&self, digest: &Digest, block_size: u64, hashes: &[[u8; 32]]) {
+        {
+            let mut state = self.state.lock();
+            if state.verified.len() >= MAX_CONTENTS {
+                state.verified.clear();
+            }
+            let text: String = hashes.iter().map(hex::encode).collect();
+            state.verified.insert(digest.clone(), (block_size, text));
+        }
+        self.save().await;
+    }
+
+    /// Forgets that `digest`'s content was checked: a block of it no longer hashes as it did.
+    pub(crate) async fn forget_verified(&self, digest: &Digest) {
+        let known = self.state.lock().verified.remove(digest).is_some();
+        if known {
+            self.save().await;
+        }
+    }
+
     /// Writes the index whole: a temporary file, renamed over the last.
     async fn save(&self) {
         let _writing = self.writing.lock().await;
@@ -225,6 +269,14 @@ mod tests {
         assert_eq!(again.tag("r/a:v1").map(|(e, _)| e.digest), Some(digest(1)));
         assert_eq!(again.content(&digest(1)), Some(manifest));
         assert_eq!(again.content(&digest(2)).map(|c| c.size), Some(9));
+        index
+            .record_verified(&digest(2), 4 << 20, &[[7; 32], [8; 32]])
+            .await;
+        let again = Index::open(dir.path());
+        assert_eq!(again.verified(&digest(2), 4 << 20), Some(vec![[7; 32], [8; 32]]));
+        assert_eq!(again.verified(&digest(2), 8 << 20), None, "another block size");
+        again.forget_verified(&digest(2)).await;
+        assert_eq!(Index::open(dir.path()).verified(&digest(2), 4 << 20), None);
         std::fs::write(dir.path().join(INDEX_FILE), b"{not json").unwrap();
         let fresh = Index::open(dir.path());
         assert!(fresh.tag("r/a:v1").is_none());

@@ -391,6 +391,17 @@ impl Mirror {
         if let Some(hashes) = self.verified.lock().get(&id) {
             return Ok(hashes.clone());
         }
+        // Checked before a restart: its blocks are sent only if they still hash as they did.
+        let block_size = self.cache.store().block_size();
+        let blocks = object.version().size.div_ceil(block_size) as usize;
+        if let Some(digest) = digest_of(object)
+            && let Some(hashes) = self.index.verified(&digest, block_size)
+            && hashes.len() == blocks
+        {
+            let hashes: Verified = hashes.into();
+            self.verified.lock().insert(id, hashes.clone());
+            return Ok(hashes);
+        }
         let check = {
             let mut checks = self.checks.lock();
             checks
@@ -442,15 +453,20 @@ impl Mirror {
             if let Some(source) = failed.into_inner() {
                 return Err(MirrorError::Fill { digest, source });
             }
+            add(&self.stats.registry_digest_checks, 1);
             let (sha256, hashes) = self.hash(object, &digest).await?;
             if sha256.as_slice() == hex::decode(digest.hex()).unwrap_or_default().as_slice() {
                 let hashes: Verified = hashes.into();
-                let mut verified = self.verified.lock();
-                // Bounded: past it, content is hashed again when next asked for.
-                if verified.len() >= VERIFIED_KEPT {
-                    verified.clear();
+                {
+                    let mut verified = self.verified.lock();
+                    // Bounded: past it, content is hashed again when next asked for.
+                    if verified.len() >= VERIFIED_KEPT {
+                        verified.clear();
+                    }
+                    verified.insert(object.id(), hashes.clone());
                 }
-                verified.insert(object.id(), hashes.clone());
+                let block_size = self.cache.store().block_size();
+                self.index.record_verified(&digest, block_size, &hashes).await;
                 return Ok(hashes);
             }
             add(&self.stats.registry_digest_mismatches, 1);
@@ -510,12 +526,17 @@ impl Mirror {
         if hashes.get(index as usize) == Some(blake3::hash(&bytes).as_bytes()) {
             return Some(bytes);
         }
-        // Refetched since it was verified, and not the same bytes: check it all again next time.
+        // Refetched since it was verified, and not the same bytes: dropped, and the content
+        // fetched and checked again next time.
         self.verified.lock().remove(&object.id());
+        if let Some(digest) = digest_of(object) {
+            self.index.forget_verified(&digest).await;
+        }
+        self.cache.store().drop_object(object.id()).await;
         tracing::warn!(
             key = %object.version().key,
             index,
-            "a block of verified content changed in the cache: the answer is cut, the content checked again"
+            "a block of verified content changed in the cache: the answer is cut, the content dropped and checked again"
         );
         None
     }
