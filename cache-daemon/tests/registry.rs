@@ -12,7 +12,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use larder_tests::daemon::DaemonProcess;
-use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, is_blob_get, push, write_auth_file};
+use larder_tests::oci::{
+    Containerd, Registry, TestImage, hosts_dir, http_get, is_blob_get, push, write_auth_file,
+};
 use larder_tests::rack::free_port;
 use larder_tests::{Bucket, Fault, RecordingProxy, S3Server};
 
@@ -151,6 +153,15 @@ impl Mirror {
         hosts
     }
 
+    /// A hosts dir whose registry fallback cannot be reached: containerd pulls through the
+    /// mirror or not at all, never around it.
+    fn mirror_only_hosts_dir(&self) -> PathBuf {
+        let hosts = self.hosts_dir();
+        let mirror = format!("http://{}", self.address);
+        hosts_dir(&hosts, HOST, &mirror, "http://127.0.0.1:1").expect("hosts");
+        hosts
+    }
+
     /// Bytes of blobs the upstream has sent so far.
     fn upstream_blob_bytes(&self) -> u64 {
         self.proxy.body_bytes_of(is_blob_get)
@@ -158,7 +169,7 @@ impl Mirror {
 
     /// The value of `series` in the daemon's metrics; 0 if absent.
     fn metric(&self, series: &str) -> f64 {
-        let (_, body) = get(&self.metrics, "/metrics", &[]);
+        let (_, body) = get(&self.metrics, "/metrics");
         body.lines()
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
             .map_or(0.0, |v| v.parse().expect("number"))
@@ -169,26 +180,9 @@ impl Mirror {
     }
 }
 
-/// `GET path` on `address` with `headers`: the status and the body as text.
-fn get(address: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n");
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("write");
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).expect("read");
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+/// `GET path` on `address`: the status and the body as text.
+fn get(address: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = http_get(address, path, &[]).expect("GET");
     (status, body)
 }
 
@@ -200,13 +194,6 @@ fn assert_ok(output: &Output, what: &str) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-}
-
-/// What a pull of `platform` puts in the content store: the index and that platform's blobs.
-fn pulled(image: &TestImage, platform: &str) -> BTreeSet<String> {
-    let mut digests = image.image(platform).expect("platform").digests();
-    digests.insert(image.index.digest.clone());
-    digests
 }
 
 /// Pulls `platform` of the image through `hosts` and checks every digest.
@@ -227,7 +214,7 @@ fn pull_and_check(containerd: &Containerd, hosts: &Path, image: &TestImage, plat
     );
     assert_eq!(
         containerd.content_digests().expect("content"),
-        pulled(image, platform)
+        image.pulled(platform).expect("platform")
     );
 }
 
@@ -288,15 +275,7 @@ fn containerd_pulls_through_the_mirror_once_from_upstream_even_after_a_restart_o
 fn a_tampering_upstream_gets_no_bad_byte_to_containerd_or_into_the_cache() {
     let image = TestImage::write(12, 8 << 20).expect("image");
     let mirror = Mirror::start(&image, None, &[]);
-    let hosts = mirror.hosts_dir();
-    // Containerd must not go around the mirror to the (tampering) upstream itself.
-    hosts_dir(
-        &hosts,
-        HOST,
-        &format!("http://{}", mirror.address),
-        "http://127.0.0.1:1",
-    )
-    .expect("hosts");
+    let hosts = mirror.mirror_only_hosts_dir();
     let containerd = Containerd::start().expect("containerd");
     let reference = format!("{HOST}/{REPO_TAG}");
     let layers: BTreeSet<String> = image.images[0]
@@ -321,7 +300,6 @@ fn a_tampering_upstream_gets_no_bad_byte_to_containerd_or_into_the_cache() {
     let (status, body) = get(
         &mirror.address,
         &format!("/v2/{}/blobs/{layer}?ns={HOST}", "larder/test"),
-        &[],
     );
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("DIGEST_INVALID"), "{body}");
@@ -343,14 +321,7 @@ fn with_the_upstream_down_cached_images_pull_and_the_rest_fail_at_once_in_the_re
     let image = TestImage::write(13, 8 << 20).expect("image");
     // Every tag is resolved upstream again: the stale answer is what serves it.
     let mirror = Mirror::start(&image, None, &["--registry-tag-ttl", "0s"]);
-    let hosts = mirror.hosts_dir();
-    hosts_dir(
-        &hosts,
-        HOST,
-        &format!("http://{}", mirror.address),
-        "http://127.0.0.1:1",
-    )
-    .expect("hosts");
+    let hosts = mirror.mirror_only_hosts_dir();
     let containerd = Containerd::start().expect("containerd");
     pull_and_check(&containerd, &hosts, &image, "linux/amd64");
 
@@ -375,7 +346,7 @@ fn with_the_upstream_down_cached_images_pull_and_the_rest_fail_at_once_in_the_re
         (format!("/v2/larder/test/manifests/v2?ns={HOST}"), "UNAVAILABLE"),
     ] {
         let started = Instant::now();
-        let (status, body) = get(&mirror.address, &path, &[]);
+        let (status, body) = get(&mirror.address, &path);
         assert_eq!(status, 503, "{path}: {body}");
         let errors: serde_json::Value = serde_json::from_str(&body).expect("registry error JSON");
         assert_eq!(errors["errors"][0]["code"], code, "{body}");
@@ -407,7 +378,7 @@ fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_o
         (format!("/v2/a/blobs/sha512:00?ns={HOST}"), 400, "DIGEST_INVALID"),
         ("/v2/a/tags/list".to_owned(), 404, "NOT_FOUND"),
     ] {
-        let (got, body) = get(&mirror.address, &path, &[]);
+        let (got, body) = get(&mirror.address, &path);
         assert_eq!(got, status, "{path}: {body}");
         assert!(body.contains(code), "{path}: {body}");
     }
@@ -457,7 +428,7 @@ fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_o
         "the upstream sent {fetched} bytes for one blob of {}",
         layer.size
     );
-    let (status, _) = get(&mirror.address, &path, &[]);
+    let (status, _) = get(&mirror.address, &path);
     assert_eq!(status, 200, "the mirror stopped serving");
 }
 
@@ -478,15 +449,7 @@ fn an_upstream_with_token_auth_is_pulled_through_the_bearer_flow() {
     // Tokens for anyone, then only for the user of the daemon's credentials file.
     for credentials in [None, Some(("larder", "s3cret-pass"))] {
         let mirror = Mirror::start_with_token_auth(&image, credentials);
-        let hosts = mirror.hosts_dir();
-        // Containerd must not go around the mirror to the registry itself.
-        hosts_dir(
-            &hosts,
-            HOST,
-            &format!("http://{}", mirror.address),
-            "http://127.0.0.1:1",
-        )
-        .expect("hosts");
+        let hosts = mirror.mirror_only_hosts_dir();
         let containerd = Containerd::start().expect("containerd");
         let before = mirror.registry.tokens_issued().len();
         pull_and_check(&containerd, &hosts, &image, "linux/amd64");
@@ -536,7 +499,7 @@ fn an_oversize_manifest_is_refused_and_the_mirror_keeps_serving() {
     let image = TestImage::write(16, 1 << 20).expect("image");
     let huge = format!("huge.test={}", oversize_upstream());
     let mirror = Mirror::start(&image, None, &["--registry-upstream", &huge]);
-    let (status, body) = get(&mirror.address, "/v2/big/manifests/v1?ns=huge.test", &[]);
+    let (status, body) = get(&mirror.address, "/v2/big/manifests/v1?ns=huge.test");
     assert_eq!(status, 502, "{body}");
     assert!(
         body.contains("MANIFEST_INVALID") && body.contains("larger than"),
@@ -545,7 +508,6 @@ fn an_oversize_manifest_is_refused_and_the_mirror_keeps_serving() {
     let (status, body) = get(
         &mirror.address,
         &format!("/v2/larder/test/manifests/v1?ns={HOST}"),
-        &[],
     );
     assert_eq!(status, 200, "{body}");
 }

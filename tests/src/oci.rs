@@ -146,18 +146,33 @@ fn tail(path: &Path, lines: usize) -> String {
 
 /// The status code of `GET path` on the HTTP server at `address`, asked without credentials.
 pub fn http_status(address: &str, path: &str) -> std::io::Result<u16> {
+    http_get(address, path, &[]).map(|(status, _, _)| status)
+}
+
+/// `GET path` on the HTTP server at `address` with `headers`, on a connection of its own: the
+/// status code, the head (status line and headers) and the body, as text.
+pub fn http_get(
+    address: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<(u16, String, String)> {
     let mut stream = TcpStream::connect(address)?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut head = [0; 12];
-    stream.read_exact(&mut head)?;
-    std::str::from_utf8(&head[9..12])
-        .ok()
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .get(9..12)
         .and_then(|code| code.parse().ok())
-        .ok_or_else(|| std::io::Error::other("not an HTTP status line"))
+        .ok_or_else(|| std::io::Error::other("not an HTTP status line"))?;
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Ok((status, head.to_owned(), body.to_owned()))
 }
 
 /// How a [`Registry`] checks who asks.
@@ -761,6 +776,14 @@ impl TestImage {
             .iter()
             .find(|image| image.platform == platform)
             .with_context(|| format!("the test image has no {platform} image"))
+    }
+
+    /// What a pull of `platform` puts in a content store: the index and that platform's
+    /// manifest, config and layers.
+    pub fn pulled(&self, platform: &str) -> anyhow::Result<BTreeSet<String>> {
+        let mut digests = self.image(platform)?.digests();
+        digests.insert(self.index.digest.clone());
+        Ok(digests)
     }
 
     /// The digests of every blob: the index and each platform's manifest, config and layers.

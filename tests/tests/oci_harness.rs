@@ -3,12 +3,9 @@
 //! a tampered layer or a registry with credentials behaves as the mirror's tests rely on.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
 use larder_tests::oci::{
-    Containerd, Registry, TestImage, hosts_dir, http_status, is_blob_get, push, write_auth_file,
+    Containerd, Registry, TestImage, hosts_dir, http_get, http_status, is_blob_get, push, write_auth_file,
 };
 use larder_tests::{Bucket, Fault, RecordingProxy};
 
@@ -24,14 +21,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// What a pull of `platform` of `image` puts in the content store: the index and that
-/// platform's manifest, config and layers.
-fn pulled(image: &TestImage, platform: &str) -> BTreeSet<String> {
-    let mut digests = image.image(platform).expect("platform").digests();
-    digests.insert(image.index.digest.clone());
-    digests
-}
-
 /// Asserts that `output` (of a `ctr` command) succeeded.
 fn assert_ok(output: &std::process::Output, what: &str, containerd: &Containerd) {
     assert!(
@@ -44,27 +33,12 @@ fn assert_ok(output: &std::process::Output, what: &str, containerd: &Containerd)
     );
 }
 
-/// `GET path` on the HTTP server at `address`, with `authorization` if given: the status and
-/// the head of the answer (status line and headers), lowercased.
+/// The status and the lower-cased head of `GET path` on `address`, with `authorization` if
+/// given.
 fn head_of_get(address: &str, path: &str, authorization: Option<&str>) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let mut request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n");
-    if let Some(authorization) = authorization {
-        request.push_str(&format!("authorization: {authorization}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("write");
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).expect("read");
-    let text = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let head = text
-        .split_once("\r\n\r\n")
-        .map_or(text.as_str(), |(head, _)| head);
-    (status, head.to_owned())
+    let headers: Vec<(&str, &str)> = authorization.map(|a| ("authorization", a)).into_iter().collect();
+    let (status, head, _) = http_get(address, path, &headers).expect("GET");
+    (status, head.to_ascii_lowercase())
 }
 
 /// How many committed snapshots (unpacked layers) containerd holds.
@@ -106,7 +80,7 @@ fn containerd_pulls_the_test_image_through_the_proxy_with_every_digest_intact() 
         );
         assert_eq!(
             containerd.content_digests().expect("content"),
-            pulled(&image, platform)
+            image.pulled(platform).expect("platform")
         );
         let wanted = image.image(platform).expect("platform");
         // Unpacked: one committed snapshot per layer, so each layer is a tar containerd reads.
@@ -151,7 +125,7 @@ fn containerd_pulls_the_test_image_through_the_proxy_with_every_digest_intact() 
     assert_eq!(proxy.body_bytes(), before.1);
     assert_eq!(
         containerd.content_digests().expect("content"),
-        pulled(&image, "linux/amd64")
+        image.pulled("linux/amd64").expect("platform")
     );
 }
 
@@ -210,7 +184,7 @@ fn a_registry_with_htpasswd_serves_only_its_user() {
     );
     assert_eq!(
         containerd.content_digests().expect("content"),
-        pulled(&image, "linux/amd64")
+        image.pulled("linux/amd64").expect("platform")
     );
 }
 
@@ -245,7 +219,7 @@ fn a_registry_with_token_auth_serves_skopeo_and_containerd_with_tokens_of_its_se
     );
     assert_eq!(
         containerd.content_digests().expect("content"),
-        pulled(&image, "linux/amd64")
+        image.pulled("linux/amd64").expect("platform")
     );
     assert!(
         registry.tokens_issued().len() > pushed.len(),

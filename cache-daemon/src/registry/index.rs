@@ -3,9 +3,10 @@
 //! content by (digest, size), so a blob can be found without its upstream only if its size is
 //! known here; a tag can be served while its upstream is down only from here.
 //!
-//! It also keeps, for content whose digest was checked, the BLAKE3 of each of its blocks as
-//! they were when the check passed: after a restart, content whose blocks still hash to those
-//! (every block sent is checked against them) needs no second SHA-256 pass.
+//! It also keeps, for content whose digest was checked, one BLAKE3 over its blocks' BLAKE3 as
+//! they were when the check passed (32 bytes, whatever the content's size): after a restart,
+//! content whose blocks the store still records with those hashes (every block sent is
+//! checked against them) needs no second SHA-256 pass.
 //!
 //! Kept in one small JSON file in the cache dir (`registry-index.json`), written whole
 //! (a temporary file renamed over it) after each change, read at start; a file that cannot be
@@ -58,8 +59,8 @@ struct Saved {
     format: u32,
     tags: BTreeMap<String, TagEntry>,
     contents: BTreeMap<Digest, ContentEntry>,
-    /// The blocks' BLAKE3 (hex, one after the other) of content whose digest was checked, by
-    /// block size.
+    /// The block size and the [`fingerprint`] of the blocks of content whose digest was
+    /// checked.
     #[serde(default)]
     verified: BTreeMap<Digest, (u64, String)>,
 }
@@ -142,13 +143,16 @@ impl Index {
         self.save().await;
     }
 
-    /// Records what `digest`'s content is; written only when it is new.
-    pub(crate) async fn learned(&self, digest: &Digest, content: ContentEntry) {
+    /// Records what each digest's content is; the file is written once, and only if one is new.
+    pub(crate) async fn learned(&self, contents: impl IntoIterator<Item = (Digest, ContentEntry)>) {
         let new = {
             let mut state = self.state.lock();
-            let new = state.contents.get(digest) != Some(&content);
-            if new {
-                insert_content(&mut state, digest, content);
+            let mut new = false;
+            for (digest, content) in contents {
+                if state.contents.get(&digest) != Some(&content) {
+                    insert_content(&mut state, &digest, content);
+                    new = true;
+                }
             }
             new
         };
@@ -157,19 +161,13 @@ impl Index {
         }
     }
 
-    /// The blocks' BLAKE3 of `digest`'s content, of blocks of `block_size`, as they were when
-    /// its digest was last checked.
-    pub(crate) fn verified(&self, digest: &Digest, block_size: u64) -> Option<Vec<[u8; 32]>> {
+    /// Whether `digest`'s content, in blocks of `block_size` hashing to `hashes`, is as it
+    /// was when its digest was last checked.
+    pub(crate) fn verified(&self, digest: &Digest, block_size: u64, hashes: &[[u8; 32]]) -> bool {
         let state = self.state.lock();
-        let (size, hex) = state.verified.get(digest)?;
-        if *size != block_size || hex.len() % 64 != 0 {
-            return None;
-        }
-        let mut hashes = vec![[0; 32]; hex.len() / 64];
-        for (hash, text) in hashes.iter_mut().zip(hex.as_bytes().chunks(64)) {
-            hex::decode_to_slice(text, hash).ok()?;
-        }
-        Some(hashes)
+        state.verified.get(digest).is_some_and(|(size, recorded)| {
+            *size == block_size && *recorded == hex::encode(fingerprint(hashes))
+        })
     }
 
     /// Records that `digest`'s content, in blocks of `block_size`, checked out with `hashes`.
@@ -179,8 +177,8 @@ impl Index {
             if state.verified.len() >= MAX_CONTENTS {
                 state.verified.clear();
             }
-            let text: String = hashes.iter().map(hex::encode).collect();
-            state.verified.insert(digest.clone(), (block_size, text));
+            let recorded = (block_size, hex::encode(fingerprint(hashes)));
+            state.verified.insert(digest.clone(), recorded);
         }
         self.save().await;
     }
@@ -221,6 +219,15 @@ impl Index {
     }
 }
 
+/// One BLAKE3 over the blocks' BLAKE3, in order.
+fn fingerprint(hashes: &[[u8; 32]]) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new();
+    for hash in hashes {
+        hasher.update(hash);
+    }
+    *hasher.finalize().as_bytes()
+}
+
 /// Adds `digest` to the contents, forgetting others past the bound: first those no tag names.
 fn insert_content(state: &mut Saved, digest: &Digest, content: ContentEntry) {
     state.contents.insert(digest.clone(), content);
@@ -256,27 +263,29 @@ mod tests {
             media_type: Some("application/vnd.oci.image.index.v1+json".into()),
         };
         index.resolved("r/a:v1", &digest(1), manifest.clone()).await;
-        index
-            .learned(
-                &digest(2),
-                ContentEntry {
-                    size: 9,
-                    media_type: None,
-                },
-            )
-            .await;
+        let blob = ContentEntry {
+            size: 9,
+            media_type: None,
+        };
+        index.learned([(digest(2), blob)]).await;
         let again = Index::open(dir.path());
         assert_eq!(again.tag("r/a:v1").map(|(e, _)| e.digest), Some(digest(1)));
         assert_eq!(again.content(&digest(1)), Some(manifest));
         assert_eq!(again.content(&digest(2)).map(|c| c.size), Some(9));
-        index
-            .record_verified(&digest(2), 4 << 20, &[[7; 32], [8; 32]])
-            .await;
+        let blocks = [[7; 32], [8; 32]];
+        index.record_verified(&digest(2), 4 << 20, &blocks).await;
         let again = Index::open(dir.path());
-        assert_eq!(again.verified(&digest(2), 4 << 20), Some(vec![[7; 32], [8; 32]]));
-        assert_eq!(again.verified(&digest(2), 8 << 20), None, "another block size");
+        assert!(again.verified(&digest(2), 4 << 20, &blocks));
+        assert!(
+            !again.verified(&digest(2), 4 << 20, &[[7; 32], [9; 32]]),
+            "another block"
+        );
+        assert!(
+            !again.verified(&digest(2), 8 << 20, &blocks),
+            "another block size"
+        );
         again.forget_verified(&digest(2)).await;
-        assert_eq!(Index::open(dir.path()).verified(&digest(2), 4 << 20), None);
+        assert!(!Index::open(dir.path()).verified(&digest(2), 4 << 20, &blocks));
         std::fs::write(dir.path().join(INDEX_FILE), b"{not json").unwrap();
         let fresh = Index::open(dir.path());
         assert!(fresh.tag("r/a:v1").is_none());

@@ -136,17 +136,6 @@ struct DockerAuth {
     auth: Option<String>,
 }
 
-/// The content a manifest request resolved to.
-#[derive(Debug, Clone)]
-pub(crate) struct Resolved {
-    /// Its digest.
-    pub(crate) digest: Digest,
-    /// Its media type.
-    pub(crate) media_type: String,
-    /// Its size.
-    pub(crate) size: u64,
-}
-
 impl Mirror {
     /// The mirror of `config`'s upstreams over `cache`, with its index in `cache_dir`.
     pub fn new(
@@ -248,7 +237,7 @@ impl Mirror {
         name: &str,
         reference: &Reference,
         indexes: bool,
-    ) -> Result<Resolved, MirrorError> {
+    ) -> Result<Described, MirrorError> {
         let upstream = &registry.upstream;
         let accept = if indexes {
             upstream::MANIFEST_ACCEPT
@@ -262,7 +251,7 @@ impl Mirror {
                     media_type: Some(media_type),
                 }) = self.index.content(digest)
                 {
-                    return Ok(Resolved {
+                    return Ok(Described {
                         digest: digest.clone(),
                         media_type,
                         size,
@@ -288,7 +277,7 @@ impl Mirror {
             && *age < self.tag_ttl
             && let Some(media_type) = &content.media_type
         {
-            return Ok(Resolved {
+            return Ok(Described {
                 digest: digest.clone(),
                 media_type: media_type.clone(),
                 size: content.size,
@@ -301,11 +290,7 @@ impl Mirror {
                     media_type: Some(described.media_type.clone()),
                 };
                 self.index.resolved(&key, &described.digest, content).await;
-                Ok(Resolved {
-                    digest: described.digest,
-                    media_type: described.media_type,
-                    size: described.size,
-                })
+                Ok(described)
             }
             Err(error) if !error.is_not_found() => match last {
                 Some((digest, content, age)) => {
@@ -317,7 +302,7 @@ impl Mirror {
                         %error,
                         "upstream unreachable: serving the tag as last resolved"
                     );
-                    Ok(Resolved {
+                    Ok(Described {
                         digest,
                         media_type: content.media_type.unwrap_or_default(),
                         size: content.size,
@@ -330,17 +315,13 @@ impl Mirror {
     }
 
     /// Records a manifest the upstream described, and gives it as resolved.
-    async fn learned(&self, described: Described) -> Resolved {
+    async fn learned(&self, described: Described) -> Described {
         let content = ContentEntry {
             size: described.size,
             media_type: Some(described.media_type.clone()),
         };
-        self.index.learned(&described.digest, content).await;
-        Resolved {
-            digest: described.digest,
-            media_type: described.media_type,
-            size: described.size,
-        }
+        self.index.learned([(described.digest.clone(), content)]).await;
+        described
     }
 
     /// The size of blob `digest`: as the index knows it, else as the upstream says (`HEAD`).
@@ -353,7 +334,7 @@ impl Mirror {
             size,
             media_type: None,
         };
-        self.index.learned(digest, content).await;
+        self.index.learned([(digest.clone(), content)]).await;
         Ok(size)
     }
 
@@ -391,12 +372,14 @@ impl Mirror {
         if let Some(hashes) = self.verified.lock().get(&id) {
             return Ok(hashes.clone());
         }
-        // Checked before a restart: its blocks are sent only if they still hash as they did.
-        let block_size = self.cache.store().block_size();
-        let blocks = object.version().size.div_ceil(block_size) as usize;
+        // Checked before a restart, and the store holds the very blocks that were checked
+        // (each is checked against its hash again as it is sent).
+        let store = self.cache.store();
+        let block_size = store.block_size();
+        let blocks = object.version().size.div_ceil(block_size) as u32;
         if let Some(digest) = digest_of(object)
-            && let Some(hashes) = self.index.verified(&digest, block_size)
-            && hashes.len() == blocks
+            && let Some(hashes) = store.block_hashes(id, blocks)
+            && self.index.verified(&digest, block_size, &hashes)
         {
             let hashes: Verified = hashes.into();
             self.verified.lock().insert(id, hashes.clone());
@@ -593,31 +576,31 @@ impl Mirror {
                     reason: format!("the index has no manifest for platform {platform}"),
                 })?;
             let size = chosen.size;
-            self.index
-                .learned(
-                    &chosen.digest,
-                    ContentEntry {
-                        size,
-                        media_type: chosen.media_type.clone(),
-                    },
-                )
-                .await;
-            resolved = Resolved {
+            let content = ContentEntry {
+                size,
+                media_type: chosen.media_type.clone(),
+            };
+            self.index.learned([(chosen.digest.clone(), content)]).await;
+            resolved = Described {
                 digest: chosen.digest.clone(),
                 media_type: chosen.media_type.clone().unwrap_or_default(),
                 size,
             };
         };
-        let blobs = manifest.config.iter().chain(manifest.layers.iter());
-        for blob in blobs {
+        let blobs: Vec<&Descriptor> = manifest.config.iter().chain(&manifest.layers).collect();
+        for blob in &blobs {
+            let object = self.object(registry, name, &blob.digest, blob.size, false)?;
+            plan.push((registry.origin.clone(), object.version().clone()));
+        }
+        // Known at once, in one write: a blob is found after a restart by its size.
+        let contents = blobs.iter().map(|blob| {
             let content = ContentEntry {
                 size: blob.size,
                 media_type: None,
             };
-            self.index.learned(&blob.digest, content).await;
-            let object = self.object(registry, name, &blob.digest, blob.size, false)?;
-            plan.push((registry.origin.clone(), object.version().clone()));
-        }
+            (blob.digest.clone(), content)
+        });
+        self.index.learned(contents).await;
         Ok(plan)
     }
 

@@ -92,7 +92,8 @@ impl UpstreamError {
     }
 }
 
-/// A manifest as a registry describes it: what `HEAD /v2/<name>/manifests/<reference>` says.
+/// A manifest as a registry describes it (what `HEAD /v2/<name>/manifests/<reference>` says),
+/// or as the mirror last knew it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Described {
     /// Its digest.

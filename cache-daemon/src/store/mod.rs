@@ -1052,6 +1052,13 @@ impl BlockStore {
         }
     }
 
+    /// The recorded BLAKE3 of blocks `0..count` of object `id`, if every one is present.
+    pub fn block_hashes(&self, id: ObjectId, count: u32) -> Option<Vec<[u8; 32]>> {
+        let state = self.state.lock();
+        let blocks = &state.objects.get(&id)?.blocks;
+        (0..count).map(|index| Some(blocks.get(&index)?.hash)).collect()
+    }
+
     /// Drops every block of object `id` present now: its content failed the digest that
     /// names it. Blocks written after this call stay.
     pub async fn drop_object(&self, id: ObjectId) {
