@@ -22,6 +22,7 @@ pub mod object;
 pub mod origin;
 pub mod peer;
 pub mod prefetch;
+pub mod published;
 pub mod registry;
 pub mod seal;
 pub mod stats;

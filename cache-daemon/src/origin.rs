@@ -18,6 +18,7 @@ use futures::StreamExt;
 use larder_config::{OriginConfig, Redacted, SourceConfig, SourceUrl};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
+use object_store::signer::Signer;
 use object_store::{
     BackoffConfig, ClientConfigKey, GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt,
     ObjectStoreScheme, RetryConfig,
@@ -27,6 +28,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::object::ObjectVersion;
+use crate::published::{Convention, Published, PublishedChecksums};
 use crate::stats::{Stats, add};
 
 /// Why an origin request failed, sorted by what the caller does about it.
@@ -271,6 +273,8 @@ pub struct Origin {
     stats: Arc<Stats>,
     /// Whether the first denied request was logged: later ones only reach the debug log.
     denied_logged: AtomicBool,
+    /// Asks the store for the checksums it publishes (S3 and GCS only).
+    published: Option<PublishedChecksums>,
 }
 
 impl fmt::Debug for Origin {
@@ -344,11 +348,11 @@ impl Origin {
         };
         // The cloud stores also page their listings.
         fn paged<S: ObjectStore + PaginatedListStore>(
-            store: S,
+            store: Arc<S>,
         ) -> (Arc<dyn ObjectStore>, Option<Arc<dyn PaginatedListStore>>) {
-            let store = Arc::new(store);
             (store.clone(), Some(store))
         }
+        let mut published = None;
         let (store, pager) = match scheme {
             ObjectStoreScheme::Local => {
                 let root = url
@@ -360,30 +364,38 @@ impl Origin {
                 );
                 (store, None)
             }
-            ObjectStoreScheme::AmazonS3 => paged(
-                client
-                    .iter()
-                    .fold(object_store::aws::AmazonS3Builder::from_env(), |b, (k, v)| {
-                        b.with_config(object_store::aws::AmazonS3ConfigKey::Client(*k), v)
-                    })
-                    .with_url(url.as_str())
-                    .with_retry(no_retries)
-                    .build()
-                    .map_err(|e| config_error(e.to_string()))?,
-            ),
-            ObjectStoreScheme::GoogleCloudStorage => paged(
-                client
-                    .iter()
-                    .fold(
-                        object_store::gcp::GoogleCloudStorageBuilder::from_env(),
-                        |b, (k, v)| b.with_config(object_store::gcp::GoogleConfigKey::Client(*k), v),
-                    )
-                    .with_url(url.as_str())
-                    .with_retry(no_retries)
-                    .build()
-                    .map_err(|e| config_error(e.to_string()))?,
-            ),
-            ObjectStoreScheme::MicrosoftAzure => paged(
+            ObjectStoreScheme::AmazonS3 => {
+                let s3 = Arc::new(
+                    client
+                        .iter()
+                        .fold(object_store::aws::AmazonS3Builder::from_env(), |b, (k, v)| {
+                            b.with_config(object_store::aws::AmazonS3ConfigKey::Client(*k), v)
+                        })
+                        .with_url(url.as_str())
+                        .with_retry(no_retries)
+                        .build()
+                        .map_err(|e| config_error(e.to_string()))?,
+                );
+                published = Some((s3.clone() as Arc<dyn Signer>, Convention::S3));
+                paged(s3)
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                let gcs = Arc::new(
+                    client
+                        .iter()
+                        .fold(
+                            object_store::gcp::GoogleCloudStorageBuilder::from_env(),
+                            |b, (k, v)| b.with_config(object_store::gcp::GoogleConfigKey::Client(*k), v),
+                        )
+                        .with_url(url.as_str())
+                        .with_retry(no_retries)
+                        .build()
+                        .map_err(|e| config_error(e.to_string()))?,
+                );
+                published = Some((gcs.clone() as Arc<dyn Signer>, Convention::Gcs));
+                paged(gcs)
+            }
+            ObjectStoreScheme::MicrosoftAzure => paged(Arc::new(
                 client
                     .iter()
                     .fold(
@@ -394,7 +406,7 @@ impl Origin {
                     .with_retry(no_retries)
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
-            ),
+            )),
             ObjectStoreScheme::Http => {
                 let mut base = url.clone();
                 base.set_path("");
@@ -426,8 +438,16 @@ impl Origin {
             config,
             stats,
         );
-        Ok(match pager {
+        let origin = match pager {
             Some(pager) => origin.with_pager(pager),
+            None => origin,
+        };
+        Ok(match published {
+            Some((signer, convention)) => {
+                let checksums = PublishedChecksums::new(signer, convention, config.request_timeout)
+                    .map_err(|e| config_error(format!("cannot build an HTTP client: {e}")))?;
+                origin.with_published_checksums(checksums)
+            }
             None => origin,
         })
     }
@@ -458,6 +478,34 @@ impl Origin {
         self
     }
 
+    /// Asks the store for the checksums it publishes through `checksums`.
+    pub fn with_published_checksums(mut self, checksums: PublishedChecksums) -> Self {
+        self.published = Some(checksums);
+        self
+    }
+
+    /// What the store publishes about `version` beyond its ETag (`multipart`: whether the ETag
+    /// is a multipart upload's). Nothing where it publishes nothing or cannot be asked, which
+    /// is logged at debug: the caller falls back to the ETag.
+    pub async fn published(&self, version: &ObjectVersion, multipart: bool) -> Published {
+        let Some(checksums) = &self.published else {
+            return Published::default();
+        };
+        let Ok(location) = self.location(&version.key) else {
+            return Published::default();
+        };
+        match checksums
+            .describe(&location, version.etag.as_deref(), multipart)
+            .await
+        {
+            Ok(published) => published,
+            Err(error) => {
+                tracing::debug!(source = %self.name, key = %version.key, %error, "the store's published checksums could not be had");
+                Published::default()
+            }
+        }
+    }
+
     /// An origin over an already built store; keys are resolved under `prefix`. Tests use this
     /// to put fault-injecting wrappers around real stores.
     pub fn new(
@@ -485,6 +533,7 @@ impl Origin {
             deadline: config.read_deadline,
             stats,
             denied_logged: AtomicBool::new(false),
+            published: None,
         }
     }
 

@@ -36,7 +36,10 @@ mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
 pub use proxy::{Fault, RecordingProxy};
-pub use server::{ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_secret};
+pub use server::{
+    ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_crc64nvme,
+    s3_client_with_secret,
+};
 
 /// Uploads `size` bytes of deterministic content with `seed` at `key`, in parts of 32 MiB,
 /// without holding the whole object in memory.
@@ -67,6 +70,27 @@ pub async fn upload_in_parts(
         offset += len as u64;
     }
     writer.finish().await?;
+    Ok(())
+}
+
+/// Uploads deterministic content with `seed` at `key` in one multipart upload whose parts
+/// have the sizes `parts`, in order.
+pub async fn upload_parts(
+    store: &dyn object_store::ObjectStore,
+    key: &str,
+    seed: u64,
+    parts: &[u64],
+) -> anyhow::Result<()> {
+    use object_store::ObjectStoreExt;
+    let mut upload = store.put_multipart(&object_store::path::Path::from(key)).await?;
+    let mut offset = 0;
+    for &len in parts {
+        upload
+            .put_part(content(seed, offset, len as usize).into())
+            .await?;
+        offset += len;
+    }
+    upload.complete().await?;
     Ok(())
 }
 

@@ -211,6 +211,11 @@ impl Seaweed {
     pub fn client(&self) -> anyhow::Result<std::sync::Arc<object_store::aws::AmazonS3>> {
         crate::s3_client(&self.endpoint, &self.bucket)
     }
+
+    /// A client whose uploads carry a CRC64NVME, kept as the objects' full-object checksum.
+    pub fn crc64nvme_client(&self) -> anyhow::Result<std::sync::Arc<object_store::aws::AmazonS3>> {
+        crate::s3_client_with_crc64nvme(&self.endpoint, &self.bucket)
+    }
 }
 
 impl Drop for Seaweed {

@@ -171,8 +171,23 @@ pub fn s3_client(endpoint: &str, bucket: &str) -> anyhow::Result<Arc<AmazonS3>> 
 
 /// Like [`s3_client`], signing with `secret` (a wrong one gets 403s).
 pub fn s3_client_with_secret(endpoint: &str, bucket: &str, secret: &str) -> anyhow::Result<Arc<AmazonS3>> {
+    Ok(Arc::new(s3_builder(endpoint, bucket, secret).build()?))
+}
+
+/// Like [`s3_client`], sending a CRC64NVME of each upload, which the store keeps as the
+/// object's full-object checksum.
+pub fn s3_client_with_crc64nvme(endpoint: &str, bucket: &str) -> anyhow::Result<Arc<AmazonS3>> {
+    let builder = s3_builder(endpoint, bucket, SECRET_KEY);
+    Ok(Arc::new(
+        builder
+            .with_checksum_algorithm(object_store::aws::Checksum::CRC64NVME)
+            .build()?,
+    ))
+}
+
+fn s3_builder(endpoint: &str, bucket: &str, secret: &str) -> AmazonS3Builder {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = AmazonS3Builder::new()
+    AmazonS3Builder::new()
         .with_endpoint(endpoint)
         .with_allow_http(true)
         .with_bucket_name(bucket)
@@ -184,8 +199,6 @@ pub fn s3_client_with_secret(endpoint: &str, bucket: &str, secret: &str) -> anyh
             max_retries: 0,
             retry_timeout: std::time::Duration::from_secs(30),
         })
-        .build()?;
-    Ok(Arc::new(client))
 }
 
 impl Drop for S3Server {

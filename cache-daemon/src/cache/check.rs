@@ -1,24 +1,33 @@
 //! The origin check, the middle tier of trust in rack peers: when an object version is
 //! complete in the cache and some of its blocks came from rack members (and no sealed manifest
-//! vouched for them), the whole object is checked against the checksum the origin publishes
-//! in its ETag, in the background, one object at a time, reading the blocks from the cache.
+//! vouched for them), the whole object is checked against a checksum the origin publishes,
+//! in the background, one object at a time, reading the blocks from the cache. The first of
+//! these the origin has is used:
 //!
-//! - A single-part upload's ETag is the MD5 of the object (32 hex digits).
-//! - A multipart upload's ETag is the MD5 of its parts' binary MD5s and `-N`, N the number of
-//!   parts. The part sizes are not in the ETag, and object_store cannot ask for them
-//!   (`HEAD ?partNumber=`), so the check tries the part sizes that uploaders use: every part
-//!   but the last of one size, a whole number of MiB, N parts in all; powers of two first,
-//!   then the smallest, at most [`MAX_PART_SIZES`] of them in one pass over the object.
+//! - A full-object CRC (CRC64NVME, CRC32C or CRC32) that S3 keeps when the uploader sent one,
+//!   or GCS's CRC32C (see [`crate::published`]): exact whatever the upload's parts were, and
+//!   cheap to compute.
+//! - A single-part upload's ETag: the MD5 of the object (32 hex digits).
+//! - A multipart upload's ETag: the MD5 of its parts' binary MD5s and `-N`, N the number of
+//!   parts. The part sizes are not in the ETag; S3 gives the first part's size
+//!   (`HEAD ?partNumber=1`), and every part but the last is taken to have it. Where the store
+//!   does not say, the check tries the part sizes that uploaders use: every part but the last
+//!   of one size, a whole number of MiB, N parts in all; powers of two first, then the
+//!   smallest, at most [`MAX_PART_SIZES`] of them in one pass over the object.
 //! - Any other ETag (Azure's, a local file's), or none: nothing to check against; counted
 //!   `unchecked`, and the blocks are kept.
 //!
-//! An ETag that does not match does not yet blame anyone: the part sizes guessed may be wrong,
+//! The object is read back from the cache for the check: the CRC of each block is not kept as
+//! it arrives (and so not combined), since which algorithm the origin used is known only once
+//! it is asked, and blocks replayed from disk would need reading anyway.
+//!
+//! A checksum that does not match does not yet blame anyone: the part sizes may be wrong,
 //! and some ETags of 32 hex digits are not the MD5 (S3 with SSE-KMS or SSE-C). Each block a
 //! member supplied is then fetched from the origin and compared with the cached one; only those
-//! that differ are a mismatch. If none differs, the ETags of that origin (of that shape:
-//! single-part or multipart) are taken as unusable, and its later objects of the shape are not
-//! checked (counted `unchecked`): otherwise every object from a store whose ETags are not the
-//! content's MD5 would cost the origin its members' blocks a second time.
+//! that differ are a mismatch. If none differs, the checksums of that origin (of that kind:
+//! CRC, single-part or multipart ETag) are taken as unusable, and its later objects of the kind
+//! are not checked (counted `unchecked`): otherwise every object from a store whose ETags are
+//! not the content's MD5 would cost the origin its members' blocks a second time.
 //!
 //! A mismatch drops the blocks that differ from the cache (later reads fetch them from
 //! the origin), opens the circuit of every member that supplied one for the longest backoff
@@ -31,7 +40,8 @@
 //! What this tier stops: corruption and bugs, anywhere between the origin and this cache.
 //! What it does not: a member holding the cluster key that lies on purpose can hand wrong
 //! bytes to a reader before the object is complete (only a sealed manifest stops that), and
-//! could, at the cost of an MD5 collision, forge a whole object.
+//! could forge a whole object that gives the same CRC (easy: a CRC is not a cryptographic
+//! hash) or, at the cost of an MD5 collision, the same ETag.
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -42,6 +52,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use super::{Cache, OpenObject};
 use crate::object::ObjectId;
+use crate::published::FullCrc;
 use crate::stats::add;
 use crate::store::{Lookup, PeerBlock};
 
@@ -64,9 +75,9 @@ pub(super) struct OriginChecks {
     /// Objects whose check dropped blocks since they were last opened: the kernel's page cache
     /// of the file may hold their bytes.
     mismatched: Mutex<HashSet<ObjectId>>,
-    /// Origins (by identity URL) and ETag shapes (multipart or not) whose ETags were found not
-    /// to be the content's MD5: objects of theirs are not checked.
-    unusable: Mutex<HashSet<(String, bool)>>,
+    /// Origins (by identity URL) and kinds of checksum found not to be the content's: objects
+    /// of theirs are not checked.
+    unusable: Mutex<HashSet<(String, Kind)>>,
 }
 
 /// Objects with a check queued, and the one whose check runs.
@@ -101,16 +112,39 @@ pub enum OriginCheckError {
     Unfinished,
 }
 
-/// What an object's ETag lets this node check.
+/// What the origin lets this node check an object against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Checksum {
+    /// The whole object's CRC.
+    Crc(FullCrc),
     /// The MD5 of the whole object: a single-part upload.
     Md5([u8; 16]),
-    /// The MD5 of the parts' MD5s, and how many parts: a multipart upload.
-    Multipart { digest: [u8; 16], parts: u32 },
+    /// The MD5 of the parts' MD5s, how many parts, and the first part's size if the origin
+    /// said it: a multipart upload.
+    Multipart {
+        digest: [u8; 16],
+        parts: u32,
+        first_part: Option<u64>,
+    },
+}
+
+/// The kinds of checksum, each found usable or not per origin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Crc,
+    Md5,
+    Multipart,
 }
 
 impl Checksum {
+    fn kind(self) -> Kind {
+        match self {
+            Self::Crc(_) => Kind::Crc,
+            Self::Md5(_) => Kind::Md5,
+            Self::Multipart { .. } => Kind::Multipart,
+        }
+    }
+
     /// The checksum an ETag (quoted or not) carries, if it has a shape this node knows.
     fn of_etag(etag: &str) -> Option<Self> {
         let etag = etag.trim_matches('"');
@@ -127,7 +161,11 @@ impl Checksum {
             None => Some(Self::Md5(digest)),
             Some(parts) if parts.bytes().all(|b| b.is_ascii_digit()) => {
                 let parts = parts.parse().ok().filter(|&n| n > 0)?;
-                Some(Self::Multipart { digest, parts })
+                Some(Self::Multipart {
+                    digest,
+                    parts,
+                    first_part: None,
+                })
             }
             Some(_) => None,
         }
@@ -135,16 +173,19 @@ impl Checksum {
 }
 
 /// The part sizes to try for an object of `size` bytes uploaded in `parts` parts: every part
-/// but the last of one size, a whole number of MiB, the last one not empty. Powers of two
-/// first (the AWS CLI's 8 MiB and its doublings), then the smallest; at most
-/// [`MAX_PART_SIZES`].
-fn part_sizes(size: u64, parts: u32) -> Vec<u64> {
+/// but the last of one size, the last one not empty. The first part's size where the origin
+/// said it and it fits; else whole numbers of MiB, powers of two first (the AWS CLI's 8 MiB and
+/// its doublings), then the smallest; at most [`MAX_PART_SIZES`].
+fn part_sizes(size: u64, parts: u32, first_part: Option<u64>) -> Vec<u64> {
     let parts = u64::from(parts);
     if parts == 1 {
         return vec![size.max(1)];
     }
     // P with (parts - 1) * P < size <= parts * P.
     let (low, high) = (size.div_ceil(parts), size.saturating_sub(1) / (parts - 1));
+    if let Some(first) = first_part.filter(|p| (low..=high).contains(p)) {
+        return vec![first];
+    }
     let mut sizes: Vec<u64> = (low.div_ceil(MIB)..=high / MIB)
         .filter(|&mib| mib > 0)
         .map(|mib| mib * MIB)
@@ -207,6 +248,8 @@ impl PartsMd5 {
 /// Hashers for one checksum, fed the object in order.
 #[derive(Debug, Clone)]
 enum Hashers {
+    /// The CRC being computed, for the checksum it is for.
+    Crc(FullCrc, Box<crc_fast::Digest>),
     Md5(Md5),
     Parts(Vec<PartsMd5>),
 }
@@ -214,15 +257,22 @@ enum Hashers {
 impl Hashers {
     fn new(checksum: Checksum, size: u64) -> Self {
         match checksum {
+            Checksum::Crc(crc) => Self::Crc(crc, Box::new(crc_fast::Digest::new(crc.algorithm().0))),
             Checksum::Md5(_) => Self::Md5(Md5::new()),
-            Checksum::Multipart { parts, .. } => {
-                Self::Parts(part_sizes(size, parts).into_iter().map(PartsMd5::new).collect())
-            }
+            Checksum::Multipart {
+                parts, first_part, ..
+            } => Self::Parts(
+                part_sizes(size, parts, first_part)
+                    .into_iter()
+                    .map(PartsMd5::new)
+                    .collect(),
+            ),
         }
     }
 
     fn update(&mut self, bytes: &[u8]) {
         match self {
+            Self::Crc(_, crc) => crc.update(bytes),
             Self::Md5(md5) => md5.update(bytes),
             Self::Parts(guesses) => guesses.iter_mut().for_each(|g| g.update(bytes)),
         }
@@ -231,8 +281,11 @@ impl Hashers {
     /// Whether the object fed gives `checksum` (for a multipart one, with any part size tried).
     fn matches(self, checksum: Checksum) -> bool {
         match (self, checksum) {
+            (Self::Crc(of, crc), Checksum::Crc(expected)) => {
+                of.name() == expected.name() && crc.finalize() == expected.algorithm().1
+            }
             (Self::Md5(md5), Checksum::Md5(digest)) => <[u8; 16]>::from(md5.finalize()) == digest,
-            (Self::Parts(guesses), Checksum::Multipart { digest, parts }) => {
+            (Self::Parts(guesses), Checksum::Multipart { digest, parts, .. }) => {
                 guesses.into_iter().any(|g| g.finish() == (parts, digest))
             }
             _ => false,
@@ -336,11 +389,19 @@ impl Cache {
             return;
         };
         let key = object.version.key.as_str();
-        let checksum = object.version.etag.as_deref().and_then(Checksum::of_etag);
-        let shape = checksum.map(|c| {
-            let multipart = matches!(c, Checksum::Multipart { .. });
-            (object.origin.identity_url().to_owned(), multipart)
-        });
+        let etag = object.version.etag.as_deref().and_then(Checksum::of_etag);
+        let multipart = matches!(etag, Some(Checksum::Multipart { .. }));
+        let published = object.origin.published(&object.version, multipart).await;
+        let checksum = match (published.crc, etag) {
+            (Some(crc), _) => Some(Checksum::Crc(crc)),
+            (None, Some(Checksum::Multipart { digest, parts, .. })) => Some(Checksum::Multipart {
+                digest,
+                parts,
+                first_part: published.first_part,
+            }),
+            (None, etag) => etag,
+        };
+        let shape = checksum.map(|c| (object.origin.identity_url().to_owned(), c.kind()));
         let usable = shape
             .as_ref()
             .is_some_and(|shape| !self.inner.checks.unusable.lock().contains(shape));
@@ -356,16 +417,24 @@ impl Cache {
         // The ETag may be wrong about the bytes (SSE-KMS gives 32 hex digits that are not the
         // MD5) or the part sizes guessed may be: only the origin's own bytes blame a member.
         let bad = match self.hash_cached(object, checksum).await {
-            Ok(true) => Ok(Vec::new()),
+            Ok(true) => {
+                tracing::debug!(
+                    key,
+                    ?checksum,
+                    "blocks from rack peers match the origin's checksum"
+                );
+                Ok(Vec::new())
+            }
             Ok(false) => {
                 let bad = self.compare_with_origin(object, &blocks).await;
                 if bad.as_ref().is_ok_and(Vec::is_empty) {
                     tracing::info!(
                         key,
-                        multipart = shape.1,
-                        "this origin's ETags are not the MD5 of the bytes (SSE-KMS or SSE-C, or \
-                         part sizes not guessed): its objects of this kind are not checked against \
-                         them from now on; seal them (larder seal) to check blocks from rack peers"
+                        kind = ?shape.1,
+                        "this origin's checksums of this kind are not of the bytes (ETags under \
+                         SSE-KMS or SSE-C, or part sizes not guessed): its objects are not \
+                         checked against them from now on; seal them (larder seal) to check \
+                         blocks from rack peers"
                     );
                     self.inner.checks.unusable.lock().insert(shape);
                 }
@@ -485,7 +554,11 @@ mod tests {
         );
         assert_eq!(
             Checksum::of_etag(&format!("\"{hex}-12\"")),
-            Some(Checksum::Multipart { digest, parts: 12 })
+            Some(Checksum::Multipart {
+                digest,
+                parts: 12,
+                first_part: None
+            })
         );
         for other in [
             "",
@@ -506,30 +579,37 @@ mod tests {
     #[test]
     fn part_sizes_fit_the_number_of_parts() {
         // 100 MiB in 13 parts: 8 MiB parts (12 of them and 4 MiB).
-        assert_eq!(part_sizes(100 * MIB, 13), vec![8 * MIB]);
+        assert_eq!(part_sizes(100 * MIB, 13, None), vec![8 * MIB]);
         // 64 MiB in 2 parts: 32 MiB first, then whole MiB from 33.
         assert_eq!(
-            part_sizes(64 * MIB, 2),
+            part_sizes(64 * MIB, 2, None),
             vec![32 * MIB, 33 * MIB, 34 * MIB, 35 * MIB]
         );
-        assert_eq!(part_sizes(10, 1), vec![10]);
+        assert_eq!(part_sizes(10, 1, None), vec![10]);
         // No whole MiB fits.
         assert!(
-            part_sizes(10 * MIB + 7, 3)
+            part_sizes(10 * MIB + 7, 3, None)
                 .iter()
                 .all(|p| (10 * MIB + 7).div_ceil(*p) == 3)
         );
-        assert!(part_sizes(5, 3).is_empty());
+        assert!(part_sizes(5, 3, None).is_empty());
         for (size, parts) in [
             (100 * MIB, 13),
             (64 * MIB, 2),
             (1 << 40, 10_000),
             (77 * MIB + 3, 9),
         ] {
-            for p in part_sizes(size, parts) {
+            for p in part_sizes(size, parts, None) {
                 assert_eq!(size.div_ceil(p), u64::from(parts), "{size} {parts} {p}");
             }
         }
+        // The first part's size as the origin said it, where it fits; else the guesses.
+        let odd = 11 * MIB / 2;
+        assert_eq!(part_sizes(64 * MIB, 12, Some(odd)), vec![odd]);
+        assert_eq!(
+            part_sizes(100 * MIB, 13, Some(odd)),
+            part_sizes(100 * MIB, 13, None)
+        );
     }
 
     #[test]
@@ -545,6 +625,7 @@ mod tests {
         let checksum = Checksum::Multipart {
             digest: expected,
             parts: 3,
+            first_part: None,
         };
         let mut hashers = Hashers::new(checksum, data.len() as u64);
         // Fed in pieces that do not line up with the parts.
@@ -555,6 +636,7 @@ mod tests {
         let other = Checksum::Multipart {
             digest: md5(b"x"),
             parts: 3,
+            first_part: None,
         };
         assert!(!hashers.matches(other));
 
@@ -563,5 +645,25 @@ mod tests {
         single.update(&data);
         assert!(single.clone().matches(whole));
         assert!(!single.matches(Checksum::Md5(md5(b"x"))));
+    }
+
+    #[test]
+    fn a_full_object_crc_is_checked_over_the_bytes_in_any_pieces() {
+        let data: Vec<u8> = (0..(3 * MIB as usize)).map(|i| (i * 13 % 241) as u8).collect();
+        let crc64 = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, &data);
+        let crc32c = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, &data) as u32;
+        for (right, wrong) in [
+            (FullCrc::Crc64Nvme(crc64), FullCrc::Crc64Nvme(crc64 ^ 1)),
+            (FullCrc::Crc32c(crc32c), FullCrc::Crc32c(crc32c ^ 1)),
+            // Another algorithm's value is not this one's.
+            (FullCrc::Crc32c(crc32c), FullCrc::Crc32(crc32c)),
+        ] {
+            let mut hashers = Hashers::new(Checksum::Crc(right), data.len() as u64);
+            for piece in data.chunks(777_777) {
+                hashers.update(piece);
+            }
+            assert!(hashers.clone().matches(Checksum::Crc(right)), "{right:?}");
+            assert!(!hashers.matches(Checksum::Crc(wrong)), "{wrong:?}");
+        }
     }
 }
