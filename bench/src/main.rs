@@ -163,6 +163,13 @@ pub(crate) struct FleetArgs {
     /// Write the report to this file as well as to stdout.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Keep each daemon's log of each round in this directory
+    /// (`round-R-{alone,peers}-nI.log`).
+    #[arg(long)]
+    keep_logs: Option<PathBuf>,
+    /// The daemons' log filter (`LARDER_LOG`), e.g. `info,larder_cache_daemon::peer=debug`.
+    #[arg(long, default_value = "info")]
+    daemon_log: String,
 }
 
 #[tokio::main]

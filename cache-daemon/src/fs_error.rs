@@ -58,7 +58,9 @@ impl From<ReadError> for FsError {
                 let (kind, level) = classify(&origin, Asked::PinnedVersion);
                 FsError::new(kind, Arc::clone(&origin)).with_level(level)
             }
-            error @ (ReadError::Abandoned | ReadError::Peer(_)) => FsError::new(FsErrorKind::Io, error),
+            error @ (ReadError::Abandoned | ReadError::Peer(_) | ReadError::PeerLate(_)) => {
+                FsError::new(FsErrorKind::Io, error)
+            }
             // Reads are served when a block cannot be stored; a fill job reports it itself.
             error @ ReadError::NotStored(_) => FsError::new(FsErrorKind::Io, error),
         }

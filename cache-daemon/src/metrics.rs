@@ -261,6 +261,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         s.peer_fetched_bytes,
     );
     out.counter(
+        "larder_peer_hedged_blocks_total",
+        "Blocks fetched from the origin because the run's owner was late (no answer, or a stall, within its deadline); the owner was then asked again for the rest.",
+        s.peer_hedged_blocks,
+    );
+    out.counter(
         "larder_peer_sent_bytes_total",
         "Block bytes this node sent to rack peers.",
         s.peer_sent_bytes,
@@ -608,7 +613,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 37);
+        assert_eq!(families.len(), 38);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

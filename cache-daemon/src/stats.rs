@@ -60,6 +60,9 @@ counters! {
     peer_requests_refused,
     /// Run requests whose answer did not start or stalled past its deadline.
     peer_requests_timeout,
+    /// Blocks taken from the origin because the run's owner was late, before the owner was
+    /// asked again for the rest of the run.
+    peer_hedged_blocks,
     /// Run requests the peer refused as unauthenticated (401), or answers whose tags failed.
     peer_requests_unauthorized,
     /// Answers with a block whose bytes did not match its hash or the sealed manifest.

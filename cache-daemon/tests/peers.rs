@@ -230,6 +230,61 @@ async fn a_stalled_owner_costs_a_deadline_and_the_origin_serves_its_runs() {
     assert_eq!(peer_bytes(&rack, 0), 0);
 }
 
+/// The origin's bytes of ranged GETs within blocks `blocks` of `key` (`block` bytes each).
+fn origin_bytes_within(proxy: &RecordingProxy, key: &str, blocks: std::ops::Range<u64>, block: u64) -> u64 {
+    let (start, end) = (blocks.start * block, blocks.end * block);
+    proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with(key))
+        .filter_map(|r| {
+            let (a, b) = r.range.as_deref()?.strip_prefix("bytes=")?.split_once('-')?;
+            let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+            Some((b + 1).min(end).saturating_sub(a.max(start)))
+        })
+        .sum()
+}
+
+/// An owner that answers late (past the first-byte deadline) but is alive costs the asker one
+/// block from the origin, not the run: the asker takes that block from the origin so that its
+/// reader moves on, then asks the owner again for the rest.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_owner_costs_one_block_from_the_origin_not_its_run() {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin(size).await;
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let fake = FakePeer::start(key, Misbehaviour::LateOnce(Duration::from_secs(2)))
+        .await
+        .expect("fake peer");
+    let member = format!("f={}@r1", fake.address);
+    let (rack, proxy, fake) = tokio::task::spawn_blocking(move || {
+        let extra = ["--peer-first-byte-timeout", "500ms"];
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, &extra, &[member]).expect("rack");
+        read_everywhere(&rack, &[0], size);
+        (rack, proxy, fake)
+    })
+    .await
+    .expect("join");
+    report_failures(&rack, &[0]);
+    let late = fake.late_runs();
+    let [(_, first, count)] = late.as_slice() else {
+        panic!("the fake member answered {late:?} late: it owned no run of the model");
+    };
+    assert!(*count > 1, "the late run had one block: the test proves nothing");
+    let block = 4 * MIB;
+    let run = u64::from(*first)..u64::from(first + count);
+    let from_origin = origin_bytes_within(&proxy, MODEL, run.clone(), block);
+    assert!(
+        from_origin <= block,
+        "the origin sent {from_origin} bytes of the late run's blocks {run:?}"
+    );
+    assert!(peer_bytes(&rack, 0) > 0);
+    let hedged = rack
+        .metric(0, "larder_peer_hedged_blocks_total")
+        .expect("metrics");
+    assert_eq!(hedged, 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes() {
     let size = 256 * MIB;

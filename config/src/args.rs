@@ -309,7 +309,7 @@ struct Flags {
     )]
     peer_insecure: Option<OsString>,
 
-    /// How long a peer has to answer before the run goes elsewhere, e.g. "500ms"
+    /// How long a peer has at least to answer before the origin is asked, e.g. "500ms"
     /// [peer.first_byte_timeout].
     #[arg(
         long,

@@ -383,8 +383,9 @@ pub struct PeerConfig {
     /// cached blocks and feed unauthenticated ones (still checked against sealed manifests).
     /// Default false.
     pub insecure: bool,
-    /// How long a peer has to answer a request's head before the run goes to the next
-    /// candidate or the origin. Default 500ms.
+    /// How long a peer has to answer a request's head before one block of the run comes from
+    /// the origin: the least such deadline, stretched by the peer's recent answer times as
+    /// TCP's retransmission timeout is by round trips (at most `stall_timeout`). Default 500ms.
     #[serde(with = "humantime_serde")]
     pub first_byte_timeout: Duration,
     /// How long an answer may go without bytes before the rest of the run goes to the next

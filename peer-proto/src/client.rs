@@ -1,6 +1,14 @@
 //! The asker's side: one HTTP/1.1 request per run, on a connection of its own, with deadlines
 //! on the answer's start and on every gap in its bytes.
 //!
+//! The deadline on the answer's start (the first-byte deadline) follows the peer's recent
+//! answers as TCP's retransmission timeout follows round trips (RFC 6298): their smoothed
+//! latency plus four times its smoothed deviation, doubled after each late answer until one
+//! comes in time; never less than the configured deadline nor more than the stall deadline.
+//! A node whose answers slow down or grow erratic (its CPU is saturated: a scale-up on a busy
+//! node) is given the time it has been taking, so that its runs are not fetched from the origin
+//! a second time; one that stops answering is still found out within a deadline.
+//!
 //! [`Client::fetch_run`] checks each block's tag (with a key) and that the blocks come in
 //! order with the lengths the run implies, then hands the block's header and bytes to the
 //! caller, which must check the bytes against the header's hash before using them (it hashes
@@ -8,6 +16,8 @@
 //! leaves the blocks it gave with the caller and returns an error: the rest of the run is the
 //! next tier's.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -17,6 +27,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::HOST;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, timeout_at};
 
@@ -30,6 +41,44 @@ pub const MAX_KEEPALIVES: u32 = 60;
 
 /// How often an owner waiting for a block tells its asker it is alive.
 pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Peers whose answer-head latency is kept, at most (the moving averages are dropped and
+/// started again beyond it).
+const HEADS_KEPT: usize = 4096;
+
+/// Times a late peer's first-byte deadline is doubled, at most (the stall deadline caps it
+/// anyway).
+const MAX_BACKOFF_DOUBLINGS: u32 = 3;
+
+/// One peer's answer-head latency, smoothed as RFC 6298 smooths round trips.
+#[derive(Debug, Clone, Copy)]
+struct HeadLatency {
+    smoothed: Duration,
+    deviation: Duration,
+    /// Late answers since the last one in time: each doubles the deadline.
+    backoff: u32,
+}
+
+impl HeadLatency {
+    fn first(took: Duration) -> Self {
+        Self {
+            smoothed: took,
+            deviation: took / 2,
+            backoff: 0,
+        }
+    }
+
+    fn answered(&mut self, took: Duration) {
+        let gap = self.smoothed.abs_diff(took);
+        self.deviation = (self.deviation * 3 + gap) / 4;
+        self.smoothed = (self.smoothed * 7 + took) / 8;
+        self.backoff = 0;
+    }
+
+    fn deadline(&self) -> Duration {
+        (self.smoothed + self.deviation * 4) * (1 << self.backoff)
+    }
+}
 
 /// Response header saying whether the owner had every block of the run before it answered.
 pub const RUN_HIT_HEADER: &str = "x-larder-run";
@@ -87,6 +136,8 @@ pub struct Client {
     first_byte_timeout: Duration,
     stall_timeout: Duration,
     tls: Option<Connector>,
+    /// Each peer's answer-head latency, by address.
+    heads: Arc<Mutex<HashMap<String, HeadLatency>>>,
 }
 
 impl Client {
@@ -103,6 +154,43 @@ impl Client {
             first_byte_timeout,
             stall_timeout,
             tls: None,
+            heads: Arc::default(),
+        }
+    }
+
+    /// The first-byte deadline for the peer at `address`: what its recent answers call for
+    /// (see the module's doc), at least the configured deadline, at most the stall deadline.
+    pub fn first_byte_deadline(&self, address: &str) -> Duration {
+        let wanted = self
+            .heads
+            .lock()
+            .get(address)
+            .map(HeadLatency::deadline)
+            .unwrap_or_default();
+        wanted.clamp(
+            self.first_byte_timeout,
+            self.stall_timeout.max(self.first_byte_timeout),
+        )
+    }
+
+    /// Notes an answer head from `address` that took `took`.
+    fn answered(&self, address: &str, took: Duration) {
+        let mut heads = self.heads.lock();
+        if heads.len() >= HEADS_KEPT && !heads.contains_key(address) {
+            heads.clear();
+        }
+        match heads.get_mut(address) {
+            Some(latency) => latency.answered(took),
+            None => {
+                heads.insert(address.to_owned(), HeadLatency::first(took));
+            }
+        }
+    }
+
+    /// Notes that `address` did not answer within its deadline.
+    fn late(&self, address: &str) {
+        if let Some(latency) = self.heads.lock().get_mut(address) {
+            latency.backoff = (latency.backoff + 1).min(MAX_BACKOFF_DOUBLINGS);
         }
     }
 
@@ -196,7 +284,8 @@ impl Client {
         address: &str,
         path_and_query: &str,
     ) -> Result<(Response<Incoming>, [u8; 16]), PeerError> {
-        let deadline = Instant::now() + self.first_byte_timeout;
+        let started = Instant::now();
+        let deadline = started + self.first_byte_deadline(address);
         let connect = |reason: String| PeerError::Connect {
             address: address.to_owned(),
             reason,
@@ -242,8 +331,12 @@ impl Client {
             .map_err(|e| PeerError::Broken(e.to_string()))?;
         let response = timeout_at(deadline, sender.send_request(request))
             .await
-            .map_err(|_| PeerError::Timeout("no answer within the first-byte deadline"))?
+            .map_err(|_| {
+                self.late(address);
+                PeerError::Timeout("no answer within the first-byte deadline")
+            })?
             .map_err(|e| PeerError::Broken(e.to_string()))?;
+        self.answered(address, started.elapsed());
         match response.status() {
             StatusCode::OK => Ok((response, nonce)),
             StatusCode::UNAUTHORIZED => Err(PeerError::Unauthorized),
@@ -291,5 +384,42 @@ async fn pull(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_byte_deadline_follows_a_peers_answers_within_bounds() {
+        let (floor, stall) = (Duration::from_millis(500), Duration::from_secs(3));
+        let client = Client::new(None, "n0".into(), floor, stall);
+        let ms = Duration::from_millis;
+        // Nothing known, and steady fast answers: the configured deadline.
+        assert_eq!(client.first_byte_deadline("a:1"), floor);
+        for _ in 0..20 {
+            client.answered("a:1", ms(5));
+        }
+        assert_eq!(client.first_byte_deadline("a:1"), floor);
+        // Erratic answers stretch it, for that peer only: 4 times the deviation on top.
+        for took in [300, 50, 400, 20, 350, 30, 380, 40] {
+            client.answered("a:1", ms(took));
+        }
+        let stretched = client.first_byte_deadline("a:1");
+        assert!(stretched > ms(600), "{stretched:?}");
+        assert_eq!(client.first_byte_deadline("b:1"), floor);
+        // A late answer doubles it, up to the stall deadline.
+        client.late("a:1");
+        assert_eq!(client.first_byte_deadline("a:1"), (stretched * 2).min(stall));
+        for _ in 0..5 {
+            client.late("a:1");
+        }
+        assert_eq!(client.first_byte_deadline("a:1"), stall);
+        // Steady fast answers again: back down to the configured deadline.
+        for _ in 0..60 {
+            client.answered("a:1", ms(5));
+        }
+        assert_eq!(client.first_byte_deadline("a:1"), floor);
     }
 }

@@ -1,12 +1,12 @@
 //! A rack peer that misbehaves on purpose, holding the cluster key: it answers run requests
-//! with a good head and then stalls, or with blocks of wrong bytes whose BLAKE3 and tags are
-//! its own (a lying member the key cannot catch).
+//! with a good head and then stalls, with blocks of wrong bytes whose BLAKE3 and tags are
+//! its own (a lying member the key cannot catch), or late the first time it is asked for a run.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -26,6 +26,10 @@ pub enum Misbehaviour {
     /// Sends every block of the run as bytes of its own (all `0x5a`), with their true BLAKE3
     /// and valid tags.
     Lie,
+    /// Answers the first request for each object (by key) only after the delay, every later
+    /// one at once, with the run's true bytes: the harness's deterministic content of the key
+    /// (seed 0), as [`crate::upload`] wrote it.
+    LateOnce(Duration),
 }
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -36,6 +40,8 @@ pub struct FakePeer {
     /// Where it listens.
     pub address: SocketAddr,
     requests: Arc<AtomicU64>,
+    /// The runs answered late (key, first block, blocks).
+    late: Arc<parking_lot::Mutex<Vec<(String, u32, u32)>>>,
     accept: JoinHandle<()>,
 }
 
@@ -45,17 +51,25 @@ impl FakePeer {
         let verifier = Arc::new(Verifier::new(key.clone()));
         let requests = Arc::new(AtomicU64::new(0));
         let counted = requests.clone();
+        let late = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let recorded = late.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             counted.fetch_add(1, Ordering::Relaxed);
-            let (verifier, key) = (verifier.clone(), key.clone());
-            async move { Ok::<_, Infallible>(answer(&verifier, &key, misbehaviour, &request)) }
+            let (verifier, key, late) = (verifier.clone(), key.clone(), recorded.clone());
+            async move { Ok::<_, Infallible>(answer(&verifier, &key, misbehaviour, &late, &request).await) }
         });
         let (address, accept) = serve_on_loopback(service).await?;
         Ok(Self {
             address,
             requests,
+            late,
             accept,
         })
+    }
+
+    /// The runs it answered late: key, first block and number of blocks.
+    pub fn late_runs(&self) -> Vec<(String, u32, u32)> {
+        self.late.lock().clone()
     }
 
     /// Run requests it was sent.
@@ -70,10 +84,11 @@ impl Drop for FakePeer {
     }
 }
 
-fn answer<B>(
+async fn answer<B>(
     verifier: &Verifier,
     key: &ClusterKey,
     misbehaviour: Misbehaviour,
+    late: &parking_lot::Mutex<Vec<(String, u32, u32)>>,
     request: &hyper::Request<B>,
 ) -> hyper::Response<Body> {
     let refuse = |status: u16| {
@@ -96,16 +111,42 @@ fn answer<B>(
             let never = futures::stream::pending::<Result<Frame<Bytes>, Infallible>>();
             hyper::Response::new(StreamBody::new(never).boxed())
         }
-        Misbehaviour::Lie => {
-            let mut body = Vec::new();
-            for index in run.first..run.first + run.count {
-                let bytes = vec![0x5a; run.block_len(index) as usize];
-                let hash = *blake3::hash(&bytes).as_bytes();
-                let head = frame(Some(key), &sender.nonce, index, bytes.len() as u32, hash);
-                body.extend_from_slice(&head.encode());
-                body.extend_from_slice(&bytes);
+        Misbehaviour::Lie => blocks(key, &sender.nonce, &run, |_, len| vec![0x5a; len]),
+        Misbehaviour::LateOnce(delay) => {
+            let first = {
+                let mut late = late.lock();
+                let first = !late.iter().any(|(key, ..)| *key == run.key);
+                if first {
+                    late.push((run.key.clone(), run.first, run.count));
+                }
+                first
+            };
+            if first {
+                tokio::time::sleep(delay).await;
             }
-            hyper::Response::new(Full::new(Bytes::from(body)).boxed())
+            let seed = crate::seed(&run.key, 0);
+            blocks(key, &sender.nonce, &run, |offset, len| {
+                crate::content(seed, offset, len)
+            })
         }
     }
+}
+
+/// An answer of every block of `run`, each block's bytes from `bytes(offset, len)`, with their
+/// BLAKE3 and tags.
+fn blocks(
+    key: &ClusterKey,
+    nonce: &[u8; 16],
+    run: &RunRequest,
+    bytes: impl Fn(u64, usize) -> Vec<u8>,
+) -> hyper::Response<Body> {
+    let mut body = Vec::new();
+    for index in run.first..run.first + run.count {
+        let bytes = bytes(u64::from(index) * run.block_size, run.block_len(index) as usize);
+        let hash = *blake3::hash(&bytes).as_bytes();
+        let head = frame(Some(key), nonce, index, bytes.len() as u32, hash);
+        body.extend_from_slice(&head.encode());
+        body.extend_from_slice(&bytes);
+    }
+    hyper::Response::new(Full::new(Bytes::from(body)).boxed())
 }

@@ -108,7 +108,7 @@ pub(crate) fn run(args: FleetArgs, runtime: &Handle) -> anyhow::Result<()> {
         for peers in [false, true] {
             anyhow::ensure!(!net::interrupted(), "interrupted");
             let kind = if peers { "with peers" } else { "without peers" };
-            let sample = fleet.round(peers).with_context(|| {
+            let sample = fleet.round(number, peers).with_context(|| {
                 let why = if net::interrupted() { ", interrupted" } else { "" };
                 format!("round {}, {kind}{why}", number + 1)
             })?;
@@ -143,7 +143,7 @@ struct Fleet<'a> {
 impl Fleet<'_> {
     /// Starts the N daemons on fresh cache dirs (as one rack if `peers`), has all of them read
     /// the whole model at once, checks what they read and stops them.
-    fn round(&self, peers: bool) -> anyhow::Result<Sample> {
+    fn round(&self, number: usize, peers: bool) -> anyhow::Result<Sample> {
         let dirs = tempfile::Builder::new()
             .prefix(if peers { "peers-" } else { "alone-" })
             .tempdir_in(self.work_dir)?;
@@ -163,21 +163,35 @@ impl Fleet<'_> {
                 }
                 let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
                 let dir = dirs.path().join(&id);
+                let log = [("LARDER_LOG", self.args.daemon_log.as_str())];
                 in_netns(self.network.node(i), || {
-                    DaemonProcess::start(&self.args.larder, &Origin, &dir, &flags)
+                    DaemonProcess::start_with_env(&self.args.larder, &Origin, &dir, &flags, &log)
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let paths: Vec<_> = daemons.iter().map(|d| d.mount.join(KEY)).collect();
-        let (first, last) = read_all(&paths, self.args.size.as_u64())?;
-        let seed = larder_tests::seed(KEY, 0);
-        for path in &paths {
-            check_content(path, seed, self.args.size.as_u64())?;
-        }
-        for daemon in daemons {
+        let read = read_all(&paths, self.args.size.as_u64()).and_then(|times| {
+            let seed = larder_tests::seed(KEY, 0);
+            for path in &paths {
+                check_content(path, seed, self.args.size.as_u64())?;
+            }
+            Ok(times)
+        });
+        // The logs are kept whether the reads succeeded or not.
+        for (i, daemon) in daemons.into_iter().enumerate() {
             let status = daemon.stop()?;
+            if let Some(keep) = &self.args.keep_logs {
+                let kind = if peers { "peers" } else { "alone" };
+                let name = format!("round-{}-{kind}-n{i}.log", number + 1);
+                std::fs::create_dir_all(keep)?;
+                std::fs::copy(
+                    dirs.path().join(format!("n{i}")).join("daemon.log"),
+                    keep.join(name),
+                )?;
+            }
             anyhow::ensure!(status.success(), "a larder daemon exited with {status}");
         }
+        let (first, last) = read?;
         Ok(Sample {
             first,
             last,

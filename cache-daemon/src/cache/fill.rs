@@ -329,15 +329,28 @@ impl Cache {
                 waiters,
                 writes,
             };
-            let sources = self
+            let sources: Vec<_> = self
                 .inner
                 .sources
                 .iter()
-                .filter(|source| fill_for == FillFor::Node || source.kind() != Source::Peer);
-            for source in sources {
-                let range = run.remaining();
+                .filter(|source| fill_for == FillFor::Node || source.kind() != Source::Peer)
+                .collect();
+            let mut tier = 0;
+            while let Some(source) = sources.get(tier) {
+                let mut range = run.remaining();
                 if range.is_empty() {
                     break;
+                }
+                // A late owner is most likely slow, not gone, and already filling the run from
+                // the origin: this node takes one block from the origin, so its reader moves
+                // on, and asks the owner again for the rest, rather than fetch the whole run a
+                // second time. Each late answer costs one block; an owner late three times in a
+                // row has its circuit opened, and the run's next candidate is asked instead.
+                let hedge = source.kind() == Source::Origin
+                    && matches!(result, Err(ReadError::PeerLate(_)))
+                    && range.end - range.start > run.block_size();
+                if hedge {
+                    range.end = range.start + run.block_size();
                 }
                 run.buf = None;
                 result = tokio::select! {
@@ -347,11 +360,21 @@ impl Cache {
                 };
                 // A failure is not logged here: a reader's error is logged once, where the mount
                 // answers it; a job's, in the job's report.
-                if result.is_ok() {
-                    if source.kind() == Source::Origin {
-                        self.inner.stats.latency.fill_origin.observe(started.elapsed());
+                match (&result, hedge) {
+                    (Ok(()), true) => {
+                        crate::stats::add(&self.inner.stats.peer_hedged_blocks, 1);
+                        tier = sources
+                            .iter()
+                            .position(|s| s.kind() == Source::Peer)
+                            .unwrap_or(tier);
                     }
-                    break;
+                    (Ok(()), false) => {
+                        if source.kind() == Source::Origin {
+                            self.inner.stats.latency.fill_origin.observe(started.elapsed());
+                        }
+                        break;
+                    }
+                    (Err(_), _) => tier += 1,
                 }
             }
             next = run.next;

@@ -67,6 +67,11 @@ pub enum ReadError {
     /// source's error on the way to the next one: the origin comes after the peers.
     #[error("no rack peer supplied the blocks: {0}")]
     Peer(Arc<str>),
+    /// The run's owner did not answer, or stopped sending, within its deadline: it may only be
+    /// slow (and already filling the run), so the origin supplies one block and the owner is
+    /// asked once more for the rest. Only ever a source's error on the way to the next one.
+    #[error("the rack peer that owns the blocks was late: {0}")]
+    PeerLate(Arc<str>),
     /// The block was fetched but is not in the cache: its write failed (no space that is not
     /// pinned, or a disk error), or it was evicted at once. Only [`Cache::fill`] reports it;
     /// reads are served anyway.

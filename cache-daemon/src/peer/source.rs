@@ -146,7 +146,11 @@ impl BlockSource for PeerSource {
                 }
                 Err(error) => {
                     self.failed(&peer.id, &error);
-                    Err(ReadError::Peer(format!("{}: {error}", peer.id).into()))
+                    let message = format!("{}: {error}", peer.id).into();
+                    Err(match error {
+                        PeerError::Timeout(_) => ReadError::PeerLate(message),
+                        _ => ReadError::Peer(message),
+                    })
                 }
             }
         }
