@@ -108,6 +108,58 @@ async fn a_read_waiting_for_an_origin_slot_fails_within_the_read_deadline() {
     assert_eq!(held.expect_err("stalled").raw_os_error(), Some(libc::EIO));
 }
 
+/// A read whose fill waits for an origin slot held by a slow fill that still receives bytes
+/// waits its turn, though its turn comes after a read deadline: a slow origin (a link shared by
+/// a whole scale-up) makes reads slow, not fail.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_waiting_for_an_origin_slot_held_by_a_slow_fill_waits_its_turn() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let keys = ["slots/first.bin", "slots/second.bin"];
+    let size = 6 * MIB as usize;
+    for key in keys {
+        server.put(key, seed(key, 0), size).await.expect("put");
+    }
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Each object alone takes 3 s at 2 MiB/s, within the 4 s deadline; both one after the
+    // other take 6 s.
+    let args = [
+        "--origin-concurrency",
+        "1",
+        "--request-timeout",
+        "1s",
+        "--read-deadline",
+        "4s",
+    ];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let paths = keys.map(|key| daemon.mount.join(key));
+    proxy.set_fault(Fault::Bandwidth(2 * MIB));
+    let [first, second] = paths.clone();
+    let holder = std::thread::spawn(move || std::fs::read(first));
+    // The first read's fill takes the only origin slot.
+    while !proxy
+        .requests()
+        .iter()
+        .any(|r| r.path.ends_with(keys[0]) && r.range.is_some())
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let read = tokio::task::spawn_blocking(move || std::fs::read(second))
+        .await
+        .expect("join");
+    let waited = started.elapsed();
+    let bytes = read.unwrap_or_else(|e| panic!("the read behind a slow fill failed after {waited:?}: {e}"));
+    assert!(bytes == content(seed(keys[1], 0), 0, size), "wrong bytes");
+    let held = holder
+        .join()
+        .expect("first reader")
+        .expect("the slow fill's own read");
+    assert!(held == content(seed(keys[0], 0), 0, size), "wrong bytes");
+    // Its turn came after a read deadline, or the test proves nothing.
+    assert!(waited > Duration::from_secs(4), "the read took {waited:?}");
+}
+
 /// A cold sequential read of an object ten times the cache's size: the readahead fits in the
 /// cache, so the origin serves each byte about once (blocks fetched ahead are not evicted
 /// before the reader gets to them).

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -62,10 +62,14 @@ pub enum FillFor {
 
 /// The object store, through the object's own origin: ranged GETs pinned to its version,
 /// at most `concurrency` fills at a time, each bounded by the read deadline from the moment it
-/// starts waiting for its slot.
+/// has its slot. A fill waiting for a slot waits as long as the fills ahead of it receive
+/// bytes, and fails once a whole read deadline passes in which none did: a slow origin (a
+/// link shared by a whole scale-up) makes reads slow, a stalled one makes them fail.
 #[derive(Debug)]
 pub struct OriginSource {
     permits: Arc<Semaphore>,
+    /// Chunks received by this tier's fills, all origins together.
+    progress: AtomicU64,
 }
 
 impl OriginSource {
@@ -73,6 +77,7 @@ impl OriginSource {
     pub fn new(concurrency: usize) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(concurrency)),
+            progress: AtomicU64::new(0),
         }
     }
 }
@@ -89,15 +94,36 @@ impl BlockSource for OriginSource {
         run: &'a mut Run<'_>,
     ) -> BoxFuture<'a, Result<(), ReadError>> {
         async move {
-            // The wait for a slot counts against the read deadline: a read behind stalled fills
-            // fails when its deadline passes, not a deadline after they do.
-            let started = tokio::time::Instant::now();
+            // The read deadline counts from the wait for a slot, restarted whenever the fills
+            // ahead are seen receiving bytes: a read behind stalled fills fails when its
+            // deadline passes, not a deadline after they do; one behind fills that move waits
+            // its turn. One acquire throughout, so that the fill keeps its place in the queue.
             let origin = &object.origin;
-            let _permit = tokio::time::timeout_at(started + origin.read_deadline(), self.permits.acquire())
-                .await
-                .map_err(|_| ReadError::Origin(Arc::new(origin.deadline_exceeded(&object.version.key, 0))))?
-                .map_err(|_| ReadError::Abandoned)?;
-            let mut sink = |chunk: Bytes| run.push_from_origin(chunk);
+            let deadline = origin.read_deadline();
+            let look = (deadline / 4).max(Duration::from_millis(10));
+            let acquire = self.permits.acquire();
+            tokio::pin!(acquire);
+            let now = tokio::time::Instant::now;
+            let (mut started, mut seen) = (now(), self.progress.load(Ordering::Relaxed));
+            let _permit = loop {
+                let waited = tokio::time::timeout(look, &mut acquire).await;
+                let progress = self.progress.load(Ordering::Relaxed);
+                if progress != seen {
+                    (started, seen) = (now(), progress);
+                }
+                match waited {
+                    Ok(permit) => break permit.map_err(|_| ReadError::Abandoned)?,
+                    Err(_) if started.elapsed() >= deadline => {
+                        let error = origin.deadline_exceeded(&object.version.key, 0);
+                        return Err(ReadError::Origin(Arc::new(error)));
+                    }
+                    Err(_) => {}
+                }
+            };
+            let mut sink = |chunk: Bytes| {
+                self.progress.fetch_add(1, Ordering::Relaxed);
+                run.push_from_origin(chunk);
+            };
             origin
                 .read_range(&object.version, range, started, &mut sink)
                 .await
