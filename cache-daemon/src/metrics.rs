@@ -261,6 +261,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         s.peer_fetched_bytes,
     );
     out.counter(
+        "larder_peer_origin_check_read_bytes_total",
+        "Bytes the origin checks read back from the cache: every block of an object checked against an MD5 ETag, and for a CRC only blocks whose CRCs were not kept as they arrived.",
+        s.origin_check_read_bytes,
+    );
+    out.counter(
         "larder_peer_hedged_blocks_total",
         "Blocks fetched from the origin because the run's owner was late (no answer, or a stall, within its deadline); the owner was then asked again for the rest.",
         s.peer_hedged_blocks,
@@ -613,7 +618,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 38);
+        assert_eq!(families.len(), 39);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

@@ -58,6 +58,36 @@ impl FullCrc {
     }
 }
 
+/// A block's CRC in each algorithm a store may publish, kept as the block arrives, so that an
+/// object's CRC is its blocks' combined (`crc_fast::checksum_combine`) without reading them
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCrcs {
+    crc64nvme: u64,
+    crc32c: u32,
+    crc32: u32,
+}
+
+impl BlockCrcs {
+    /// The CRCs of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self {
+            crc64nvme: crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, bytes),
+            crc32c: crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32,
+            crc32: crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32IsoHdlc, bytes) as u32,
+        }
+    }
+
+    /// The CRC in the algorithm of `crc`.
+    pub fn get(&self, crc: FullCrc) -> u64 {
+        match crc {
+            FullCrc::Crc64Nvme(_) => self.crc64nvme,
+            FullCrc::Crc32c(_) => u64::from(self.crc32c),
+            FullCrc::Crc32(_) => u64::from(self.crc32),
+        }
+    }
+}
+
 /// What the origin published about one object version.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Published {
@@ -290,6 +320,27 @@ mod tests {
             gcs_crc32c(&headers(&[("x-goog-hash", "md5=1B2M2Y8AsgTpgAmY7PhCfg==")])),
             None
         );
+    }
+
+    #[test]
+    fn block_crcs_combine_into_the_objects() {
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31 % 253) as u8).collect();
+        for crc in [FullCrc::Crc64Nvme(0), FullCrc::Crc32c(0), FullCrc::Crc32(0)] {
+            let (algorithm, _) = crc.algorithm();
+            let mut whole = None;
+            for piece in data.chunks(1 << 20) {
+                let block = BlockCrcs::of(piece).get(crc);
+                whole = Some(whole.map_or(block, |acc| {
+                    crc_fast::checksum_combine(algorithm, acc, block, piece.len() as u64)
+                }));
+            }
+            assert_eq!(
+                whole,
+                Some(crc_fast::checksum(algorithm, &data)),
+                "{}",
+                crc.name()
+            );
+        }
     }
 
     #[test]

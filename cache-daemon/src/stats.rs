@@ -76,6 +76,8 @@ counters! {
     origin_checks_mismatch,
     /// Objects completed with blocks from rack peers with no origin checksum to check.
     origin_checks_unchecked,
+    /// Bytes the origin checks read back from the cache.
+    origin_check_read_bytes,
     /// Block lookups answered by the block store.
     lookup_hit,
     /// Block lookups that started a fill.

@@ -64,41 +64,71 @@ async fn a_buffered_read_of_a_stalled_origin_fails_within_the_read_deadline() {
     assert!(bytes == content(seed(key, 0), 0, size), "wrong bytes");
 }
 
+/// The two objects of the origin slot tests.
+const SLOT_KEYS: [&str; 2] = ["slots/first.bin", "slots/second.bin"];
+
+/// A daemon with one origin slot, a 1 s request timeout and `deadline` as its read deadline,
+/// over [`SLOT_KEYS`] of `size` bytes each, behind the fault proxy. Fields drop in order: the
+/// daemon first.
+struct OneSlot {
+    daemon: DaemonProcess,
+    proxy: RecordingProxy,
+    _server: S3Server,
+    _dir: tempfile::TempDir,
+}
+
+impl OneSlot {
+    async fn start(size: usize, deadline: &str) -> Self {
+        let server = S3Server::start("larder-test").await.expect("s3 server");
+        for key in SLOT_KEYS {
+            server.put(key, seed(key, 0), size).await.expect("put");
+        }
+        let proxy = RecordingProxy::start(&server).await.expect("proxy");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let args = [
+            "--origin-concurrency",
+            "1",
+            "--request-timeout",
+            "1s",
+            "--read-deadline",
+            deadline,
+        ];
+        let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+        Self {
+            daemon,
+            proxy,
+            _server: server,
+            _dir: dir,
+        }
+    }
+
+    /// The path of `key` in the mount.
+    fn path(&self, key: &str) -> std::path::PathBuf {
+        self.daemon.mount.join(key)
+    }
+
+    /// Waits until the first object's fill has the only origin slot (its GET reached the origin).
+    async fn first_has_the_slot(&self) {
+        while !self
+            .proxy
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with(SLOT_KEYS[0]) && r.range.is_some())
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
 /// A read whose fill waits for an origin slot held by a stalled fill still fails within the
 /// read deadline: the wait counts against it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_waiting_for_an_origin_slot_fails_within_the_read_deadline() {
-    let server = S3Server::start("larder-test").await.expect("s3 server");
-    let keys = ["slots/first.bin", "slots/second.bin"];
-    for key in keys {
-        server
-            .put(key, seed(key, 0), 4 * MIB as usize)
-            .await
-            .expect("put");
-    }
-    let proxy = RecordingProxy::start(&server).await.expect("proxy");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let args = [
-        "--origin-concurrency",
-        "1",
-        "--request-timeout",
-        "1s",
-        "--read-deadline",
-        "3s",
-    ];
-    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
-    let [mut first, mut second] = keys.map(|key| std::fs::File::open(daemon.mount.join(key)).expect("open"));
-
-    proxy.set_fault(Fault::StallAfterHeaders);
+    let slot = OneSlot::start(4 * MIB as usize, "3s").await;
+    let [mut first, mut second] = SLOT_KEYS.map(|key| std::fs::File::open(slot.path(key)).expect("open"));
+    slot.proxy.set_fault(Fault::StallAfterHeaders);
     let holder = std::thread::spawn(move || first.read(&mut [0; 4096]));
-    // The first read's fill takes the only origin slot.
-    while !proxy
-        .requests()
-        .iter()
-        .any(|r| r.path.ends_with(keys[0]) && r.range.is_some())
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    slot.first_has_the_slot().await;
     tokio::task::spawn_blocking(move || {
         fails_with_eio_in_time("read waiting for an origin slot", || second.read(&mut [0; 4096]))
     })
@@ -113,49 +143,26 @@ async fn a_read_waiting_for_an_origin_slot_fails_within_the_read_deadline() {
 /// a whole scale-up) makes reads slow, not fail.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_waiting_for_an_origin_slot_held_by_a_slow_fill_waits_its_turn() {
-    let server = S3Server::start("larder-test").await.expect("s3 server");
-    let keys = ["slots/first.bin", "slots/second.bin"];
-    let size = 6 * MIB as usize;
-    for key in keys {
-        server.put(key, seed(key, 0), size).await.expect("put");
-    }
-    let proxy = RecordingProxy::start(&server).await.expect("proxy");
-    let dir = tempfile::tempdir().expect("tempdir");
     // Each object alone takes 3 s at 2 MiB/s, within the 4 s deadline; both one after the
     // other take 6 s.
-    let args = [
-        "--origin-concurrency",
-        "1",
-        "--request-timeout",
-        "1s",
-        "--read-deadline",
-        "4s",
-    ];
-    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
-    let paths = keys.map(|key| daemon.mount.join(key));
-    proxy.set_fault(Fault::Bandwidth(2 * MIB));
-    let [first, second] = paths.clone();
+    let size = 6 * MIB as usize;
+    let slot = OneSlot::start(size, "4s").await;
+    slot.proxy.set_fault(Fault::Bandwidth(2 * MIB));
+    let [first, second] = SLOT_KEYS.map(|key| slot.path(key));
     let holder = std::thread::spawn(move || std::fs::read(first));
-    // The first read's fill takes the only origin slot.
-    while !proxy
-        .requests()
-        .iter()
-        .any(|r| r.path.ends_with(keys[0]) && r.range.is_some())
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    slot.first_has_the_slot().await;
     let started = Instant::now();
     let read = tokio::task::spawn_blocking(move || std::fs::read(second))
         .await
         .expect("join");
     let waited = started.elapsed();
     let bytes = read.unwrap_or_else(|e| panic!("the read behind a slow fill failed after {waited:?}: {e}"));
-    assert!(bytes == content(seed(keys[1], 0), 0, size), "wrong bytes");
+    assert!(bytes == content(seed(SLOT_KEYS[1], 0), 0, size), "wrong bytes");
     let held = holder
         .join()
         .expect("first reader")
         .expect("the slow fill's own read");
-    assert!(held == content(seed(keys[0], 0), 0, size), "wrong bytes");
+    assert!(held == content(seed(SLOT_KEYS[0], 0), 0, size), "wrong bytes");
     // Its turn came after a read deadline, or the test proves nothing.
     assert!(waited > Duration::from_secs(4), "the read took {waited:?}");
 }

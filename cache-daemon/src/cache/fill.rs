@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
 use crate::engine::AlignedBuf;
 use crate::members::Membership;
+use crate::published::BlockCrcs;
 use crate::store::{StoreError, VerifiedBlock};
 
 /// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
@@ -223,10 +224,16 @@ impl Run<'_> {
         let (cache, object) = (cache.clone(), object.clone());
         tasks.spawn(async move {
             let _write_permit = write_permit;
+            // Kept for the origin check of blocks from rack peers, which then combines them.
+            let crcs = cache
+                .inner
+                .members
+                .is_some()
+                .then(|| BlockCrcs::of(&block.bytes()));
             let written = cache
                 .inner
                 .store
-                .write_block(&object.version, index, &block, served, peer)
+                .write_block(&object.version, index, &block, served, peer, crcs)
                 .await;
             if let Err(error) = &written {
                 cache.remember_unstored((object.id, index), error);

@@ -43,6 +43,7 @@ use tokio::sync::OnceCell;
 
 use crate::engine::{ALIGN, AlignedBuf, IoEngine, align_up};
 use crate::object::{ObjectId, ObjectVersion};
+use crate::published::BlockCrcs;
 use crate::stats::{Stats, add};
 use format::{Entry, RecordHeader};
 use home::{Home, Names};
@@ -200,6 +201,9 @@ struct BlockMeta {
     /// The rack member that supplied the block, until the whole object is checked against the
     /// origin's checksum (see `cache/check.rs`). Kept in memory only: a replayed block has none.
     peer: Option<Arc<str>>,
+    /// Its CRCs, where the cache keeps them for the origin check (it has rack peers). Memory
+    /// only, like `peer`.
+    crcs: Option<BlockCrcs>,
 }
 
 /// A block a rack member supplied that is not yet checked against the origin.
@@ -441,6 +445,7 @@ impl BlockStore {
                     verified: false,
                     served: true,
                     peer: None,
+                    crcs: None,
                 },
             );
             state.used += align_up(self.block_len(size, index));
@@ -773,7 +778,8 @@ impl BlockStore {
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
     /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
     /// the bytes (a block fetched ahead has not been read yet). `peer`: the rack member that
-    /// supplied them, if one did and no sealed manifest vouched for them.
+    /// supplied them, if one did and no sealed manifest vouched for them. `crcs`: the block's
+    /// CRCs, kept for the origin check.
     pub async fn write_block(
         &self,
         version: &ObjectVersion,
@@ -781,6 +787,7 @@ impl BlockStore {
         block: &VerifiedBlock,
         served: bool,
         peer: Option<Arc<str>>,
+        crcs: Option<BlockCrcs>,
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
@@ -831,6 +838,7 @@ impl BlockStore {
                     verified: true,
                     served,
                     peer,
+                    crcs,
                 },
             );
             state.used += alloc;
@@ -1027,6 +1035,20 @@ impl BlockStore {
             })
             .collect();
         (!blocks.is_empty()).then_some(blocks)
+    }
+
+    /// The CRCs kept of the first `count` blocks of `id` (none for a block that is missing or
+    /// whose CRCs were not kept).
+    pub fn block_crcs(&self, id: ObjectId, count: u32) -> Vec<Option<BlockCrcs>> {
+        let state = self.state.lock();
+        let object = state.objects.get(&id);
+        (0..count)
+            .map(|index| {
+                object
+                    .and_then(|o| o.blocks.get(&index))
+                    .and_then(|meta| meta.crcs)
+            })
+            .collect()
     }
 
     /// No origin check waits for `blocks` of `id` (those still in place) any more: it passed,
