@@ -110,8 +110,8 @@ pub enum PublishedError {
     #[error("HEAD answered {0}")]
     Status(reqwest::StatusCode),
     /// The object changed since its version was pinned.
-    #[error("the object changed: its ETag is now {0:?}")]
-    Changed(Option<String>),
+    #[error("the object changed: its ETag is now {0}")]
+    Changed(String),
 }
 
 /// Which store's conventions to use.
@@ -203,16 +203,16 @@ impl PublishedChecksums {
                 .signed_url_opts(Method::HEAD, location, URL_LIFETIME, &options)
                 .await?
         };
-        let response = self.http.head(url).headers(headers).send().await?;
+        let mut response = self.http.head(url).headers(headers).send().await?;
         if !response.status().is_success() {
             return Err(PublishedError::Status(response.status()));
         }
-        let headers = response.headers().clone();
+        let headers = std::mem::take(response.headers_mut());
         let now = headers.get(ETAG).and_then(|v| v.to_str().ok());
         if let (Some(pinned), Some(now)) = (etag, now)
             && pinned.trim_matches('"') != now.trim_matches('"')
         {
-            return Err(PublishedError::Changed(Some(now.to_owned())));
+            return Err(PublishedError::Changed(now.to_owned()));
         }
         Ok(headers)
     }

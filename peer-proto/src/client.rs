@@ -160,7 +160,7 @@ impl Client {
 
     /// The first-byte deadline for the peer at `address`: what its recent answers call for
     /// (see the module's doc), at least the configured deadline, at most the stall deadline.
-    pub fn first_byte_deadline(&self, address: &str) -> Duration {
+    fn first_byte_deadline(&self, address: &str) -> Duration {
         let wanted = self
             .heads
             .lock()

@@ -69,7 +69,7 @@ pub enum ReadError {
     Peer(Arc<str>),
     /// The run's owner did not answer, or stopped sending, within its deadline: it may only be
     /// slow (and already filling the run), so the origin supplies one block and the owner is
-    /// asked once more for the rest. Only ever a source's error on the way to the next one.
+    /// asked again for the rest. Only ever a source's error on the way to the next one.
     #[error("the rack peer that owns the blocks was late: {0}")]
     PeerLate(Arc<str>),
     /// The block was fetched but is not in the cache: its write failed (no space that is not
