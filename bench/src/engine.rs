@@ -56,7 +56,7 @@ async fn open_cache(config: &CacheConfig, origin: &OriginConfig) -> anyhow::Resu
     let stats = Arc::new(Stats::default());
     let engine = engine::build(config.io_engine, config.io_queue_depth)?;
     let store = Arc::new(BlockStore::open(config, engine, stats.clone()).await?);
-    Ok(Cache::new(store, origin, stats, None))
+    Ok(Cache::new(store, origin, config.memory_limit, stats, None))
 }
 
 /// Reads the whole object through a reader in 1 MiB requests, as the FUSE layer will.

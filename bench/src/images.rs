@@ -168,7 +168,7 @@ fn start_daemon<'a>(
     dir: &Path,
 ) -> anyhow::Result<(Mirror<'a>, PathBuf)> {
     std::fs::create_dir_all(dir)?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST)?;
     let address = format!("127.0.0.1:{port}");
     let args = vec![
         "--registry-listen".to_owned(),

@@ -11,7 +11,7 @@
 //!
 //! `larder-bench mount` compares `larder daemon` with rclone and s3fs-fuse through real kernel
 //! mounts of the same bucket, against the same limits: cold, warm and page-cache reads, random
-//! reads, many small files and concurrent readers (see `mount`).
+//! reads, many small files, concurrent readers and many readers of many files (see `mount`).
 
 mod common;
 mod engine;
@@ -107,6 +107,13 @@ pub(crate) struct MountArgs {
     /// Concurrent readers of one cold file; also the threads reading the small files.
     #[arg(long, default_value_t = 16)]
     readers: usize,
+    /// Readers of many cold files at once, each reading a file of its own (0 leaves the
+    /// workload out); the mount's peak RSS is the figure to watch.
+    #[arg(long, default_value_t = 64)]
+    many_files: usize,
+    /// Size of each of those files.
+    #[arg(long, default_value = "32MiB")]
+    many_size: ByteSize,
     /// The `larder` binary under test.
     #[arg(long, default_value = "target/release/larder")]
     larder: PathBuf,
@@ -213,6 +220,7 @@ mod tests {
         assert_eq!(args.size, ByteSize::gib(2));
         assert_eq!(args.small_size, ByteSize::kib(64));
         assert_eq!((args.rounds, args.small_files, args.readers), (5, 10_000, 16));
+        assert_eq!((args.many_files, args.many_size), (64, ByteSize::mib(32)));
         assert_eq!(args.larder, PathBuf::from("target/release/larder"));
         assert!(!args.no_rclone && !args.no_s3fs && args.out.is_none());
     }

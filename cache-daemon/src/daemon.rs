@@ -212,7 +212,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         )),
         None => None,
     };
-    let cache = Cache::new(store, &config.origin, stats.clone(), peer_tier);
+    let cache = Cache::new(
+        store,
+        &config.origin,
+        config.cache.memory_limit,
+        stats.clone(),
+        peer_tier,
+    );
     let sources = sources(&config, &stats)?;
     let origins: Vec<(String, Arc<Origin>)> = sources
         .iter()

@@ -125,6 +125,26 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         s.readahead_blocks,
     );
     out.counter(
+        "larder_readahead_held_back_blocks_total",
+        "Blocks the readahead (or a fill past the block a reader asked for) did not fetch because they did not fit the memory budget.",
+        s.readahead_held_back,
+    );
+    out.gauge(
+        "larder_memory_used_bytes",
+        "Block bytes in memory: being fetched, waiting for their cache write, read from disk or held by readers.",
+        s.memory_used_bytes,
+    );
+    out.gauge(
+        "larder_memory_limit_bytes",
+        "The memory budget for block bytes (cache.memory_limit); blocks readers wait for may pass it.",
+        s.memory_limit_bytes,
+    );
+    out.counter(
+        "larder_memory_waits_total",
+        "Times a prefetch job waited for room in the memory budget, or a fill for the cache writes to catch up.",
+        s.memory_waits,
+    );
+    out.counter(
         "larder_passthrough_opens_total",
         "Opens of complete files handed to the kernel (FUSE passthrough); their reads never reach the daemon.",
         s.passthrough_opens,
@@ -618,7 +638,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 39);
+        assert_eq!(families.len(), 43);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

@@ -624,6 +624,11 @@ impl FileTree for Namespace {
         })
     }
 
+    fn read_now(&self, fh: u64, offset: u64, size: u32) -> Option<Bytes> {
+        let reader = self.handles.lock().get(&fh)?.reader.clone();
+        reader.read_now(offset, size as usize)
+    }
+
     async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Bytes, FsError> {
         let reader = self
             .handles

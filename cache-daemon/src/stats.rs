@@ -91,6 +91,16 @@ counters! {
     cache_read_errors,
     /// Blocks whose fill the readahead started before a read asked for them.
     readahead_blocks,
+    /// Blocks the readahead (or a fill's run past the block asked for) did not fetch because
+    /// they did not fit the memory budget.
+    readahead_held_back,
+    /// Block bytes in memory, charged to the memory budget (a gauge).
+    memory_used_bytes,
+    /// The memory budget, `cache.memory_limit` (a gauge).
+    memory_limit_bytes,
+    /// Times a prefetch job waited for room in the memory budget, or a fill for the cache
+    /// writes to catch up.
+    memory_waits,
     /// Opens of complete files handed to the kernel (FUSE passthrough): their reads never
     /// reach the daemon.
     passthrough_opens,

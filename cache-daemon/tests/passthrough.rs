@@ -231,10 +231,8 @@ async fn metric(address: &str, name: &str) -> f64 {
 async fn reads_through_passthrough_count_as_served_from_the_cache() {
     let server = server(&[(MODEL, SIZE)]).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let address = format!("127.0.0.1:{}", {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("addr").port()
-    });
+    let port = larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port");
+    let address = format!("127.0.0.1:{port}");
     let daemon = DaemonProcess::start(
         Path::new(BIN),
         &server,

@@ -205,28 +205,58 @@ fn peer_requests(rack: &Rack, i: usize, result: &str) -> f64 {
     rack.metric(i, &series).expect("metrics")
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stalled_owner_costs_a_deadline_and_the_origin_serves_its_runs() {
-    let size = 64 * MIB;
-    let (_server, proxy) = origin(size).await;
+/// A model of `size` bytes, read through the mount of a rack of one member whose only peer is
+/// a fake one that misbehaves as `misbehaviour`; the member started with `extra` flags.
+async fn read_beside_a_fake(
+    misbehaviour: Misbehaviour,
+    size: u64,
+    extra: &'static [&'static str],
+) -> (Rack, FakePeer, RecordingProxy, Seaweed) {
+    let (server, proxy) = origin(size).await;
     let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
-    let fake = FakePeer::start(key, Misbehaviour::StallAfterHead)
-        .await
-        .expect("fake peer");
+    let fake = FakePeer::start(key, misbehaviour).await.expect("fake peer");
     let member = format!("f={}@r1", fake.address);
-    let (rack, fake) = tokio::task::spawn_blocking(move || {
-        let extra = ["--peer-stall-timeout", "1s"];
-        let rack = Rack::start(Path::new(BIN), &proxy, 1, &extra, &[member]).expect("rack");
+    let (rack, proxy, fake) = tokio::task::spawn_blocking(move || {
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, extra, &[member]).expect("rack");
         read_everywhere(&rack, &[0], size);
-        (rack, fake)
+        (rack, proxy, fake)
     })
     .await
     .expect("join");
-    assert!(
-        fake.requests() > 0,
-        "the stalled member owned no run of the model"
-    );
+    report_failures(&rack, &[0]);
+    assert!(fake.requests() > 0, "the fake member owned no run of the model");
+    (rack, fake, proxy, server)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_owner_costs_a_deadline_and_the_origin_serves_its_runs() {
+    let extra = &["--peer-stall-timeout", "1s"];
+    let (rack, ..) = read_beside_a_fake(Misbehaviour::StallAfterHead, 64 * MIB, extra).await;
     assert!(peer_requests(&rack, 0, "timeout") > 0.0);
+    assert_eq!(peer_bytes(&rack, 0), 0);
+}
+
+/// A peer's block is checked group by group as it arrives: an owner whose first 16 KiB does
+/// not hash to the value it sent is dropped then, as bad data, not after the stall deadline
+/// the rest of the block would have taken.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_group_from_an_owner_ends_its_answer_as_it_arrives() {
+    // A stall deadline longer than the test takes: waiting for the block's end would end in
+    // a timeout, a minute later.
+    let extra = &["--peer-stall-timeout", "60s"];
+    let (rack, ..) = read_beside_a_fake(Misbehaviour::BadGroupThenStall, 64 * MIB, extra).await;
+    assert!(peer_requests(&rack, 0, "bad_data") > 0.0);
+    // The first failure is the bad group, not a stall (a later request, once the member's
+    // circuit closes again, may meet a loaded machine's first-byte deadline).
+    let log = rack.log(0);
+    let first = log
+        .lines()
+        .find(|l| l.contains("rack peer failed"))
+        .unwrap_or_default();
+    assert!(
+        first.contains("group 0 does not hash to its value"),
+        "the first failure is not the bad group: {first}"
+    );
     assert_eq!(peer_bytes(&rack, 0), 0);
 }
 
@@ -250,22 +280,9 @@ fn origin_bytes_within(proxy: &RecordingProxy, key: &str, blocks: std::ops::Rang
 /// reader moves on, then asks the owner again for the rest.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_late_owner_costs_one_block_from_the_origin_not_its_run() {
-    let size = 64 * MIB;
-    let (_server, proxy) = origin(size).await;
-    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
-    let fake = FakePeer::start(key, Misbehaviour::LateOnce(Duration::from_secs(3)))
-        .await
-        .expect("fake peer");
-    let member = format!("f={}@r1", fake.address);
-    let (rack, proxy, fake) = tokio::task::spawn_blocking(move || {
-        let extra = ["--peer-first-byte-timeout", "1s"];
-        let rack = Rack::start(Path::new(BIN), &proxy, 1, &extra, &[member]).expect("rack");
-        read_everywhere(&rack, &[0], size);
-        (rack, proxy, fake)
-    })
-    .await
-    .expect("join");
-    report_failures(&rack, &[0]);
+    let late = Misbehaviour::LateOnce(Duration::from_secs(3));
+    let extra = &["--peer-first-byte-timeout", "1s"];
+    let (rack, fake, proxy, _server) = read_beside_a_fake(late, 64 * MIB, extra).await;
     let late = fake.late_runs();
     let [(_, first, count)] = late.as_slice() else {
         panic!("the fake member answered {late:?} late: it owned no run of the model");
@@ -411,7 +428,7 @@ async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_membe
         let replayed = exchange(address, &once);
         assert!(status(&replayed).contains(" 401 "), "replayed: {replayed}");
         // A run of a URL-shaped source, and a run past the object's end: refused, nothing fetched.
-        let run = "/v1/run?object=00&source=http%3A%2F%2Felsewhere&key=k&version=-&size=1&block_size=4194304&first=0&count=1";
+        let run = "/v3/run?object=00&source=http%3A%2F%2Felsewhere&key=k&version=-&size=1&block_size=4194304&first=0&count=1";
         let malformed = exchange(address, &signed(&key, run, "a", now_ms(), [4; 16]));
         assert!(status(&malformed).contains(" 400 "), "malformed run: {malformed}");
 

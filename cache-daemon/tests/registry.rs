@@ -12,10 +12,10 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use larder_tests::daemon::DaemonProcess;
+use larder_tests::free_port;
 use larder_tests::oci::{
     Containerd, Registry, TestImage, hosts_dir, http_get, is_blob_get, push, write_auth_file,
 };
-use larder_tests::rack::free_port;
 use larder_tests::{Bucket, Fault, RecordingProxy, S3Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_larder");

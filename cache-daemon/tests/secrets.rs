@@ -26,8 +26,7 @@ const SECRETS: &[&str] = &[
 
 /// A port nobody listens on right now.
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
+    larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
 }
 
 fn assert_no_secret(what: &str, text: &str) {

@@ -13,8 +13,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_larder");
 
 /// A port nobody listens on right now.
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
+    larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
 }
 
 /// `GET /metrics` with a deadline: the status code, or why there was none.

@@ -134,6 +134,15 @@ struct Flags {
     #[arg(long, env = "LARDER_IO_QUEUE_DEPTH", value_name = "N", help_heading = "Cache")]
     io_queue_depth: Option<OsString>,
 
+    /// Block bytes kept in memory, at least two blocks [cache.memory_limit].
+    #[arg(
+        long,
+        env = "LARDER_MEMORY_LIMIT",
+        value_name = "SIZE",
+        help_heading = "Cache"
+    )]
+    memory_limit: Option<OsString>,
+
     /// Size of one ranged GET, a multiple of the block size [origin.part_size].
     #[arg(long, env = "LARDER_PART_SIZE", value_name = "SIZE", help_heading = "Origin")]
     part_size: Option<OsString>,
@@ -773,6 +782,14 @@ impl ConfigArgs {
         )?;
         set(
             names,
+            &mut cache.memory_limit,
+            &flags.memory_limit,
+            "cache.memory_limit",
+            "memory_limit",
+            parse_size,
+        )?;
+        set(
+            names,
             &mut origin.part_size,
             &flags.part_size,
             "origin.part_size",
@@ -1241,6 +1258,7 @@ mod tests {
             ("passthrough", "LARDER_PASSTHROUGH"),
             ("io-engine", "LARDER_IO_ENGINE"),
             ("io-queue-depth", "LARDER_IO_QUEUE_DEPTH"),
+            ("memory-limit", "LARDER_MEMORY_LIMIT"),
             ("part-size", "LARDER_PART_SIZE"),
             ("origin-concurrency", "LARDER_ORIGIN_CONCURRENCY"),
             ("connect-timeout", "LARDER_CONNECT_TIMEOUT"),
@@ -1348,6 +1366,8 @@ mod tests {
             "psync",
             "--io-queue-depth",
             "8",
+            "--memory-limit",
+            "48MiB",
             "--part-size",
             "32MiB",
             "--origin-concurrency",
@@ -1393,6 +1413,7 @@ mod tests {
         assert!(!config.cache.passthrough);
         assert_eq!(config.cache.io_engine, IoEngineKind::Psync);
         assert_eq!(config.cache.io_queue_depth, 8);
+        assert_eq!(config.cache.memory_limit, ByteSize::mib(48));
         assert_eq!(config.origin.part_size, ByteSize::mib(32));
         assert_eq!(config.origin.concurrency, 4);
         assert_eq!(config.origin.request_timeout, Duration::from_secs(2));

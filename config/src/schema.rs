@@ -13,6 +13,7 @@
 //! passthrough = true         # FUSE passthrough for fully cached files
 //! io_engine = "uring"        # or "psync"
 //! io_queue_depth = 64
+//! memory_limit = "256MiB"    # block bytes kept in memory (fills, writes, readers' blocks)
 //!
 //! [origin]
 //! part_size = "16MiB"
@@ -130,8 +131,8 @@ pub struct CacheConfig {
     /// Unit of caching and verification: a power of two from 1MiB to
     /// 64MiB. Default 4MiB.
     pub block_size: ByteSize,
-    /// Check every read from disk through the daemon against the block's BLAKE3 (the 64 KiB
-    /// groups it touches, against the block's stored group values); a mismatch is a miss (the
+    /// Check every read from disk through the daemon against the block's BLAKE3 (the 16 KiB
+    /// groups it touches, with the block's stored tree); a mismatch is a miss (the
     /// block is dropped and fetched again). Default true. Turning it off also gives up the protection against data a power loss
     /// took from the page cache after its record entry was written.
     pub verify_on_read: bool,
@@ -143,6 +144,11 @@ pub struct CacheConfig {
     pub io_engine: IoEngineKind,
     /// Disk I/O requests in flight, 1 to 4096. Default 64.
     pub io_queue_depth: u32,
+    /// Block bytes the daemon keeps in memory: blocks being fetched, waiting for their cache
+    /// write, read from disk, or held by readers. Readahead and prefetch keep within it; a
+    /// block a reader waits for is fetched even over it. At least two blocks. Default 256MiB:
+    /// every one of the default 16 origin requests in flight can hold its 16MiB part.
+    pub memory_limit: ByteSize,
 }
 
 impl Default for CacheConfig {
@@ -156,6 +162,7 @@ impl Default for CacheConfig {
             passthrough: true,
             io_engine: IoEngineKind::Uring,
             io_queue_depth: 64,
+            memory_limit: ByteSize::mib(256),
         }
     }
 }
@@ -230,7 +237,9 @@ pub struct OriginConfig {
     pub retry_budget_ratio: f64,
     /// Smallest readahead window. Default 8MiB.
     pub readahead_min: ByteSize,
-    /// Largest readahead window; at least `readahead_min`. Default 256MiB.
+    /// Largest readahead window; at least `readahead_min`. Default 256MiB. The cache uses at
+    /// most an eighth of its capacity and half of `cache.memory_limit` (the blocks fetched
+    /// ahead are kept in memory for their reader).
     pub readahead_max: ByteSize,
 }
 
@@ -834,6 +843,7 @@ mod tests {
         passthrough = false
         io_engine = "psync"
         io_queue_depth = 128
+        memory_limit = "1GiB"
 
         [origin]
         part_size = "32MiB"
@@ -992,6 +1002,7 @@ mod tests {
                 passthrough: false,
                 io_engine: IoEngineKind::Psync,
                 io_queue_depth: 128,
+                memory_limit: ByteSize::gib(1),
             },
             origin: OriginConfig {
                 part_size: ByteSize::mib(32),

@@ -109,6 +109,13 @@ fn validate_cache(cache: &CacheConfig) -> Result<(), ConfigError> {
             "must be a number from 0.0 up to but excluding 1.0",
         ));
     }
+    if cache.memory_limit.as_u64() < 2 * block.as_u64() {
+        return Err(ConfigError::invalid(
+            "cache.memory_limit",
+            cache.memory_limit,
+            format!("must hold at least two blocks (cache.block_size = {block})"),
+        ));
+    }
     check_range("cache.io_queue_depth", cache.io_queue_depth, 1, 4096)
 }
 
@@ -484,6 +491,15 @@ mod tests {
             config.cache.min_free_fraction = fraction;
             assert_invalid(&config, "cache.min_free_fraction", text);
         }
+    }
+
+    #[test]
+    fn memory_limit_holds_two_blocks() {
+        let mut config = valid();
+        config.cache.memory_limit = ByteSize::mib(7);
+        assert_invalid(&config, "cache.memory_limit", "7MiB");
+        config.cache.memory_limit = ByteSize::mib(8);
+        assert!(config.validate().is_ok());
     }
 
     #[test]

@@ -9,18 +9,19 @@
 //! node) is given the time it has been taking, so that its runs are not fetched from the origin
 //! a second time; one that stops answering is still found out within a deadline.
 //!
-//! [`Client::fetch_run`] checks each block's tag (with a key) and that the blocks come in
-//! order with the lengths the run implies, then hands the block's header and bytes to the
-//! caller, which must check the bytes against the header's hash before using them (it hashes
-//! them anyway, to build its own record of the block). An answer that ends early or stalls
-//! leaves the blocks it gave with the caller and returns an error: the rest of the run is the
-//! next tier's.
+//! [`Client::fetch_run`] checks each block's tag (with a key), that the blocks come in order
+//! with the lengths the run implies, that their group values merge to the tagged hash, and
+//! each 16 KiB group of bytes against its value as soon as it has arrived: a bad answer ends
+//! at its first bad group. The bytes go straight into the caller's buffer, which it gets
+//! whole with the check, to finish on the very bytes it keeps. An answer that ends early or stalls leaves the
+//! blocks it gave with the caller and returns an error: the rest of the run is the next
+//! tier's.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
@@ -30,6 +31,8 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, timeout_at};
+
+use larder_block_tree::{BadGroup, CV_LEN, GroupCheck, groups_in};
 
 use crate::auth::{ClusterKey, RequestHead, header};
 use crate::tls::Connector;
@@ -121,6 +124,14 @@ pub enum PeerError {
     Broken(String),
 }
 
+/// A block's buffer, which [`Client::fetch_run`] fills as the block's bytes arrive.
+pub trait BlockBuf: AsRef<[u8]> {
+    /// An empty buffer with room for `len` bytes.
+    fn with_room(len: usize) -> Self;
+    /// Appends `bytes`.
+    fn extend_from_slice(&mut self, bytes: &[u8]);
+}
+
 /// How a run was had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunAnswer {
@@ -204,32 +215,34 @@ impl Client {
     }
 
     /// Fetches `request` from the peer at `address` (`HOST:PORT`), calling `on_block` with
-    /// each block's header and bytes, in order. `on_block` must check the bytes against
-    /// `header.hash`; its error ends the fetch as [`PeerError::BadData`].
-    pub async fn fetch_run(
+    /// each block's header, its bytes in a buffer of type `B`, and their check, in order. Every
+    /// group but the last is checked by then; `on_block` must finish the check
+    /// ([`GroupCheck::finish`]) before using the bytes. Its error ends the fetch as
+    /// [`PeerError::BadData`].
+    pub async fn fetch_run<B: BlockBuf>(
         &self,
         address: &str,
         request: &RunRequest,
-        mut on_block: impl FnMut(&FrameHeader, Bytes) -> Result<(), String>,
+        mut on_block: impl FnMut(&FrameHeader, B, GroupCheck) -> Result<(), String>,
     ) -> Result<RunAnswer, PeerError> {
         let (response, nonce) = self.send(address, &request.path_and_query()).await?;
         let hit = response
             .headers()
             .get(RUN_HIT_HEADER)
             .is_some_and(|value| value == "hit");
-        let mut body = response.into_body();
-        let mut pending = BytesMut::new();
-        let mut deadline = Instant::now() + self.stall_timeout;
+        let mut answer = Answer {
+            body: response.into_body(),
+            pending: BytesMut::new(),
+            deadline: Instant::now() + self.stall_timeout,
+            stall: self.stall_timeout,
+        };
         let mut index = request.first;
         let mut waited = 0;
         while index < request.first + request.count {
             let want = request.block_len(index) as usize;
-            // The header, then the block's bytes, each deadline from the last bytes received.
-            while pending.len() < FRAME_HEADER_LEN {
-                pull(&mut body, &mut pending, &mut deadline, self.stall_timeout).await?;
-            }
+            let bad = |reason: String| PeerError::BadData { index, reason };
             let mut head = [0; FRAME_HEADER_LEN];
-            pending.copy_to_slice(&mut head);
+            head.copy_from_slice(&answer.take(FRAME_HEADER_LEN).await?);
             let head = FrameHeader::decode(&head);
             if let Some(key) = &self.key
                 && !key.block_tag_matches(&nonce, head.index, head.len, &head.hash, &head.tag)
@@ -247,19 +260,21 @@ impl Client {
             }
             waited = 0;
             if head.index != index || head.len as usize != want {
-                return Err(PeerError::BadData {
-                    index,
-                    reason: format!(
-                        "got block {} of {} bytes, expected {want} bytes",
-                        head.index, head.len
-                    ),
-                });
+                return Err(bad(format!(
+                    "got block {} of {} bytes, expected {want} bytes",
+                    head.index, head.len
+                )));
             }
-            while pending.len() < want {
-                pull(&mut body, &mut pending, &mut deadline, self.stall_timeout).await?;
-            }
-            let bytes = pending.split_to(want).freeze();
-            on_block(&head, bytes).map_err(|reason| PeerError::BadData { index, reason })?;
+            let values = answer.take(groups_in(want) * CV_LEN).await?;
+            let mut check = GroupCheck::new(&values, want, head.hash)
+                .ok_or_else(|| bad("its group values do not merge to its hash".into()))?;
+            let mut block = B::with_room(want);
+            let check_so_far = |so_far: &[u8]| {
+                let checked = check.update(so_far);
+                checked.map_err(|BadGroup(group)| bad(format!("group {group} does not hash to its value")))
+            };
+            answer.fill(&mut block, want, check_so_far).await?;
+            on_block(&head, block, check).map_err(bad)?;
             index += 1;
         }
         Ok(RunAnswer { hit })
@@ -359,28 +374,62 @@ where
     Ok(sender)
 }
 
-/// Appends the answer's next bytes to `pending`, waiting at most until `deadline`, which then
-/// moves `stall` past now.
-async fn pull(
-    body: &mut Incoming,
-    pending: &mut BytesMut,
-    deadline: &mut Instant,
+/// An answer's body as it is read: bytes come within the stall deadline of the last ones.
+struct Answer {
+    body: Incoming,
+    /// Bytes received and not yet used.
+    pending: BytesMut,
+    deadline: Instant,
     stall: Duration,
-) -> Result<(), PeerError> {
-    loop {
-        let frame = timeout_at(*deadline, body.frame())
-            .await
-            .map_err(|_| PeerError::Timeout("the answer stalled past the stall deadline"))?;
-        match frame {
-            None => return Err(PeerError::Broken("the answer ended before the run did".into())),
-            Some(Err(error)) => return Err(PeerError::Broken(error.to_string())),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data()
-                    && !data.is_empty()
-                {
-                    pending.extend_from_slice(&data);
-                    *deadline = Instant::now() + stall;
-                    return Ok(());
+}
+
+impl Answer {
+    /// The answer's next `len` bytes.
+    async fn take(&mut self, len: usize) -> Result<BytesMut, PeerError> {
+        while self.pending.len() < len {
+            let data = self.next().await?;
+            self.pending.extend_from_slice(&data);
+        }
+        Ok(self.pending.split_to(len))
+    }
+
+    /// Appends the answer's next bytes to `block` until it holds `len`, calling `check` with
+    /// what it holds before each wait for more.
+    async fn fill<B: BlockBuf>(
+        &mut self,
+        block: &mut B,
+        len: usize,
+        mut check: impl FnMut(&[u8]) -> Result<(), PeerError>,
+    ) -> Result<(), PeerError> {
+        let here = self.pending.len().min(len);
+        block.extend_from_slice(&self.pending.split_to(here));
+        while block.as_ref().len() < len {
+            check(block.as_ref())?;
+            let data = self.next().await?;
+            let take = (len - block.as_ref().len()).min(data.len());
+            block.extend_from_slice(&data[..take]);
+            self.pending.extend_from_slice(&data[take..]);
+        }
+        Ok(())
+    }
+
+    /// The body's next bytes, waiting at most until the deadline, which then moves a stall
+    /// deadline past now.
+    async fn next(&mut self) -> Result<Bytes, PeerError> {
+        loop {
+            let frame = timeout_at(self.deadline, self.body.frame())
+                .await
+                .map_err(|_| PeerError::Timeout("the answer stalled past the stall deadline"))?;
+            match frame {
+                None => return Err(PeerError::Broken("the answer ended before the run did".into())),
+                Some(Err(error)) => return Err(PeerError::Broken(error.to_string())),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        self.deadline = Instant::now() + self.stall;
+                        return Ok(data);
+                    }
                 }
             }
         }

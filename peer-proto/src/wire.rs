@@ -6,13 +6,21 @@
 //! fetch anything else), the key, the version it pins (ETag or version id), the size, the block
 //! size both sides cut it into, and the blocks. The answer is the blocks in order, each a
 //! [`FrameHeader`] (index, length, BLAKE3, and the tag that authenticates them; see
-//! [`crate::auth`]) followed by its bytes, with keepalive frames (a header alone) between them
-//! while the owner waits for a block. An answer that stops early gives the blocks it gave.
+//! [`crate::auth`]), then the chaining values of the block's 16 KiB groups (see
+//! [`larder_block_tree`]; none for a block of one group), then its bytes, with keepalive
+//! frames (a header alone) between them while the owner waits for a block. The group values
+//! need no tag of their own: they must merge to the tagged hash. With them the asker checks
+//! each group as it arrives. An answer that stops early gives the blocks it gave.
+//!
+//! The path names the protocol's version, which changes with the group size the values are
+//! for: members of the releases before group values ask `/v1/run`, those whose groups were
+//! 64 KiB `/v2/run`. This one answers neither (404), nor they `/v3/run`. In a rack being
+//! upgraded, runs between members of different releases come from the origin.
 
 use url::form_urlencoded;
 
-/// The path of run requests.
-pub const RUN_PATH: &str = "/v1/run";
+/// The path of run requests: version 3, whose answers carry the values of 16 KiB groups.
+pub const RUN_PATH: &str = "/v3/run";
 
 /// The path of hello requests: who a member behind an address is.
 pub const HELLO_PATH: &str = "/v1/hello";
@@ -312,8 +320,9 @@ mod tests {
 
         let good = request().path_and_query();
         assert_eq!(
-            RunRequest::parse(&good.replace("/v1/run", "/v1/other")),
-            Err(WireError::Path("/v1/other".into()))
+            RunRequest::parse(&good.replace("/v3/run", "/v2/run")),
+            Err(WireError::Path("/v2/run".into())),
+            "the release before's path"
         );
         assert_eq!(
             RunRequest::parse(&format!("{good}&count=2")),

@@ -86,6 +86,10 @@ impl DaemonProcess {
             // Daemons of tests running side by side must not all take the default port; a
             // test that scrapes passes --metrics-listen, which wins over this.
             .env("LARDER_METRICS_LISTEN", "127.0.0.1:0")
+            // The file system a test's cache lives on is the machine's, whose free space is
+            // not the test's: the default 5% kept free made a fresh machine with a fuller disk
+            // refuse to cache. A test of that limit passes --min-free-fraction, which wins.
+            .env("LARDER_MIN_FREE_FRACTION", "0")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)

@@ -1,6 +1,7 @@
 //! A rack peer that misbehaves on purpose, holding the cluster key: it answers run requests
 //! with a good head and then stalls, with blocks of wrong bytes whose BLAKE3 and tags are
-//! its own (a lying member the key cannot catch), or late the first time it is asked for a run.
+//! its own (a lying member the key cannot catch), late the first time it is asked for a run,
+//! or with a block whose first group is not what its group values say.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -11,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
+use larder_block_tree::{GROUP, Tree};
 use larder_peer_proto::auth::{ClusterKey, Verifier};
 use larder_peer_proto::server::{authenticate, frame};
 use larder_peer_proto::wire::RunRequest;
@@ -30,6 +32,10 @@ pub enum Misbehaviour {
     /// one at once, with the run's true bytes: the harness's deterministic content of the key
     /// (seed 0), as [`crate::upload`] wrote it.
     LateOnce(Duration),
+    /// Sends the run's first block's header and group values, true to the harness's content
+    /// of the key (seed 0), then that block's first group with one byte changed, and then
+    /// nothing more.
+    BadGroupThenStall,
 }
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -129,11 +135,34 @@ async fn answer<B>(
                 crate::content(seed, offset, len)
             })
         }
+        Misbehaviour::BadGroupThenStall => {
+            let offset = u64::from(run.first) * run.block_size;
+            let block = crate::content(
+                crate::seed(&run.key, 0),
+                offset,
+                run.block_len(run.first) as usize,
+            );
+            let mut start = framed(key, &sender.nonce, run.first, &block);
+            start.truncate(start.len() - block.len() + GROUP);
+            if let Some(last) = start.last_mut() {
+                *last ^= 1;
+            }
+            let first = futures::stream::once(async move { Ok(Frame::data(Bytes::from(start))) });
+            let body = futures::StreamExt::chain(first, futures::stream::pending());
+            hyper::Response::new(StreamBody::new(body).boxed())
+        }
     }
 }
 
+/// Block `index` as an answer frames it: tagged header, group values, bytes.
+fn framed(key: &ClusterKey, nonce: &[u8; 16], index: u32, bytes: &[u8]) -> Vec<u8> {
+    let tree = Tree::of(bytes);
+    let head = frame(Some(key), nonce, index, bytes.len() as u32, tree.root);
+    [&head.encode()[..], tree.groups.as_flattened(), bytes].concat()
+}
+
 /// An answer of every block of `run`, each block's bytes from `bytes(offset, len)`, with their
-/// BLAKE3 and tags.
+/// group values, BLAKE3 and tags.
 fn blocks(
     key: &ClusterKey,
     nonce: &[u8; 16],
@@ -143,10 +172,7 @@ fn blocks(
     let mut body = Vec::new();
     for index in run.first..run.first + run.count {
         let bytes = bytes(u64::from(index) * run.block_size, run.block_len(index) as usize);
-        let hash = *blake3::hash(&bytes).as_bytes();
-        let head = frame(Some(key), nonce, index, bytes.len() as u32, hash);
-        body.extend_from_slice(&head.encode());
-        body.extend_from_slice(&bytes);
+        body.extend_from_slice(&framed(key, nonce, index, &bytes));
     }
     hyper::Response::new(Full::new(Bytes::from(body)).boxed())
 }

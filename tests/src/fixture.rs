@@ -25,6 +25,8 @@ pub fn test_config(dir: &Path, block_size: u64, engine: IoEngineKind, url: &str)
             min_free_fraction: 0.0,
             block_size: ByteSize(block_size),
             io_engine: engine,
+            // A small budget, so that the tests run the read path under it.
+            memory_limit: ByteSize(16 * block_size),
             ..CacheConfig::default()
         },
         origin: OriginConfig {
@@ -89,7 +91,13 @@ impl CacheFixture {
             config.cache.io_queue_depth,
         )?);
         let store = Arc::new(BlockStore::open(&config.cache, disk.clone(), stats.clone()).await?);
-        let cache = Cache::new(store, &config.origin, stats.clone(), None);
+        let cache = Cache::new(
+            store,
+            &config.origin,
+            config.cache.memory_limit,
+            stats.clone(),
+            None,
+        );
         Ok(Self {
             server,
             faults,

@@ -29,12 +29,14 @@ mod fault;
 pub mod fixture;
 pub mod kube;
 pub mod oci;
+mod ports;
 mod proxy;
 pub mod rack;
 pub mod seaweed;
 mod server;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
+pub use ports::free_port;
 pub use proxy::{Fault, RecordingProxy};
 pub use server::{
     ACCESS_KEY, S3Server, SECRET_KEY, ServedRequest, s3_client, s3_client_with_crc64nvme,

@@ -31,7 +31,7 @@
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
@@ -236,7 +236,7 @@ impl Registry {
     /// One start: the registry, or why it exited before serving.
     fn start_once(auth: Auth<'_>) -> anyhow::Result<Result<Self, String>> {
         let dir = tempfile::Builder::new().prefix("larder-registry").tempdir()?;
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = crate::free_port(Ipv4Addr::LOCALHOST)?;
         let address = format!("127.0.0.1:{port}");
         let mut config = json!({
             "version": "0.1",

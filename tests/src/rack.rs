@@ -8,17 +8,12 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
-use crate::Bucket;
 use crate::daemon::DaemonProcess;
+use crate::{Bucket, free_port};
 
 /// The loopback address of member `index`.
 pub fn member_ip(index: usize) -> Ipv4Addr {
     Ipv4Addr::new(127, 0, 0, 11 + index as u8)
-}
-
-/// A port free on `ip` when asked (nothing holds it afterwards).
-pub fn free_port(ip: Ipv4Addr) -> anyhow::Result<u16> {
-    Ok(TcpListener::bind(SocketAddr::from((ip, 0)))?.local_addr()?.port())
 }
 
 /// A port free on the addresses of members `0..n` alike when asked.

@@ -7,7 +7,7 @@
 //! bucket itself (`-bucket`); nothing talks to a master by a fixed address.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -31,23 +31,20 @@ struct Ports {
 }
 
 impl Ports {
-    /// Ten ports the kernel has just handed out, held together so that no two are the same.
+    /// Ten ports no other server of this process was given.
     fn free() -> anyhow::Result<Self> {
-        let listeners = (0..10)
-            .map(|_| TcpListener::bind("127.0.0.1:0"))
-            .collect::<Result<Vec<_>, _>>()?;
-        let port = |i: usize| -> anyhow::Result<u16> { Ok(listeners[i].local_addr()?.port()) };
+        let port = || crate::free_port(Ipv4Addr::LOCALHOST);
         Ok(Self {
-            master: port(0)?,
-            master_grpc: port(1)?,
-            volume: port(2)?,
-            volume_grpc: port(3)?,
-            filer: port(4)?,
-            filer_grpc: port(5)?,
-            s3: port(6)?,
-            s3_grpc: port(7)?,
-            admin: port(8)?,
-            admin_grpc: port(9)?,
+            master: port()?,
+            master_grpc: port()?,
+            volume: port()?,
+            volume_grpc: port()?,
+            filer: port()?,
+            filer_grpc: port()?,
+            s3: port()?,
+            s3_grpc: port()?,
+            admin: port()?,
+            admin_grpc: port()?,
         })
     }
 

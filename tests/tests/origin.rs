@@ -165,7 +165,7 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
             .await
             .expect("store"),
     );
-    let cache = Cache::new(store, &config.origin, stats, None);
+    let cache = Cache::new(store, &config.origin, config.cache.memory_limit, stats, None);
     let object = OpenObject::new(origin, version);
     let got = Reader::new(cache, object).read(0, size).await.expect("read");
     assert!(got == content(seed("local", 0), 0, size));

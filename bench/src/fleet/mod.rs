@@ -265,7 +265,7 @@ fn render(args: &FleetArgs, rounds: &[(Sample, Sample)], duration: Duration) -> 
     );
     let _ = writeln!(
         out,
-        "\nEach node is a `larder daemon` (`--metrics-listen off`, otherwise defaults; with peers \
+        "\nEach node is a `larder daemon` (`--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`, otherwise defaults; with peers \
          also `--node-id`, `--rack`, `--peer-listen`, `--peers` naming all nodes, \
          `--cluster-key-file`) in a network namespace of its own, on a fresh cache dir each round. \
          All nodes read the whole model through their mounts at once (1 MiB reads). The origin is \

@@ -4,7 +4,8 @@
 //! All systems, and the raw download, reach SeaweedFS through one [`RecordingProxy`]; the
 //! stretch of its log that a workload adds gives the origin requests and bytes it cost. Within
 //! a round each workload runs for the limit first, then Larder, rclone and s3fs, so ratios
-//! are taken between runs minutes apart at most.
+//! are taken between runs minutes apart at most. One limit is measured inside Larder's run:
+//! that of the second warm read, Larder's own data file read right after it.
 
 mod measure;
 mod report;
@@ -36,11 +37,15 @@ const BUCKET: &str = "larder-bench";
 const BIG_KEY: &str = "model.safetensors";
 /// The directory of the small files.
 const SMALL_DIR: &str = "small";
+/// The directory of the files of the many-readers workload, one per reader.
+const MANY_DIR: &str = "many";
 /// Random reads: (request size, requests) of the two random workloads.
 const RANDOM_SMALL: (u64, u64) = (4 << 10, 1024);
 const RANDOM_LARGE: (u64, u64) = (1 << 20, 128);
 /// Uploads of the small files in flight.
 const UPLOADS: usize = 16;
+/// Uploads of the many readers' files in flight (each a multipart upload holding its parts).
+const MANY_UPLOADS: usize = 4;
 
 /// What is measured; each has a limit measured in the same round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -54,10 +59,11 @@ pub(crate) enum Workload {
     Random1m,
     SmallFiles,
     Readers,
+    ManyFiles,
 }
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 9] = [
+    pub(crate) const ALL: [Workload; 10] = [
         Workload::Cold,
         Workload::Warm,
         Workload::WarmAgain,
@@ -67,6 +73,7 @@ impl Workload {
         Workload::Random1m,
         Workload::SmallFiles,
         Workload::Readers,
+        Workload::ManyFiles,
     ];
 }
 
@@ -85,8 +92,9 @@ pub(crate) struct Sample {
 /// Every figure of one round.
 pub(crate) type Round = BTreeMap<(Workload, System), Sample>;
 
-/// Workload results of one system, or why it failed.
-type Outcome = anyhow::Result<Vec<(Workload, Sample)>>;
+/// Workload results of one run, each with the system it measured, or why the run failed.
+/// Larder's warm run also measures a limit: its own data file, read with the same history.
+type Outcome = anyhow::Result<Vec<(Workload, System, Sample)>>;
 
 /// The running origin and what every workload needs.
 struct Bench<'a> {
@@ -137,8 +145,8 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
     progress("SeaweedFS is up");
     runtime.block_on(upload(&args, &weed))?;
     progress(&format!(
-        "uploaded {} and {} small files",
-        args.size, args.small_files
+        "uploaded {}, {} small files and {} files of {}",
+        args.size, args.small_files, args.many_files, args.many_size
     ));
     let local = work.path().join("local").join(BIG_KEY);
     write_local_copy(&local, seed, args.size.as_u64())?;
@@ -175,6 +183,8 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
         failures: &failures,
         dropped,
         duration: started.elapsed(),
+        // The daemon inherits the harness's environment, this variable with it.
+        memory_budget: std::env::var("LARDER_MEMORY_LIMIT").ok(),
     });
     print!("{report}");
     if let Some(out) = &args.out {
@@ -189,7 +199,13 @@ fn small_key(i: usize) -> String {
     format!("{SMALL_DIR}/file-{i:05}")
 }
 
-/// Puts the large object and the small ones into the bucket (not through the proxy).
+/// The key of the many readers' file `i`.
+fn many_key(i: usize) -> String {
+    format!("{MANY_DIR}/file-{i:05}")
+}
+
+/// Puts the large object, the small ones and the many readers' files into the bucket (not
+/// through the proxy).
 async fn upload(args: &MountArgs, weed: &Seaweed) -> anyhow::Result<()> {
     let direct = weed.client()?;
     upload_with_retries(direct.as_ref(), BIG_KEY, args.size.as_u64()).await?;
@@ -203,6 +219,15 @@ async fn upload(args: &MountArgs, weed: &Seaweed) -> anyhow::Result<()> {
         })
         .buffer_unordered(UPLOADS)
         .try_for_each(|_| async { Ok(()) })
+        .await?;
+    let size = args.many_size.as_u64();
+    futures::stream::iter(0..args.many_files)
+        .map(|i| {
+            let direct = direct.clone();
+            async move { upload_with_retries(direct.as_ref(), &many_key(i), size).await }
+        })
+        .buffer_unordered(MANY_UPLOADS)
+        .try_for_each(|()| async { Ok(()) })
         .await?;
     Ok(())
 }
@@ -234,6 +259,8 @@ impl Bench<'_> {
             Some(self.size())
         } else if key.starts_with(&format!("{SMALL_DIR}/")) {
             Some(self.args.small_size.as_u64())
+        } else if key.starts_with(&format!("{MANY_DIR}/")) {
+            Some(self.args.many_size.as_u64())
         } else {
             None
         }
@@ -268,9 +295,10 @@ impl Bench<'_> {
     /// One round: every workload, for the limit and then each system.
     fn round(&self, number: usize, failures: &mut Vec<String>) -> Round {
         let mut round = Round::new();
-        let mut record = |system: System, outcome: Outcome| match outcome {
+        // `run` names whose run the outcome is, for a failure.
+        let mut record = |run: System, outcome: Outcome| match outcome {
             Ok(samples) => {
-                for (workload, sample) in samples {
+                for (workload, system, sample) in samples {
                     eprintln!(
                         "[{:4.0} s] round {}: {} {}: {:.0} {}",
                         self.started.elapsed().as_secs_f64(),
@@ -284,13 +312,16 @@ impl Bench<'_> {
                 }
             }
             Err(error) => {
+                let setup = self.setups.iter().find(|setup| setup.system == run);
+                let log = setup.map(Setup::log_trouble).unwrap_or_default();
+                let log: String = log.iter().map(|line| format!("\n    log: {line}")).collect();
                 eprintln!(
-                    "[{:4.0} s] round {}: {}: {error:#}",
+                    "[{:4.0} s] round {}: {}: {error:#}{log}",
                     self.started.elapsed().as_secs_f64(),
                     number + 1,
-                    system.name()
+                    run.name()
                 );
-                failures.push(format!("round {}, {}: {error:#}", number + 1, system.name()));
+                failures.push(format!("round {}, {}: {error:#}{log}", number + 1, run.name()));
             }
         };
         record(System::Limit, self.limit_cold(Workload::Cold, 1));
@@ -312,6 +343,12 @@ impl Bench<'_> {
         for setup in &self.setups {
             record(setup.system, self.readers(setup));
         }
+        if self.args.many_files > 0 {
+            record(System::Limit, self.limit_many_files());
+            for setup in &self.setups {
+                record(setup.system, self.many_files(setup));
+            }
+        }
         round
     }
 
@@ -332,9 +369,10 @@ impl Bench<'_> {
                 bytes: self.size() * readers as u64,
                 ops: self.size().div_ceil(origin.part_size.as_u64()),
                 reader_cpu: None,
+                latency: None,
             })
         })?;
-        Ok(vec![(workload, sample)])
+        Ok(vec![(workload, System::Limit, sample)])
     }
 
     /// Stops nothing (every workload stops its mount), wipes the cache, drops the page cache
@@ -353,16 +391,21 @@ impl Bench<'_> {
         // The warm read restarts the system on this cache: let it record what it holds.
         setup.settle(BIG_KEY, self.size())?;
         mount.stop()?;
-        Ok(vec![(Workload::Cold, sample)])
+        Ok(vec![(Workload::Cold, setup.system, sample)])
     }
 
     /// Random, warm, page-cache and mmap reads: of the system restarted on the cache its cold
     /// read filled, or (`None`) of the local copy. The random reads come first, while Larder
     /// has checked none of the blocks since its start; the first whole read checks them all,
     /// so the second one is passed through.
+    ///
+    /// The second whole read has no local-copy limit: a file last read with O_DIRECT (as the
+    /// daemon reads its data file on the first warm read) reads slower buffered than one last
+    /// read buffered. Its limit is Larder's data file itself, read right after it.
     fn warm(&self, setup: Option<&Setup>, seed: u64) -> Outcome {
         let mount = setup.map(|s| s.start(&self.proxy)).transpose()?;
         let pid = mount.as_ref().and_then(|m| m.pid());
+        let system = setup.map_or(System::Limit, |s| s.system);
         let path = setup.map_or(self.local.clone(), |s| s.mount_dir().join(BIG_KEY));
         let size = self.size();
         let mut samples = Vec::new();
@@ -372,22 +415,40 @@ impl Bench<'_> {
         ] {
             drop_page_cache();
             let sample = self.measure(pid, || workloads::random(&path, size, len, count, seed))?;
-            samples.push((workload, sample));
+            samples.push((workload, system, sample));
         }
-        for workload in [Workload::Warm, Workload::WarmAgain] {
+        drop_page_cache();
+        samples.push((
+            Workload::Warm,
+            system,
+            self.measure(pid, || workloads::sequential(&path, size))?,
+        ));
+        if let Some(setup) = setup {
             drop_page_cache();
             samples.push((
-                workload,
+                Workload::WarmAgain,
+                system,
                 self.measure(pid, || workloads::sequential(&path, size))?,
             ));
+            if system == System::Larder {
+                let data = setup.larder_data_file()?;
+                drop_page_cache();
+                samples.push((
+                    Workload::WarmAgain,
+                    System::Limit,
+                    self.measure(None, || workloads::sequential(&data, size))?,
+                ));
+            }
         }
         samples.push((
             Workload::PageCache,
+            system,
             self.measure(pid, || workloads::sequential(&path, size))?,
         ));
         drop_page_cache();
         samples.push((
             Workload::Mmap,
+            system,
             self.measure(pid, || workloads::mapped(&path, size))?,
         ));
         if let Some(mount) = mount {
@@ -420,9 +481,10 @@ impl Bench<'_> {
                 bytes,
                 ops: self.args.small_files as u64,
                 reader_cpu: None,
+                latency: None,
             })
         })?;
-        Ok(vec![(Workload::SmallFiles, sample)])
+        Ok(vec![(Workload::SmallFiles, System::Limit, sample)])
     }
 
     fn small_files(&self, setup: &Setup) -> Outcome {
@@ -437,7 +499,7 @@ impl Bench<'_> {
             )
         })?;
         mount.stop()?;
-        Ok(vec![(Workload::SmallFiles, sample)])
+        Ok(vec![(Workload::SmallFiles, setup.system, sample)])
     }
 
     fn readers(&self, setup: &Setup) -> Outcome {
@@ -447,6 +509,52 @@ impl Bench<'_> {
             workloads::concurrent(&path, self.size(), self.args.readers)
         })?;
         mount.stop()?;
-        Ok(vec![(Workload::Readers, sample)])
+        Ok(vec![(Workload::Readers, setup.system, sample)])
+    }
+
+    /// The limit of the many readers: a GET of each whole object, all at once, each body
+    /// counted as it arrives and not kept.
+    fn limit_many_files(&self) -> Outcome {
+        let files = self.args.many_files;
+        let sample = self.measure(None, || {
+            let started = Instant::now();
+            let bytes = self.runtime.block_on(async {
+                let sizes: Vec<u64> = futures::stream::iter(0..files)
+                    .map(|i| async move {
+                        let body = self.client.get(&StorePath::from(many_key(i))).await?;
+                        body.into_stream()
+                            .try_fold(0, |n, chunk| async move { Ok(n + chunk.len() as u64) })
+                            .await
+                    })
+                    .buffer_unordered(files)
+                    .try_collect()
+                    .await?;
+                anyhow::Ok(sizes.iter().sum::<u64>())
+            })?;
+            let expected = files as u64 * self.args.many_size.as_u64();
+            anyhow::ensure!(bytes == expected, "downloaded {bytes} of {expected} bytes");
+            Ok(Work {
+                elapsed: started.elapsed(),
+                bytes,
+                ops: files as u64,
+                reader_cpu: None,
+                latency: None,
+            })
+        })?;
+        Ok(vec![(Workload::ManyFiles, System::Limit, sample)])
+    }
+
+    fn many_files(&self, setup: &Setup) -> Outcome {
+        let mount = self.start_cold(setup)?;
+        let paths: Vec<PathBuf> = (0..self.args.many_files)
+            .map(|i| setup.mount_dir().join(many_key(i)))
+            .collect();
+        let size = self.args.many_size.as_u64();
+        let sample = self.measure(mount.pid(), || workloads::many_files(&paths, size))?;
+        for (i, path) in paths.iter().enumerate() {
+            workloads::check_content(path, larder_tests::seed(&many_key(i), 0), size)?;
+        }
+        mount.stop()?;
+        Ok(vec![(Workload::ManyFiles, setup.system, sample)])
     }
 }

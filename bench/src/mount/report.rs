@@ -7,6 +7,7 @@ use std::time::Duration;
 use larder_config::OriginConfig;
 
 use super::systems::System;
+use super::workloads::Latency;
 use super::{RANDOM_LARGE, RANDOM_SMALL, Round, Sample, Workload};
 use crate::MountArgs;
 use crate::common::{machine, summary};
@@ -25,6 +26,8 @@ pub(crate) struct Context<'a> {
     /// Whether the page cache could be dropped (root).
     pub(crate) dropped: bool,
     pub(crate) duration: Duration,
+    /// `LARDER_MEMORY_LIMIT` as the daemon inherited it; None for its default.
+    pub(crate) memory_budget: Option<String>,
 }
 
 impl Workload {
@@ -37,7 +40,7 @@ impl Workload {
             ),
             Workload::Warm => "Warm read: the first whole read after the mount restarted on its cache (and after the random reads), page cache dropped; Larder checks each block on its first read after a start, so this read goes through the daemon".to_owned(),
             Workload::WarmAgain => "Warm read again, page cache dropped: Larder now hands the kernel the cached file (FUSE passthrough)".to_owned(),
-            Workload::PageCache => "Page-cache re-read (right after the second warm read)".to_owned(),
+            Workload::PageCache => "Page-cache re-read (right after the second warm read; for Larder, after its data file was read as the limit of that read, which leaves the same pages cached, since passthrough reads go to the data file)".to_owned(),
             Workload::Mmap => "Whole file through `mmap` (1 MiB copies out of the mapping, `MADV_SEQUENTIAL`), page cache dropped".to_owned(),
             Workload::Random4k => format!(
                 "Random reads: {} × 4 KiB at seeded 4 KiB-aligned offsets, one at a time, cached data, page cache dropped; the first reads after the restart (Larder: through the daemon)",
@@ -55,6 +58,10 @@ impl Workload {
                 "{} concurrent readers of one cold {} file, each reading all of it (throughput: bytes delivered to all readers)",
                 args.readers, args.size
             ),
+            Workload::ManyFiles => format!(
+                "{} concurrent readers, each reading a cold file of {} of its own in 1 MiB reads (cache wiped, page cache dropped, mount restarted); the figure to watch is the mount's peak RSS",
+                args.many_files, args.many_size
+            ),
         }
     }
 
@@ -67,9 +74,8 @@ impl Workload {
         );
         match self {
             Workload::Cold => raw,
-            Workload::Warm | Workload::WarmAgain => {
-                "a local copy of the same bytes, read after dropping the page cache".to_owned()
-            }
+            Workload::Warm => "a local copy of the same bytes, read after dropping the page cache".to_owned(),
+            Workload::WarmAgain => "Larder's own data file of the large file, read directly in 1 MiB reads after dropping the page cache, right after Larder's read of this row: the same file with the same history (the daemon's first warm read reads it with O_DIRECT, and on these VMs a file last read so reads slower buffered than one last read buffered, as the local copy is); rclone's and s3fs's ratios are to this Larder data file too".to_owned(),
             Workload::PageCache => "the local copy, re-read from the page cache".to_owned(),
             Workload::Mmap => "the local copy through `mmap`, page cache dropped".to_owned(),
             Workload::Random4k | Workload::Random1m => {
@@ -80,6 +86,10 @@ impl Workload {
                 args.readers
             ),
             Workload::Readers => format!("{raw}, counted as delivered to each reader"),
+            Workload::ManyFiles => format!(
+                "a GET of each whole object, all {} in flight, through the proxy",
+                args.many_files
+            ),
         }
     }
 
@@ -95,7 +105,18 @@ impl Workload {
             Workload::Random1m => "random 1 MiB",
             Workload::SmallFiles => "small files",
             Workload::Readers => "concurrent readers",
+            Workload::ManyFiles => "many readers of many files",
         }
+    }
+
+    /// Whether the run measured this workload (`--many-files 0` leaves one out).
+    fn measured(self, args: &MountArgs) -> bool {
+        self != Workload::ManyFiles || args.many_files > 0
+    }
+
+    /// Whether each read was timed: the random reads, one at a time.
+    fn timed(self) -> bool {
+        matches!(self, Workload::Random4k | Workload::Random1m)
     }
 
     /// Random 4 KiB reads are counted in operations, the rest in bytes.
@@ -184,7 +205,7 @@ impl Context<'_> {
             let _ = write!(out, " {} ÷ limit |", system.name());
         }
         let _ = writeln!(out, "\n|---|---|{}", "---|".repeat(mounts.len()));
-        for workload in Workload::ALL {
+        for workload in Workload::ALL.into_iter().filter(|w| w.measured(self.args)) {
             let limit = spread(
                 self.each(workload, System::Limit, |s| Some(s.throughput(workload))),
                 number,
@@ -209,12 +230,17 @@ impl Context<'_> {
             workload.title(self.args),
             workload.limit(self.args)
         );
+        let (latency_head, latency_rule) = if workload.timed() {
+            (" p50 µs | p99 µs |", "---|---|")
+        } else {
+            ("", "")
+        };
         let _ = writeln!(
             out,
-            "| system | {} | ÷ limit | Larder ÷ system | mount CPU s/GiB | reader CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |",
+            "| system | {} |{latency_head} ÷ limit | Larder ÷ system | mount CPU s/GiB | reader CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |",
             workload.unit()
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|{latency_rule}---|---|---|---|---|---|---|");
         for system in self.systems() {
             let throughput = self.each(workload, system, |s| Some(s.throughput(workload)));
             if throughput.is_empty() {
@@ -236,9 +262,20 @@ impl Context<'_> {
                     number,
                 )
             };
+            let latency = if workload.timed() {
+                let percentile = |f: fn(&Latency) -> f64| {
+                    spread(
+                        self.each(workload, system, |s| s.work.latency.as_ref().map(f)),
+                        number,
+                    )
+                };
+                format!(" {} | {} |", percentile(|l| l.p50_us), percentile(|l| l.p99_us))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {to_limit} | {larder_to} | {} | {} | {} | {} | {} |",
+                "| {} | {} |{latency} {to_limit} | {larder_to} | {} | {} | {} | {} | {} |",
                 system.name(),
                 spread(throughput, number),
                 per_gib(|s| s.mount_cpu),
@@ -263,12 +300,16 @@ pub(crate) fn render(cx: &Context<'_>) -> String {
     let _ = writeln!(out, "{date}; {}", machine());
     let _ = writeln!(
         out,
-        "large file {}, {} small files of {}, {} concurrent readers; {} rounds, medians (min–max); \
-         page cache dropped between steps: {}; whole run {:.0} s",
+        "large file {}, {} small files of {}, {} concurrent readers, {} readers of files of {}; \
+         Larder memory budget: {}; {} rounds, medians (min–max); page cache dropped between steps: {}; \
+         whole run {:.0} s",
         cx.args.size,
         cx.args.small_files,
         cx.args.small_size,
         cx.args.readers,
+        cx.args.many_files,
+        cx.args.many_size,
+        cx.memory_budget.as_deref().unwrap_or("default"),
         cx.rounds.len(),
         cx.dropped,
         cx.duration.as_secs_f64()
@@ -280,10 +321,22 @@ pub(crate) fn render(cx: &Context<'_>) -> String {
     );
     for (system, version) in cx.versions {
         let how = match system {
-            System::Limit => "",
-            System::Larder => "`larder daemon`, default settings, `--metrics-listen off`",
-            System::Rclone => "`rclone mount --vfs-cache-mode full --read-only`, otherwise defaults",
-            System::S3fs => "`s3fs -f -o ro,use_path_request_style,use_cache=DIR`, otherwise defaults",
+            System::Limit => String::new(),
+            System::Larder => match &cx.memory_budget {
+                Some(budget) => format!(
+                    "`larder daemon`, default settings but `LARDER_MEMORY_LIMIT={budget}`, `--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`"
+                ),
+                None => {
+                    "`larder daemon`, default settings, `--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`"
+                        .to_owned()
+                }
+            },
+            System::Rclone => {
+                "`rclone mount --vfs-cache-mode full --read-only`, otherwise defaults".to_owned()
+            }
+            System::S3fs => {
+                "`s3fs -f -o ro,use_path_request_style,use_cache=DIR`, otherwise defaults".to_owned()
+            }
         };
         let _ = writeln!(out, "- {}: {how} ({version})", system.name());
     }
@@ -300,7 +353,7 @@ pub(crate) fn render(cx: &Context<'_>) -> String {
          VmHWM, reset before each workload; origin figures count requests of every kind and the \
          object bytes GETs asked for, per GiB handed to the readers."
     );
-    for workload in Workload::ALL {
+    for workload in Workload::ALL.into_iter().filter(|w| w.measured(cx.args)) {
         cx.workload_table(workload, &mut out);
     }
     if !cx.failures.is_empty() {

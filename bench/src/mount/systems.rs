@@ -59,6 +59,20 @@ impl Setup {
         self.dir.join("mnt")
     }
 
+    /// What the system's log says went wrong, for a failed run: Larder's warnings and
+    /// errors, a peer's last lines; at most ten.
+    pub(crate) fn log_trouble(&self) -> Vec<String> {
+        let (file, wanted): (_, fn(&str) -> bool) = match self.system {
+            System::Larder => ("daemon.log", |l| l.contains(" WARN ") || l.contains(" ERROR ")),
+            System::Rclone => ("rclone.log", |_| true),
+            System::S3fs => ("s3fs.log", |_| true),
+            System::Limit => return Vec::new(),
+        };
+        let log = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
+        let lines: Vec<_> = log.lines().filter(|l| wanted(l)).map(str::to_owned).collect();
+        lines[lines.len().saturating_sub(10)..].to_vec()
+    }
+
     /// The system's disk cache.
     pub(crate) fn cache_dir(&self) -> PathBuf {
         self.dir.join("cache")
@@ -113,6 +127,36 @@ impl Setup {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Larder's largest data file (`*.data` anywhere under its cache dir). The cache is wiped
+    /// before each cold read of the large file, so after one that file's blocks are there.
+    pub(crate) fn larder_data_file(&self) -> anyhow::Result<PathBuf> {
+        anyhow::ensure!(
+            self.system == System::Larder,
+            "{} has no Larder data file",
+            self.system.name()
+        );
+        let mut largest: Option<(u64, PathBuf)> = None;
+        let mut dirs = vec![self.cache_dir()];
+        while let Some(dir) = dirs.pop() {
+            let entries = std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?;
+            for entry in entries {
+                let entry = entry?;
+                let meta = entry.metadata()?;
+                let path = entry.path();
+                if meta.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "data")
+                    && largest.as_ref().is_none_or(|(len, _)| meta.len() > *len)
+                {
+                    largest = Some((meta.len(), path));
+                }
+            }
+        }
+        largest
+            .map(|(_, path)| path)
+            .with_context(|| format!("no data file under {}", self.cache_dir().display()))
     }
 
     /// Waits until the system has recorded the whole of `key` (`size` bytes) as cached, so

@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -26,6 +26,32 @@ pub(crate) struct Work {
     pub(crate) ops: u64,
     /// CPU seconds of the reading threads; None where the reader is not a thread of ours.
     pub(crate) reader_cpu: Option<f64>,
+    /// Percentiles of the time each read took, where the reads were timed one by one.
+    pub(crate) latency: Option<Latency>,
+}
+
+/// Percentiles of the times single reads took, in microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Latency {
+    /// The median.
+    pub(crate) p50_us: f64,
+    /// The 99th percentile.
+    pub(crate) p99_us: f64,
+}
+
+impl Latency {
+    /// The median and 99th percentile (nearest rank) of `times`; None for no times.
+    pub(crate) fn of(mut times: Vec<Duration>) -> Option<Self> {
+        times.sort_unstable();
+        let rank = |p: f64| {
+            let index = ((p * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1;
+            times[index].as_secs_f64() * 1e6
+        };
+        (!times.is_empty()).then(|| Latency {
+            p50_us: rank(0.50),
+            p99_us: rank(0.99),
+        })
+    }
 }
 
 /// Runs `work(i)` on `threads` threads started together; the time is from the start until the
@@ -54,6 +80,7 @@ fn in_threads(
             bytes: 0,
             ops: 0,
             reader_cpu: Some(0.0),
+            latency: None,
         };
         let mut cpu = 0.0;
         for handle in handles {
@@ -132,21 +159,40 @@ pub(crate) fn concurrent(path: &Path, size: u64, readers: usize) -> anyhow::Resu
     Ok(work)
 }
 
+/// One thread per file, each reading its own file sequentially; checks that the files have
+/// `size` bytes each.
+pub(crate) fn many_files(paths: &[PathBuf], size: u64) -> anyhow::Result<Work> {
+    let work = in_threads(paths.len(), |i| read_whole(&paths[i]))?;
+    let expected = size * paths.len() as u64;
+    anyhow::ensure!(work.bytes == expected, "read {} of {expected} bytes", work.bytes);
+    Ok(work)
+}
+
 /// `count` reads of `len` bytes at offsets drawn from `seed`, 4 KiB-aligned, one at a time (a
-/// loader that jumps from tensor to tensor).
+/// loader that jumps from tensor to tensor), each one timed.
 pub(crate) fn random(path: &Path, size: u64, len: u64, count: u64, seed: u64) -> anyhow::Result<Work> {
     let len = len.min(size);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let offsets: Vec<u64> = (0..count)
         .map(|_| rng.random_range(0..=(size - len) / 4096) * 4096)
         .collect();
-    in_threads(1, |_| {
+    let times = Mutex::new(Vec::with_capacity(offsets.len()));
+    let work = in_threads(1, |_| {
         let file = File::open(path)?;
         let mut buf = vec![0u8; len as usize];
+        let mut mine = Vec::with_capacity(offsets.len());
         for &offset in &offsets {
+            let started = Instant::now();
             file.read_exact_at(&mut buf, offset)?;
+            mine.push(started.elapsed());
         }
+        *times.lock().unwrap_or_else(|e| e.into_inner()) = mine;
         Ok((count * len, count))
+    })?;
+    let times = times.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(Work {
+        latency: Latency::of(times),
+        ..work
     })
 }
 
@@ -199,4 +245,31 @@ pub(crate) fn check_content(path: &Path, seed: u64, size: u64) -> anyhow::Result
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_percentiles_are_nearest_ranks() {
+        assert_eq!(Latency::of(Vec::new()), None);
+        let one = Latency::of(vec![Duration::from_micros(7)]);
+        assert_eq!(
+            one,
+            Some(Latency {
+                p50_us: 7.0,
+                p99_us: 7.0
+            })
+        );
+        // 1..=200 µs, in reverse order: the 100th and the 198th smallest.
+        let times = (1..=200u64).rev().map(Duration::from_micros).collect();
+        assert_eq!(
+            Latency::of(times),
+            Some(Latency {
+                p50_us: 100.0,
+                p99_us: 198.0
+            })
+        );
+    }
 }

@@ -16,13 +16,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::sync::{Semaphore, oneshot};
 
+use super::budget::{Charge, charged};
 use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
 use crate::engine::AlignedBuf;
 use crate::members::Membership;
 use crate::published::BlockCrcs;
-use crate::store::{StoreError, VerifiedBlock};
+use crate::store::{GroupCheck, GroupHasher, StoreError, VerifiedBlock};
 
 /// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
 /// that owns the run, then the origin. Bytes go into the [`Run`], in order from the first byte
@@ -55,8 +56,11 @@ pub struct PeerTier {
 /// (no request loops between nodes whose member lists disagree for a moment).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FillFor {
-    /// This node.
+    /// This node's readers.
     Node,
+    /// This node's prefetch jobs: like `Node`, but no reader is expected to follow, so the
+    /// blocks fetched are not kept in memory for one.
+    Job,
     /// A rack peer that asked this node.
     Peer,
 }
@@ -134,47 +138,62 @@ impl BlockSource for OriginSource {
     }
 }
 
+/// How long a fill for a waiting reader waits for room in the memory budget before it takes
+/// its block's memory anyway: the bound that keeps readers from deadlocking on memory held by
+/// other waiting readers, long enough for fills in flight to finish and return theirs.
+const MEMORY_PATIENCE: Duration = Duration::from_secs(1);
+
 /// The blocks of a fill still to come: the bytes of the block being assembled, and the waiters
-/// and write-behind permits of the blocks not yet complete.
+/// and memory charges of the blocks not yet complete.
 #[derive(Debug)]
 pub struct Run<'a> {
     cache: &'a Cache,
     object: &'a Arc<OpenObject>,
     /// The block being assembled.
     next: u32,
-    buf: Option<AlignedBuf>,
+    buf: Option<(AlignedBuf, GroupHasher)>,
     waiters: std::vec::IntoIter<oneshot::Sender<FillResult>>,
-    writes: OwnedSemaphorePermit,
+    /// Whom the fill is for.
+    fill_for: FillFor,
+    /// A block's worth of memory for each block not yet complete, taken when the fill was
+    /// started (see [`Cache::start_fill`]): a fill never takes memory it was not admitted
+    /// with.
+    charge: Charge,
 }
 
 impl Run<'_> {
-    /// Bytes this node fetched from the origin: each block they complete is hashed here,
-    /// delivered and written.
+    /// Bytes this node fetched from the origin: hashed here, each 16 KiB group as it completes;
+    /// each block they complete is delivered and written.
     fn push_from_origin(&mut self, mut chunk: Bytes) {
         let store = &self.cache.inner.store;
         while !chunk.is_empty() && !self.waiters.as_slice().is_empty() {
             let block_len = store.block_len(self.object.version.size, self.next) as usize;
-            let block = self.buf.get_or_insert_with(|| AlignedBuf::new(block_len));
+            let (block, groups) = self
+                .buf
+                .get_or_insert_with(|| (AlignedBuf::new(block_len), GroupHasher::default()));
             let take = (block_len - block.len()).min(chunk.len());
             block.extend_from_slice(&chunk.split_to(take));
+            groups.update(block.as_ref());
             if block.len() == block_len
-                && let Some(full) = self.buf.take()
+                && let Some((full, groups)) = self.buf.take()
             {
-                self.deliver(VerifiedBlock::hashed_here(Arc::new(full)), Source::Origin, None);
+                let block = VerifiedBlock::hashed_here(Arc::new(full), groups);
+                self.deliver(block, Source::Origin, None);
             }
         }
     }
 
-    /// Block `index` from rack member `member`, whose answer said it hashes to `hash`:
-    /// accepted only if it is the next block of the run and its bytes hash to `hash` (and to
-    /// `sealed`, the hash a sealed manifest gives, where there is one). Then delivered and
-    /// written like a block from the origin; without a manifest, the cache remembers the member
-    /// until the object's origin check.
+    /// Block `index` from rack member `member`, whose answer said it hashes to `hash`, its
+    /// bytes in `buf` and all but their last group checked by `check`: accepted only if it is
+    /// the next block of the run, `hash` is `sealed` (the hash a sealed manifest gives, where
+    /// there is one) and the check passes. Then delivered and written like a block from the
+    /// origin; without a manifest, the cache remembers the member until the object's origin
+    /// check.
     pub fn push_from_peer(
         &mut self,
         member: &Arc<str>,
         index: u32,
-        bytes: &[u8],
+        (buf, check): (AlignedBuf, GroupCheck),
         hash: [u8; 32],
         sealed: Option<[u8; 32]>,
     ) -> Result<(), String> {
@@ -187,9 +206,7 @@ impl Run<'_> {
         if sealed.is_some_and(|sealed| sealed != hash) {
             return Err("the block's hash is not the sealed manifest's".into());
         }
-        let mut buf = AlignedBuf::new(bytes.len());
-        buf.extend_from_slice(bytes);
-        let block = VerifiedBlock::verify(Arc::new(buf), hash)
+        let block = VerifiedBlock::checked_on_arrival(Arc::new(buf), check)
             .map_err(|_| "the bytes do not hash to the block's hash".to_owned())?;
         let unchecked = sealed.is_none().then(|| member.clone());
         self.deliver(block, Source::Peer, unchecked);
@@ -197,12 +214,14 @@ impl Run<'_> {
     }
 
     /// Hands the run's next block, now complete, to its waiter, then writes it to disk in the
-    /// background, holding one block of the write-behind budget until the write is done.
-    /// `peer`: the member that supplied it, when the origin check is still to vouch for it.
+    /// background. The block's memory charge goes with its bytes (to the waiters and the
+    /// write), and counts as waiting for the write until the write is done. `peer`: the member
+    /// that supplied it, when the origin check is still to vouch for it.
     fn deliver(&mut self, block: VerifiedBlock, source: Source, peer: Option<Arc<str>>) {
         let (cache, object, index) = (self.cache, self.object, self.next);
         let waiter = self.waiters.next();
-        let write_permit = self.writes.split(1);
+        let charge = Arc::new(self.charge.split(cache.inner.store.block_size()));
+        let writing = charge.writing();
         self.next += 1;
         // Whether a reader is waiting for the block (the in-flight map holds one handle of its
         // fill, each waiting reader another), or it was fetched ahead of any reader.
@@ -213,17 +232,21 @@ impl Run<'_> {
             .get(&(object.id, index))
             .and_then(Shared::strong_count)
             .is_some_and(|handles| handles > 1);
+        let fetched = Block {
+            bytes: charged(block.bytes(), charge),
+            start: cache.block_start(index),
+            source,
+        };
+        if !served && self.fill_for == FillFor::Node {
+            cache.keep((object.id, index), &fetched);
+        }
         if let Some(tx) = waiter {
-            let _ = tx.send(Ok(Block {
-                bytes: block.bytes(),
-                start: cache.block_start(index),
-                source,
-            }));
+            let _ = tx.send(Ok(fetched));
         }
         let tasks = &cache.inner.tasks;
         let (cache, object) = (cache.clone(), object.clone());
         tasks.spawn(async move {
-            let _write_permit = write_permit;
+            let _writing = writing;
             // Kept for the origin check of blocks from rack peers, which then combines them.
             let crcs = cache
                 .inner
@@ -299,21 +322,36 @@ impl Run<'_> {
 
 impl Cache {
     /// Registers and spawns a fill from block `first` to the end of its origin part, stopping
-    /// before any block already present or in flight. Returns the blocks it covers.
+    /// before any block already present or in flight, and where the memory budget stops it.
+    /// `charge` is the first block's memory, taken by the caller as the budget allows (the
+    /// readahead: if it fits; a job: once it fits; a reader waiting: if it fits, else `None`,
+    /// and the fill task waits for room, a bounded time, before it fetches); each further block
+    /// of the run is charged here only if it fits. Returns the blocks it covers.
     pub(super) fn start_fill(
         &self,
         object: &Arc<OpenObject>,
         first: u32,
         inflight: &mut HashMap<BlockKey, SharedFill>,
         fill_for: FillFor,
+        charge: Option<Charge>,
     ) -> Range<u32> {
+        let wait_for_room = charge.is_none();
+        let mut charge = charge.unwrap_or_else(|| self.inner.budget.charge(0));
+        let block_size = self.inner.store.block_size();
         let part_blocks = self.inner.part_blocks;
         let part_end = ((first / part_blocks + 1) * part_blocks).min(self.block_count(object));
         let mut end = first + 1;
-        while end < part_end
+        // A fill that waits for room for its first block takes no more.
+        while !wait_for_room
+            && end < part_end
             && !inflight.contains_key(&(object.id, end))
             && !self.inner.store.contains(object.id, end)
         {
+            let Some(more) = self.inner.budget.try_charge(block_size) else {
+                crate::stats::add(&self.inner.stats.readahead_held_back, 1);
+                break;
+            };
+            charge.merge(more);
             end += 1;
         }
         let mut waiters = Vec::with_capacity((end - first) as usize);
@@ -328,9 +366,14 @@ impl Cache {
         }
         let cache = self.clone();
         let object = object.clone();
-        self.inner
-            .tasks
-            .spawn(async move { cache.run_fill(object, first, waiters, fill_for).await });
+        self.inner.tasks.spawn(async move {
+            let mut charge = charge;
+            if wait_for_room {
+                let budget = &cache.inner.budget;
+                charge.merge(budget.charge_soon(block_size, MEMORY_PATIENCE).await);
+            }
+            cache.run_fill(object, first, waiters, fill_for, charge).await;
+        });
         first..end
     }
 
@@ -341,32 +384,27 @@ impl Cache {
         first: u32,
         waiters: Vec<oneshot::Sender<FillResult>>,
         fill_for: FillFor,
+        charge: Charge,
     ) {
         let started = Instant::now();
-        // Write-behind first, so a slow disk holds fills back instead of piling up memory.
-        let writes = self
-            .inner
-            .write_permits
-            .clone()
-            .acquire_many_owned(waiters.len() as u32)
-            .await;
-        let mut waiters = waiters.into_iter();
-        let mut next = first;
+        // A slow disk holds fills back instead of piling up blocks waiting for their write.
+        self.inner.budget.writes_below_limit().await;
         let mut result = Err(ReadError::Abandoned);
-        if let Ok(writes) = writes {
+        let (next, waiters) = {
             let mut run = Run {
                 cache: &self,
                 object: &object,
                 next: first,
                 buf: None,
-                waiters,
-                writes,
+                waiters: waiters.into_iter(),
+                fill_for,
+                charge,
             };
             let sources: Vec<_> = self
                 .inner
                 .sources
                 .iter()
-                .filter(|source| fill_for == FillFor::Node || source.kind() != Source::Peer)
+                .filter(|source| fill_for != FillFor::Peer || source.kind() != Source::Peer)
                 .collect();
             let mut tier = 0;
             while let Some(source) = sources.get(tier) {
@@ -410,9 +448,8 @@ impl Cache {
                     (Err(_), _) => tier += 1,
                 }
             }
-            next = run.next;
-            waiters = run.waiters;
-        }
+            (run.next, run.waiters)
+        };
         // Blocks no source supplied: their waiters get the last error, and so do later reads
         // for a short while (then they try again).
         let error = result.err().unwrap_or(ReadError::Abandoned);

@@ -25,6 +25,7 @@
 //! its in-flight map → its failed-fills map or the block store's state. None is held across an
 //! `.await`.
 
+pub mod budget;
 mod check;
 pub mod fill;
 pub mod readahead;
@@ -39,9 +40,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::{BoxFuture, Shared, WeakShared};
 use futures::{FutureExt, StreamExt};
-use larder_config::OriginConfig;
+use larder_config::{ByteSize, OriginConfig};
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -50,6 +50,7 @@ use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{Origin, OriginError};
 use crate::stats::{Stats, add};
 use crate::store::{BlockStore, Lookup, StoreError};
+use budget::{Charge, MemoryBudget};
 pub use check::OriginCheckError;
 use fill::{BlockSource, FillFor, OriginSource, PeerTier};
 pub use reader::Reader;
@@ -79,11 +80,8 @@ pub enum ReadError {
     NotStored(Arc<str>),
 }
 
-/// Bytes fetched from origins and not yet on disk, at most (or two parts, if more).
-const WRITE_BEHIND_BYTES: u64 = 512 << 20;
-
 /// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
-/// least one block): the readahead window, a fill's run (the origin part), the write-behind.
+/// least one block): the readahead window, a fill's run (the origin part) and the memory budget.
 /// Blocks fetched ahead must still be in the cache when their reader gets to them, or a cold
 /// read larger than the cache costs the origin its bytes several times over; the kernel's own
 /// readahead (16 MiB of requests at once) comes on top (a quarter still cost up to 1.11×).
@@ -171,9 +169,8 @@ struct Inner {
     failed: Lately<ReadError>,
     /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
     unstored: Lately<Arc<str>>,
-    /// Blocks fetched but not yet written: bounds the memory a fast origin and a slow disk
-    /// can pile up.
-    write_permits: Arc<Semaphore>,
+    /// The block bytes in memory: fills, blocks waiting for their write, blocks held.
+    budget: Arc<MemoryBudget>,
     part_blocks: u32,
     readahead: Range<u64>,
     stats: Arc<Stats>,
@@ -187,6 +184,8 @@ struct Inner {
     /// Blocks some reader holds: another reader of the same version near the same place
     /// shares them instead of reading them again.
     held: Mutex<HeldBlocks>,
+    /// Blocks fetched ahead of their reader, kept after their write for that reader.
+    kept: Mutex<Kept>,
     /// Readers in a sequential run (a window open): they share [`reader::BLOCKS_AHEAD`].
     runs: AtomicUsize,
     /// The rack's members, when there is a peer tier: a failed origin check marks them.
@@ -237,23 +236,49 @@ struct HeldBlocks {
     sweep_at: usize,
 }
 
+/// Blocks fetched ahead of any reader (by the readahead, or as the rest of a part), kept in
+/// memory after their cache write until a reader takes them, within half the memory budget:
+/// the reader the readahead fetched them for gets them without a disk read and a second hash
+/// of all of the block (it was checked as it arrived, like any block a fill hands over).
+/// Blocks kept longer than [`KEPT_FOR`] go (their reader went elsewhere); a block that finds
+/// no room is not kept (it is the furthest ahead of its reader).
+#[derive(Debug, Default)]
+struct Kept {
+    /// Each block, and when it was kept.
+    blocks: HashMap<BlockKey, (Block, Instant)>,
+    /// Keys in the order they were kept; entries of blocks taken since are skipped.
+    order: std::collections::VecDeque<(BlockKey, Instant)>,
+    bytes: u64,
+}
+
+/// How long a block fetched ahead is kept for its reader at most.
+const KEPT_FOR: Duration = Duration::from_secs(5);
+
 /// Size of the held-blocks map at which dead entries are first swept.
 const HELD_SWEEP_MIN: usize = 1024;
 
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`, asking `peers`
-    /// (the rack peer tier, if any) before the origin.
+    /// (the rack peer tier, if any) before the origin, keeping about `memory_limit` bytes of
+    /// blocks in memory at most (see [`budget`]).
     pub fn new(
         store: Arc<BlockStore>,
         config: &OriginConfig,
+        memory_limit: ByteSize,
         stats: Arc<Stats>,
         peers: Option<PeerTier>,
     ) -> Self {
         let block_size = store.block_size();
         let ahead = (store.capacity() / AHEAD_SHARE_OF_CAPACITY).max(block_size);
         let part_blocks = (config.part_size.as_u64().min(ahead) / block_size).max(1) as u32;
-        let write_behind = (WRITE_BEHIND_BYTES.min(ahead) / block_size).max(2 * u64::from(part_blocks));
         let readahead_max = config.readahead_max.as_u64().min(ahead);
+        // Blocks in memory are mostly blocks fetched ahead, which must still be on disk when
+        // their reader gets to them: a small cache gets a smaller budget (two parts at least).
+        let part_bytes = u64::from(part_blocks) * block_size;
+        let memory_limit = memory_limit.as_u64().min(ahead.max(2 * part_bytes));
+        // The readahead fetches no further than what can be kept in memory for its reader
+        // (see [`Kept`]): a block fetched further ahead would be read back from disk.
+        let readahead_max = readahead_max.min(memory_limit / 2).max(block_size);
         let origin = OriginSource::new(config.concurrency.max(1));
         let (peer_source, members) = peers.map(|p| (p.source, p.members)).unzip();
         Self {
@@ -263,7 +288,7 @@ impl Cache {
                 inflight: Mutex::new(HashMap::new()),
                 failed: Lately::default(),
                 unstored: Lately::default(),
-                write_permits: Arc::new(Semaphore::new(write_behind as usize)),
+                budget: MemoryBudget::new(memory_limit, stats.clone()),
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
                 stats,
@@ -271,6 +296,7 @@ impl Cache {
                 stop: CancellationToken::new(),
                 written: tokio::sync::Notify::new(),
                 no_space_said: AtomicBool::new(false),
+                kept: Mutex::new(Kept::default()),
                 held: Mutex::new(HeldBlocks {
                     blocks: HashMap::new(),
                     sweep_at: HELD_SWEEP_MIN,
@@ -290,6 +316,11 @@ impl Cache {
     /// The counters it adds to.
     pub fn stats(&self) -> &Arc<Stats> {
         &self.inner.stats
+    }
+
+    /// The memory budget of its blocks.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.inner.budget
     }
 
     /// Blocks in one origin part.
@@ -353,7 +384,8 @@ impl Cache {
         block
     }
 
-    /// Starts fills for the missing blocks of `range` without waiting for them.
+    /// Starts fills for the missing blocks of `range` without waiting for them, as far as
+    /// they fit the memory budget.
     pub fn prefetch(&self, object: &Arc<OpenObject>, range: Range<u64>) {
         let end = object.version.size.min(range.end);
         if range.start >= end {
@@ -369,12 +401,86 @@ impl Cache {
                 || self.failed_lately((object.id, index)).is_some()
             {
                 index += 1;
-            } else {
-                let started = self.start_fill(object, index, &mut inflight, FillFor::Node);
-                add(&self.inner.stats.readahead_blocks, started.len() as u64);
-                index = started.end;
+                continue;
+            }
+            let Some(charge) = self.inner.budget.try_charge(block_size) else {
+                add(&self.inner.stats.readahead_held_back, u64::from(last + 1 - index));
+                return;
+            };
+            let started = self.start_fill(object, index, &mut inflight, FillFor::Node, Some(charge));
+            add(&self.inner.stats.readahead_blocks, started.len() as u64);
+            index = started.end;
+        }
+    }
+
+    /// Keeps `block`, fetched ahead of any reader, for the reader to come (see [`Kept`]).
+    fn keep(&self, key: BlockKey, block: &Block) {
+        let room = self.inner.budget.limit() / 2;
+        let len = block.bytes.len() as u64;
+        let now = Instant::now();
+        let mut guard = self.inner.kept.lock();
+        let kept = &mut *guard;
+        // Drops what was taken or kept too long, from the oldest.
+        while let Some(&(oldest, at)) = kept.order.front() {
+            let current = kept
+                .blocks
+                .get(&oldest)
+                .is_some_and(|(_, kept_at)| *kept_at == at);
+            if current && now.duration_since(at) < KEPT_FOR {
+                break;
+            }
+            kept.order.pop_front();
+            if current && let Some((gone, _)) = kept.blocks.remove(&oldest) {
+                kept.bytes -= gone.bytes.len() as u64;
             }
         }
+        if kept.bytes + len > room {
+            return;
+        }
+        if let Some((old, _)) = kept.blocks.insert(key, (block.clone(), now)) {
+            kept.bytes -= old.bytes.len() as u64;
+        }
+        kept.bytes += len;
+        kept.order.push_back((key, now));
+    }
+
+    /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader. A read
+    /// that reaches the block's end takes it, so its memory goes once the reader is done with
+    /// it; a read of a part before that leaves it for the reads that follow (a reader reading
+    /// the block in pieces must not find the rest gone, and perhaps evicted from disk too).
+    fn take_kept(&self, key: BlockKey, part: Option<&Range<usize>>) -> Option<Block> {
+        let block = {
+            let mut kept = self.inner.kept.lock();
+            let (block, _) = kept.blocks.get(&key)?;
+            let len = block.bytes.len();
+            let block = block.clone();
+            if part.is_none_or(|part| part.end >= len) {
+                kept.blocks.remove(&key);
+                kept.bytes -= len as u64;
+            }
+            block
+        };
+        // Its first use, for the eviction policy: it was never read from disk.
+        self.inner.store.note_served(key.0, key.1);
+        add(&self.inner.stats.lookup_hit, 1);
+        Some(match part {
+            None => block,
+            Some(part) => Block {
+                bytes: block.bytes.slice(part.clone()),
+                start: block.start + part.start as u64,
+                source: block.source,
+            },
+        })
+    }
+
+    /// Whether a block held ahead of a reader fits the memory budget now (counted as held
+    /// back if not).
+    fn room_to_hold(&self) -> bool {
+        let fits = self.inner.budget.room_for(self.inner.store.block_size());
+        if !fits {
+            add(&self.inner.stats.readahead_held_back, 1);
+        }
+        fits
     }
 
     /// Makes sure block `index` is in the block store and verified: a block present but not
@@ -392,19 +498,27 @@ impl Cache {
                 Err(error) => self.dropped(&error),
             }
         }
-        let fill = {
-            let mut inflight = inner.inflight.lock();
-            match inflight.get(&key) {
-                Some(fill) => fill.clone(),
-                None if inner.store.contains(object.id, index) => return Ok(false),
-                None => {
-                    if let Some(error) = self.failed_lately(key) {
-                        return Err(error);
+        // A job's fill waits for room in the memory budget before it starts; nobody is waiting
+        // for its blocks.
+        let mut charge: Option<Charge> = None;
+        let fill = loop {
+            {
+                let mut inflight = inner.inflight.lock();
+                match inflight.get(&key) {
+                    Some(fill) => break fill.clone(),
+                    None if inner.store.contains(object.id, index) => return Ok(false),
+                    None => {
+                        if let Some(error) = self.failed_lately(key) {
+                            return Err(error);
+                        }
+                        if let Some(charge) = charge.take() {
+                            self.start_fill(object, index, &mut inflight, FillFor::Job, Some(charge));
+                            break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
+                        }
                     }
-                    self.start_fill(object, index, &mut inflight, FillFor::Node);
-                    inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?
                 }
             }
+            charge = Some(inner.budget.charge_when_room(inner.store.block_size()).await);
         };
         fill.await?;
         loop {
@@ -487,21 +601,12 @@ impl Cache {
     /// dropped) is counted and logged here, and is a miss.
     async fn lookup(&self, object: &OpenObject, index: u32, part: Option<Range<usize>>) -> Option<Block> {
         let store = &self.inner.store;
-        let stats = &self.inner.stats;
         let whole = 0..store.block_len(object.version.size, index) as usize;
         let range = part.unwrap_or(whole);
         let started = Instant::now();
         for _ in 0..LOOKUP_ATTEMPTS {
             match store.read(&object.version, object.id, index, range.clone()).await {
-                Ok(Lookup::Hit(bytes)) => {
-                    stats.latency.fill_nvme.observe(started.elapsed());
-                    add(&stats.lookup_hit, 1);
-                    return Some(Block {
-                        bytes,
-                        start: self.block_start(index) + range.start as u64,
-                        source: Source::Nvme,
-                    });
-                }
+                Ok(Lookup::Hit(bytes)) => return Some(self.disk_hit(bytes, index, range.start, started)),
                 Ok(Lookup::Miss) => return None,
                 Ok(Lookup::LostRace) => continue,
                 Err(error) => {
@@ -511,6 +616,32 @@ impl Cache {
             }
         }
         None
+    }
+
+    /// Bytes `part` of block `index` from disk, read and checked on the calling thread (see
+    /// [`BlockStore::read_now`]), or `None`.
+    fn lookup_now(&self, object: &OpenObject, index: u32, part: Range<usize>) -> Option<Block> {
+        if let Some(block) = self.take_kept((object.id, index), Some(&part)) {
+            return Some(block);
+        }
+        let started = Instant::now();
+        let store = &self.inner.store;
+        let bytes = store.read_now(object.id, object.version.size, index, part.clone())?;
+        Some(self.disk_hit(bytes, index, part.start, started))
+    }
+
+    /// Bytes of block `index` from `offset` in it, read from disk since `started`: counted,
+    /// and charged to the budget (read for a reader waiting now, or held ahead if it fitted).
+    fn disk_hit(&self, bytes: Bytes, index: u32, offset: usize, started: Instant) -> Block {
+        let stats = &self.inner.stats;
+        stats.latency.fill_nvme.observe(started.elapsed());
+        add(&stats.lookup_hit, 1);
+        let charge = self.inner.budget.charge(bytes.len() as u64);
+        Block {
+            bytes: budget::charged(bytes, Arc::new(charge)),
+            start: self.block_start(index) + offset as u64,
+            source: Source::Nvme,
+        }
     }
 
     /// Counts and logs a block the store dropped because its read failed: a miss, never a
@@ -546,6 +677,9 @@ impl Cache {
         let stats = &self.inner.stats;
         let key = (object.id, index);
         let mut attempts = 0;
+        if let Some(block) = self.take_kept(key, part.as_ref()) {
+            return Ok(block);
+        }
         let fill = loop {
             if let Some(block) = self.lookup(object, index, part.clone()).await {
                 return Ok(block);
@@ -565,7 +699,10 @@ impl Cache {
                 return Err(error);
             }
             add(&stats.lookup_miss, 1);
-            self.start_fill(object, index, &mut inflight, fill_for);
+            // A reader waits for this block: charged now if it fits, else once it fits, or
+            // after MEMORY_PATIENCE whatever the budget says.
+            let charge = self.inner.budget.try_charge(self.inner.store.block_size());
+            self.start_fill(object, index, &mut inflight, fill_for, charge);
             break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
         };
         fill.await

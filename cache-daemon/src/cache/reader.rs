@@ -2,6 +2,7 @@
 //! sequential detector says of it.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -12,9 +13,10 @@ use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
 use super::fill::FillFor;
-use super::readahead::Readahead;
+use super::readahead::{Readahead, Step};
 use super::{Block, Cache, OpenObject, ReadError, SharedBlock, Source};
 use crate::stats::{Stats, add};
+use crate::store::BlockHold;
 
 /// Whole blocks the sequential readers keep fetched ahead of themselves, in memory, shared
 /// among them (at least one each): this is what keeps several disk reads in flight on a warm
@@ -30,8 +32,10 @@ type BlockFuture = BoxFuture<'static, Result<Block, ReadError>>;
 
 /// A reader of one open object: keeps a growing readahead window of fills in flight ahead of
 /// it while reads are sequential, and holds the blocks around its position so that small
-/// reads inside one block cost one block read. A read that is not sequential reads only the
-/// pages it wants of a block on disk (the whole block, once, if it was not checked yet).
+/// reads inside one block cost one block read, as far as the memory budget allows. A read that
+/// is not sequential reads only the 16 KiB groups it wants of a block on disk; so does a
+/// sequential one that finds the budget full, which then holds the block on disk instead (see
+/// [`crate::store::BlockStore::hold`]), so that its next reads cannot find it evicted.
 ///
 /// Reads may come concurrently and slightly out of order (the kernel's readahead sends several
 /// at once); the reader's state is locked only to plan a read, never while waiting for blocks.
@@ -46,6 +50,8 @@ pub struct Reader {
 struct ReaderState {
     readahead: Readahead,
     blocks: BTreeMap<u32, SharedBlock>,
+    /// Blocks read in pieces from disk, held there while the reader is in them.
+    on_disk: BTreeMap<u32, BlockHold>,
 }
 
 impl Drop for Reader {
@@ -66,6 +72,7 @@ impl Reader {
             state: Mutex::new(ReaderState {
                 readahead,
                 blocks: BTreeMap::new(),
+                on_disk: BTreeMap::new(),
             }),
         }
     }
@@ -88,6 +95,40 @@ impl Reader {
         Ok(span.assemble(&result?, &self.cache.inner.stats))
     }
 
+    /// Reads up to `len` bytes at `offset` on the calling thread, if that can be done at
+    /// once: a small read inside one block that does not continue a sequential run, of a block
+    /// held in memory or of groups on disk (see [`crate::store::BlockStore::read_now`]). The
+    /// FUSE thread answers such reads itself, without a hop to the runtime and the I/O
+    /// engine. `None`: read with [`Reader::read`].
+    pub fn read_now(&self, offset: u64, len: usize) -> Option<Bytes> {
+        let block_size = self.cache.inner.store.block_size();
+        let span = Span::new(&self.object, block_size, offset, len)?;
+        if span.first != span.last || len > crate::store::READ_NOW_MAX {
+            return None;
+        }
+        let held = {
+            let state = self.state.lock();
+            if state.readahead.continues(offset) {
+                return None;
+            }
+            let held = state
+                .blocks
+                .get(&span.first)
+                .and_then(|block| block.peek().cloned());
+            held.and_then(Result::ok)
+        };
+        let block = match held {
+            Some(block) => block,
+            None => {
+                let part = span.within(span.first, block_size);
+                self.cache.lookup_now(&self.object, span.first, part)?
+            }
+        };
+        let bytes = span.assemble(&[block], &self.cache.inner.stats);
+        self.plan_steps(&mut self.state.lock(), &span);
+        Some(bytes)
+    }
+
     /// Feeds the sequential detector, starts readahead, and returns what to wait for, one
     /// future per block of the read.
     fn plan(&self, span: &Span) -> Vec<BlockFuture> {
@@ -95,6 +136,70 @@ impl Reader {
         let block_size = cache.inner.store.block_size();
         let mut guard = self.state.lock();
         let state = &mut *guard;
+        let step = self.plan_steps(state, span);
+        let runs = &cache.inner.runs;
+        let blocks_ahead = if step.sequential {
+            let share = BLOCKS_AHEAD / (runs.load(Ordering::Relaxed) as u32).max(1);
+            (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
+        } else {
+            0
+        };
+        let block_count = cache.block_count(&self.object);
+        // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
+        // Blocks behind only while the budget has room for them.
+        let behind = if cache.budget().room_for(block_size) {
+            BLOCKS_BEHIND
+        } else {
+            0
+        };
+        let low = span.first.saturating_sub(behind);
+        let high = span.last.saturating_add(2 * BLOCKS_AHEAD);
+        state.blocks.retain(|index, _| (low..=high).contains(index));
+        state.on_disk.retain(|index, _| (low..=high).contains(index));
+        // The read's own blocks, whole in a run while the budget has room (the next reads
+        // inside them need no disk read), then those ahead of it as far as the budget goes.
+        // Without room, a run reads the part it wants and holds the block on disk.
+        let wanted = span
+            .blocks()
+            .map(|index| {
+                if let Some(block) = state.blocks.get(&index) {
+                    return block.clone().boxed();
+                }
+                if !step.sequential || !cache.room_to_hold() {
+                    if step.sequential {
+                        let store = &cache.inner.store;
+                        let id = self.object.id;
+                        state
+                            .on_disk
+                            .entry(index)
+                            .or_insert_with(|| store.hold(id, index));
+                    }
+                    let (cache, object) = (cache.clone(), self.object.clone());
+                    let part = span.within(index, block_size);
+                    return async move { cache.block(&object, index, Some(part), FillFor::Node).await }
+                        .boxed();
+                }
+                let block = cache.spawn_block(&self.object, index);
+                state.blocks.insert(index, block.clone());
+                block.boxed()
+            })
+            .collect();
+        let ahead = span.last + 1..=(span.last + blocks_ahead).min(block_count - 1);
+        for index in ahead {
+            if let Entry::Vacant(entry) = state.blocks.entry(index) {
+                if !cache.room_to_hold() {
+                    break;
+                }
+                entry.insert(cache.spawn_block(&self.object, index));
+            }
+        }
+        wanted
+    }
+
+    /// Feeds the sequential detector with `span`, counts the runs it starts and ends, and
+    /// starts the readahead it asks for.
+    fn plan_steps(&self, state: &mut ReaderState, span: &Span) -> Step {
+        let cache = &self.cache;
         let step = state
             .readahead
             .on_read(span.offset..span.end, self.object.version.size);
@@ -104,46 +209,10 @@ impl Reader {
         } else if step.ended {
             runs.fetch_sub(1, Ordering::Relaxed);
         }
-        if let Some(ahead) = step.prefetch {
+        if let Some(ahead) = step.prefetch.clone() {
             cache.prefetch(&self.object, ahead);
         }
-        let blocks_ahead = if step.sequential {
-            let share = BLOCKS_AHEAD / (runs.load(Ordering::Relaxed) as u32).max(1);
-            (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
-        } else {
-            0
-        };
-        let block_count = cache.block_count(&self.object);
-        // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
-        let low = span.first.saturating_sub(BLOCKS_BEHIND);
-        let high = span.last.saturating_add(2 * BLOCKS_AHEAD);
-        state.blocks.retain(|index, _| (low..=high).contains(index));
-        let ahead = span.last + 1..=(span.last + blocks_ahead).min(block_count - 1);
-        for index in ahead {
-            state
-                .blocks
-                .entry(index)
-                .or_insert_with(|| cache.spawn_block(&self.object, index));
-        }
-        span.blocks()
-            .map(|index| {
-                if let Some(block) = state.blocks.get(&index) {
-                    return block.clone().boxed();
-                }
-                if !step.sequential {
-                    let (cache, object) = (cache.clone(), self.object.clone());
-                    let part = span.within(index, block_size);
-                    return async move { cache.block(&object, index, Some(part), FillFor::Node).await }
-                        .boxed();
-                }
-                state
-                    .blocks
-                    .entry(index)
-                    .or_insert_with(|| cache.spawn_block(&self.object, index))
-                    .clone()
-                    .boxed()
-            })
-            .collect()
+        step
     }
 }
 

@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 use larder_config::IoEngineKind;
 
 pub use buf::{ALIGN, AlignedBuf, align_up};
-pub use psync::PsyncEngine;
+pub use psync::{PsyncEngine, read_at};
 pub use uring::UringEngine;
 
 /// What an I/O request gives back: its buffer, and the bytes transferred or the error.

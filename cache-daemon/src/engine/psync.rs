@@ -14,7 +14,9 @@ use super::{AlignedBuf, IoEngine, IoResult, write_zero};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PsyncEngine;
 
-fn read_at(file: &File, offset: u64, mut buf: AlignedBuf) -> IoResult {
+/// Reads up to `buf.capacity()` bytes at `offset` into `buf` on the calling thread, as
+/// [`IoEngine::read`] does.
+pub fn read_at(file: &File, offset: u64, mut buf: AlignedBuf) -> IoResult {
     let capacity = buf.capacity();
     let mut done = 0;
     while done < capacity {

@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
+use larder_block_tree::Tree;
 use larder_peer_proto::auth::Verifier;
 use larder_peer_proto::client::{KEEPALIVE_EVERY, RUN_HIT_HEADER};
 use larder_peer_proto::server::{Sender, authenticate, frame};
@@ -239,12 +240,11 @@ impl PeerListener {
                             return;
                         }
                     };
-                    let hash = *blake3::hash(&bytes).as_bytes();
-                    let head = frame(key.as_ref(), &sender.nonce, index, bytes.len() as u32, hash);
+                    let tree = Tree::of(&bytes);
+                    let head = frame(key.as_ref(), &sender.nonce, index, bytes.len() as u32, tree.root);
+                    let head = [&head.encode()[..], tree.groups.as_flattened()].concat();
                     let len = bytes.len() as u64;
-                    if tx.send(Bytes::copy_from_slice(&head.encode())).await.is_err()
-                        || tx.send(bytes).await.is_err()
-                    {
+                    if tx.send(head.into()).await.is_err() || tx.send(bytes).await.is_err() {
                         return;
                     }
                     add(&listener.stats.peer_sent_bytes, len);

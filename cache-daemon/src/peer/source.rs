@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use larder_peer_proto::client::{Client, PeerError};
+use larder_peer_proto::client::{BlockBuf, Client, PeerError};
 use larder_peer_proto::owner::Run as OwnedRun;
 use larder_peer_proto::wire::RunRequest;
 
 use crate::cache::fill::{BlockSource, Run};
 use crate::cache::{OpenObject, ReadError, Source};
+use crate::engine::AlignedBuf;
 use crate::manifest::Manifests;
 use crate::members::Membership;
 use crate::object::ObjectVersion;
@@ -62,6 +63,16 @@ impl PeerSource {
             }
             _ => tracing::debug!(peer = member, %error, "rack peer failed"),
         }
+    }
+}
+
+impl BlockBuf for AlignedBuf {
+    fn with_room(len: usize) -> Self {
+        Self::new(len)
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        AlignedBuf::extend_from_slice(self, bytes);
     }
 }
 
@@ -123,10 +134,11 @@ impl BlockSource for PeerSource {
             let mut received = 0;
             let answer = self
                 .client
-                .fetch_run(&peer.address, &request, |head, bytes| {
+                .fetch_run(&peer.address, &request, |head, buf: AlignedBuf, check| {
                     let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
-                    run.push_from_peer(&member, head.index, &bytes, head.hash, expected)?;
-                    received += bytes.len() as u64;
+                    let len = buf.len() as u64;
+                    run.push_from_peer(&member, head.index, (buf, check), head.hash, expected)?;
+                    received += len;
                     Ok(())
                 })
                 .await;

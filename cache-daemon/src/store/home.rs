@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 
-use super::{StoreError, io_error};
+use super::{StoreError, VALUES_EXTENSION, io_error};
 use crate::object::ObjectId;
 
 /// The objects dir, under the cache dir.
@@ -30,7 +30,7 @@ pub(super) struct Names {
     pub(super) data: String,
     /// `<fanout>/<id>.rec`.
     pub(super) rec: String,
-    /// `<fanout>/<id>.values`: the blocks' group values (tree.rs).
+    /// `<fanout>/<id>.values16k`: the blocks' group values (larder-block-tree).
     pub(super) values: String,
 }
 
@@ -47,7 +47,7 @@ impl Names {
             fanout,
             data: format!("{stem}.data"),
             rec: format!("{stem}.rec"),
-            values: format!("{stem}.values"),
+            values: format!("{stem}.{VALUES_EXTENSION}"),
         }
     }
 }

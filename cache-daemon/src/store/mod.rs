@@ -8,8 +8,13 @@
 //!                                                    (see home.rs for a dir deleted under it)
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.data        blocks at their natural offsets
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.rec         header + append-only entries (format.rs)
-//! <cache dir>/v1/objects/<id[0..2]>/<id>.values      each block's 64 KiB group values (tree.rs)
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.values16k   each block's tree of 16 KiB groups (larder-block-tree)
 //! ```
+//!
+//! The values file's name says the group size its values are for. The release before kept
+//! values of 64 KiB groups in `<id>.values`: its files are removed at start like any other
+//! unknown file, and a block's values are written again by the first read of part of it
+//! (which checks the block whole).
 //!
 //! Invariants:
 //! - A block is recorded present only after its bytes are written; a block is removed from the
@@ -17,15 +22,14 @@
 //! - Bytes in use (present blocks plus reservations, each rounded up to 4 KiB) never exceed the
 //!   capacity, and a write never takes the filesystem below its minimum free fraction: space is
 //!   reserved, and victims evicted, before a byte is written.
-//! - A block read from disk is served only if the groups read hash to the block's stored group
-//!   values and those merge to the BLAKE3 in the record (unless verification is off), and it
-//!   was not evicted while being read. Group values are written before the `present` entry;
-//!   missing ones cost a whole-block check, which writes them.
+//! - A block read from disk is served only if the groups read, merged with the stored values
+//!   of the subtrees beside them, give the BLAKE3 in the record (unless verification is off),
+//!   and it was not evicted while being read. A block's tree is written before its `present`
+//!   entry; a missing one costs a whole-block check, which writes it.
 
 pub mod format;
 mod home;
 mod policy;
-mod tree;
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -47,8 +51,9 @@ use crate::published::BlockCrcs;
 use crate::stats::{Stats, add};
 use format::{Entry, RecordHeader};
 use home::{Home, Names};
+use larder_block_tree::{self as tree, CV_LEN, GROUP, Tree};
+pub use larder_block_tree::{GroupCheck, GroupHasher};
 use policy::Slru;
-use tree::{CV_LEN, GROUP, Tree};
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
 /// serves from the network.
@@ -101,10 +106,19 @@ pub enum Lookup {
     LostRace,
 }
 
+/// The largest read [`BlockStore::read_now`] serves on the calling thread: a few groups, read
+/// and checked in tens of microseconds.
+pub const READ_NOW_MAX: usize = 128 << 10;
+
+/// The extension of an object's file of block trees: named for the group size
+/// ([`larder_block_tree::GROUP`]), so that values of another size are never read as these.
+pub const VALUES_EXTENSION: &str = "values16k";
+
 /// The bytes of a block together with their BLAKE3: the only way bytes enter the block store,
 /// so every stored block has a hash computed from exactly what is stored. How the hash was
 /// come by is in the constructor's name: bytes from anywhere but this node's own origin
-/// request must be checked against a hash known beforehand ([`VerifiedBlock::verify`]). The
+/// request must be checked against a hash known beforehand ([`VerifiedBlock::verify`],
+/// [`VerifiedBlock::checked_on_arrival`]). The
 /// buffer is aligned for O_DIRECT and shared with the readers it was handed to: no copy.
 #[derive(Debug, Clone)]
 pub struct VerifiedBlock {
@@ -119,10 +133,22 @@ pub struct HashMismatch;
 
 impl VerifiedBlock {
     /// A block this node fetched from the origin itself, hashed here. Never for bytes from a
-    /// peer or a disk: those go through [`VerifiedBlock::verify`].
-    pub fn hashed_here(buf: Arc<AlignedBuf>) -> Self {
-        let tree = Arc::new(Tree::of(buf.as_ref().as_ref()));
+    /// peer or a disk: those go through [`VerifiedBlock::verify`]. `groups` holds the groups
+    /// hashed as the bytes arrived (see [`GroupHasher`]), fed only the start of these very
+    /// bytes.
+    pub fn hashed_here(buf: Arc<AlignedBuf>, groups: GroupHasher) -> Self {
+        let tree = Arc::new(groups.finish(buf.as_ref().as_ref()));
         Self { buf, tree }
+    }
+
+    /// Bytes from a rack peer, checked group by group as they arrived by `check` (see
+    /// [`GroupCheck`]), which is finished here on these very bytes: accepted only if it passes.
+    pub fn checked_on_arrival(buf: Arc<AlignedBuf>, check: GroupCheck) -> Result<Self, HashMismatch> {
+        let tree = check.finish(buf.as_ref().as_ref()).map_err(|_| HashMismatch)?;
+        Ok(Self {
+            buf,
+            tree: Arc::new(tree),
+        })
     }
 
     /// Bytes from elsewhere, accepted only if they hash to `expected`.
@@ -181,7 +207,7 @@ type BlockKey = (ObjectId, u32);
 struct ObjectFiles {
     data: Arc<File>,
     record: File,
-    /// The group values of each block (see tree.rs), at fixed slots; read through the engine.
+    /// The tree of each block (see larder-block-tree), at fixed slots; read through the engine.
     values: Arc<File>,
 }
 
@@ -256,8 +282,11 @@ impl ObjectState {
 #[derive(Debug)]
 struct State {
     objects: HashMap<ObjectId, ObjectState>,
-    /// Unpinned present blocks and their sizes, in eviction order.
+    /// Unpinned present blocks and their sizes, in eviction order; not those held.
     policy: Slru<BlockKey>,
+    /// Blocks held by readers reading them in pieces, and how many holds each has: present
+    /// or not yet, they stay out of the policy until the last hold goes.
+    held: HashMap<BlockKey, u32>,
     used: u64,
     reserved: u64,
     next_generation: u64,
@@ -274,6 +303,7 @@ impl State {
         Self {
             objects: HashMap::new(),
             policy: Slru::new(protected_limit),
+            held: HashMap::new(),
             used: 0,
             reserved: 0,
             next_generation: 0,
@@ -309,6 +339,29 @@ impl Drop for Lease {
             object.leases -= 1;
             self.store.reprotect(state, self.id, was);
         }
+    }
+}
+
+/// A hold on one block (see [`BlockStore::hold`]).
+#[derive(Debug)]
+pub struct BlockHold {
+    store: Arc<BlockStore>,
+    key: BlockKey,
+}
+
+impl Drop for BlockHold {
+    fn drop(&mut self) {
+        let mut guard = self.store.state.lock();
+        let state = &mut *guard;
+        let Some(holds) = state.held.get_mut(&self.key) else {
+            return;
+        };
+        *holds -= 1;
+        if *holds > 0 {
+            return;
+        }
+        state.held.remove(&self.key);
+        self.store.admit(state, self.key);
     }
 }
 
@@ -381,10 +434,10 @@ impl BlockStore {
                 let name = format!("{fanout}/{}", entry.file_name().to_string_lossy());
                 match path.extension().and_then(|e| e.to_str()) {
                     Some("rec") => self.replay_one(&mut state, &name),
-                    Some("data" | "values") if !path.with_extension("rec").exists() => {
+                    Some("data" | VALUES_EXTENSION) if !path.with_extension("rec").exists() => {
                         self.home.remove(&name)
                     }
-                    Some("data" | "values") => {}
+                    Some("data" | VALUES_EXTENSION) => {}
                     _ => self.home.remove(&name),
                 }
             }
@@ -555,13 +608,44 @@ impl BlockStore {
         if object.protected() == was {
             return;
         }
-        for &index in object.blocks.keys() {
+        let indexes: Vec<u32> = object.blocks.keys().copied().collect();
+        for index in indexes {
             if was {
-                let bytes = align_up(self.block_len(object.size, index));
-                state.policy.insert((id, index), bytes);
+                self.admit(state, (id, index));
             } else {
                 state.policy.remove(&(id, index));
             }
+        }
+    }
+
+    /// Puts block `key` in the eviction policy if it may be evicted: present, its object
+    /// neither pinned nor leased, and not held by a reader. The one rule for what the policy
+    /// holds.
+    fn admit(&self, state: &mut State, key: BlockKey) {
+        let (id, index) = key;
+        let Some(object) = state.objects.get(&id) else {
+            return;
+        };
+        if object.protected() || state.held.contains_key(&key) || !object.blocks.contains_key(&index) {
+            return;
+        }
+        let bytes = align_up(self.block_len(object.size, index));
+        state.policy.insert(key, bytes);
+    }
+
+    /// Keeps block `index` of `id` from eviction until the hold is dropped: for a reader that
+    /// reads the block in pieces from disk, so that a small cache does not evict it between
+    /// them. The block need not be present yet; one written while held is evictable once the
+    /// last hold goes. Dropping the object's version (replaced, deleted, or failing its origin
+    /// check) still drops the block.
+    pub fn hold(self: &Arc<Self>, id: ObjectId, index: u32) -> BlockHold {
+        let key = (id, index);
+        let mut state = self.state.lock();
+        *state.held.entry(key).or_default() += 1;
+        state.policy.remove(&key);
+        BlockHold {
+            store: self.clone(),
+            key,
         }
     }
 
@@ -643,15 +727,67 @@ impl BlockStore {
                 return Err(error);
             }
         };
+        if self.served(id, index, Some(meta.generation), checked_whole) {
+            Ok(Lookup::Hit(bytes))
+        } else {
+            Ok(Lookup::LostRace)
+        }
+    }
+
+    /// Bytes `range` of block `index`, read and checked on the calling thread, for a small
+    /// read that should not wait for a thread hop: only a part of a block (at most
+    /// [`READ_NOW_MAX`]) whose files are open and whose tree is stored, checked as
+    /// [`BlockStore::read`] checks it. `None` for anything else, and for anything that went
+    /// wrong (the block is gone, the disk failed, the bytes do not check): the caller then
+    /// reads through [`BlockStore::read`], which reports and handles it.
+    pub fn read_now(&self, id: ObjectId, size: u64, index: u32, range: Range<usize>) -> Option<Bytes> {
+        if range.len() > READ_NOW_MAX {
+            return None;
+        }
+        let (meta, files) = {
+            let state = self.state.lock();
+            let object = state.objects.get(&id)?;
+            (object.blocks.get(&index)?.clone(), object.files.get()?.clone())
+        };
+        let block_len = self.block_len(size, index) as usize;
+        let groups = tree::groups_in(block_len);
+        let Range { start: from, end: to } = tree::covering(&range, block_len);
+        if !self.verify || groups == 0 || to - from >= block_len {
+            return None;
+        }
+        let count = tree::nodes_in(block_len);
+        let slot = AlignedBuf::new(count * CV_LEN);
+        let read = crate::engine::read_at(&files.values, self.values_slot(index), slot);
+        let stored = values_read(read, count)?;
+        let offset = u64::from(index) * self.block_size + from as u64;
+        let (buf, read) = crate::engine::read_at(&files.data, offset, AlignedBuf::new(to - from));
+        if read.ok()? < to - from
+            || !tree::check_groups(buf.as_ref(), from / GROUP, &stored, block_len, &meta.hash)
+        {
+            return None;
+        }
+        self.served(id, index, Some(meta.generation), false)
+            .then(|| Bytes::from_owner(buf).slice(range.start - from..range.end - from))
+    }
+
+    /// Records that block `index` was handed to a reader from memory, where it was kept since
+    /// its fill: a use, for the eviction policy, as a read from disk would be.
+    pub fn note_served(&self, id: ObjectId, index: u32) {
+        self.served(id, index, None, false);
+    }
+
+    /// Records that block `index` of generation `generation` (any, with `None`) was read for a
+    /// reader (checked whole, or not): false if it was evicted or replaced meanwhile.
+    fn served(&self, id: ObjectId, index: u32, generation: Option<u64>, checked_whole: bool) -> bool {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let current = state
             .objects
             .get_mut(&id)
             .and_then(|o| o.blocks.get_mut(&index))
-            .filter(|m| m.generation == meta.generation);
+            .filter(|m| generation.is_none_or(|g| m.generation == g));
         let Some(current) = current else {
-            return Ok(Lookup::LostRace);
+            return false;
         };
         current.verified |= checked_whole;
         // Only a read that served bytes counts as a use for the eviction policy; the first use
@@ -661,15 +797,15 @@ impl BlockStore {
         } else {
             state.policy.refresh(&(id, index));
         }
-        Ok(Lookup::Hit(bytes))
+        true
     }
 
     /// The disk read of [`BlockStore::read`] and its check: bytes `range` of the block, and
     /// whether the whole block was checked. A read of the whole block is checked against the
     /// recorded root directly. A read of part of it reads and checks only the groups it
-    /// touches, against the block's stored group values; without them (a block written before
-    /// they were kept, or whose values were lost) the block is read and checked whole, and its
-    /// values stored for the next such read.
+    /// touches, with the block's stored tree; without it (a block written before trees were
+    /// kept, or whose tree was lost) the block is read and checked whole, and its tree stored
+    /// for the next such read.
     async fn read_checked(
         &self,
         version: &ObjectVersion,
@@ -691,13 +827,22 @@ impl BlockStore {
             ));
         }
         let groups = tree::groups_in(block_len);
-        let from = range.start / GROUP * GROUP;
-        let to = (range.end.div_ceil(GROUP) * GROUP).min(block_len);
+        let Range { start: from, end: to } = tree::covering(&range, block_len);
         // Part of a block is checked by its groups; a whole block against the root directly,
         // with no values to read.
         let partial = groups > 0 && to - from < block_len;
-        if partial && let Some(stored) = self.stored_values(&files, index, groups).await {
-            let buf = self.read_data(&files, id, index, from..to).await?;
+        // The tree and the groups' bytes are read at once: one disk round trip.
+        let values_and_data = if partial {
+            let (values, data) = tokio::join!(
+                self.stored_values(&files, index, tree::nodes_in(block_len)),
+                self.read_data(&files, id, index, from..to)
+            );
+            values.map(|values| (values, data))
+        } else {
+            None
+        };
+        if let Some((stored, buf)) = values_and_data {
+            let buf = buf?;
             if !tree::check_groups(buf.as_ref(), from / GROUP, &stored, block_len, &meta.hash) {
                 return Err(corrupt("not what its record's BLAKE3 names"));
             }
@@ -713,9 +858,9 @@ impl BlockStore {
         if partial {
             let (tree, slot) = (block.tree.clone(), self.values_slot(index));
             let path = self.home.path(&Names::of(id).values);
-            let stored = blocking(move || write_values(&files.values, slot, &tree, &path)).await;
+            let stored = blocking(move || write_values(&files.values, slot, &tree, block_len, &path)).await;
             if let Err(error) = stored {
-                tracing::debug!(%error, "could not store a block's group values");
+                tracing::debug!(%error, "could not store a block's tree");
             }
         }
         Ok((block.bytes().slice(range), true))
@@ -745,34 +890,27 @@ impl BlockStore {
         Ok(buf)
     }
 
-    /// The stored group values of block `index` (`groups` of them), if there are.
+    /// The stored tree of block `index` (`count` values), if there is one.
     async fn stored_values(
         &self,
         files: &ObjectFiles,
         index: u32,
-        groups: usize,
+        count: usize,
     ) -> Option<Vec<[u8; CV_LEN]>> {
-        if groups == 0 {
+        if count == 0 {
             return None;
         }
-        let len = groups * CV_LEN;
-        let slot = self.values_slot(index);
-        let (buf, result) = self
+        let slot = AlignedBuf::new(count * CV_LEN);
+        let read = self
             .engine
-            .read(files.values.clone(), slot, AlignedBuf::new(len))
-            .await;
-        if result.ok()? < len {
-            return None;
-        }
-        let values = buf.as_ref()[..len].as_chunks::<CV_LEN>().0.to_vec();
-        // Never written: a hole reads as zeros.
-        values.iter().any(|v| v != &[0; CV_LEN]).then_some(values)
+            .read(files.values.clone(), self.values_slot(index), slot);
+        values_read(read.await, count)
     }
 
-    /// Where block `index`'s group values start in the values file: every block has room
-    /// for a full block's values.
+    /// Where block `index`'s tree starts in the values file: every block has room for a full
+    /// block's tree (2 values a group, 2 fewer used: 16 KiB a 4 MiB block).
     fn values_slot(&self, index: u32) -> u64 {
-        u64::from(index) * (self.block_size / GROUP as u64) * CV_LEN as u64
+        u64::from(index) * 2 * (self.block_size / GROUP as u64) * CV_LEN as u64
     }
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
@@ -842,9 +980,7 @@ impl BlockStore {
                 },
             );
             state.used += alloc;
-            if !object.protected() {
-                state.policy.insert((id, index), alloc);
-            }
+            self.admit(state, (id, index));
             add(&self.stats.cache_write_bytes, block.len() as u64);
         }
         written
@@ -861,7 +997,7 @@ impl BlockStore {
         let names = Names::of(version.id());
         let (data_path, rec_path) = (self.home.path(&names.data), self.home.path(&names.rec));
         let values_path = self.home.path(&names.values);
-        let (tree, slot) = (block.tree.clone(), self.values_slot(index));
+        let (tree, slot, len) = (block.tree.clone(), self.values_slot(index), block.len());
         let offset = u64::from(index) * self.block_size;
         let is_last = offset + block.len() as u64 >= version.size;
         let written = self
@@ -883,7 +1019,7 @@ impl BlockStore {
                     .set_len(size)
                     .map_err(io_error("truncate", &data_path))?;
             }
-            write_values(&files.values, slot, &tree, &values_path)?;
+            write_values(&files.values, slot, &tree, len, &values_path)?;
             (&files.record)
                 .write_all(&entry)
                 .map_err(io_error("append", &rec_path))
@@ -1155,6 +1291,18 @@ pub fn object_paths(cache_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
     (objects.join(names.data), objects.join(names.rec))
 }
 
+/// The `count` values of a block's tree out of the read of its slot in the values file:
+/// `None` if the read failed or was short, or the slot was never written (a hole reads as
+/// zeros).
+fn values_read((buf, result): crate::engine::IoResult, count: usize) -> Option<Vec<[u8; CV_LEN]>> {
+    let len = count * CV_LEN;
+    if result.ok()? < len {
+        return None;
+    }
+    let values = buf.as_ref()[..len].as_chunks::<CV_LEN>().0.to_vec();
+    values.iter().any(|v| v != &[0; CV_LEN]).then_some(values)
+}
+
 /// Opens an object's data and record files; with a header, creates them afresh.
 fn open_object_files(
     home: &Home,
@@ -1186,9 +1334,9 @@ fn open_object_files(
     })
 }
 
-/// Writes a block's group values into its slot of the values file.
-fn write_values(file: &File, slot: u64, tree: &Tree, path: &Path) -> Result<(), StoreError> {
-    file.write_all_at(&tree.groups.concat(), slot)
+/// Writes the tree of a block of `len` bytes into its slot of the values file.
+fn write_values(file: &File, slot: u64, tree: &Tree, len: usize, path: &Path) -> Result<(), StoreError> {
+    file.write_all_at(tree.nodes(len).as_flattened(), slot)
         .map_err(io_error("write", path))
 }
 
@@ -1266,7 +1414,7 @@ mod tests {
 
     #[test]
     fn a_block_hashed_here_carries_the_hash_of_exactly_its_bytes() {
-        let hashed = VerifiedBlock::hashed_here(block(b"fetched from the origin"));
+        let hashed = VerifiedBlock::hashed_here(block(b"fetched from the origin"), GroupHasher::default());
         assert_eq!(
             hashed.tree.root,
             *blake3::hash(b"fetched from the origin").as_bytes()

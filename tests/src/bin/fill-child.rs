@@ -32,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
     )?);
     let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth)?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
-    let cache = Cache::new(store, &config.origin, stats, None);
+    let cache = Cache::new(store, &config.origin, config.cache.memory_limit, stats, None);
     let object = OpenObject::new(origin.clone(), origin.head(key).await?);
     let mut announced = false;
     loop {
