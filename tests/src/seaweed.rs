@@ -199,6 +199,11 @@ impl Seaweed {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/.venv/bin/weed")
     }
 
+    /// The server's process ID, for what it costs (`/proc/PID/stat`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The bucket's URL, as a source would name it.
     pub fn url(&self) -> String {
         format!("s3://{}", self.bucket)

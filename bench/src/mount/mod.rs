@@ -83,6 +83,9 @@ pub(crate) struct Sample {
     pub(crate) work: Work,
     /// CPU seconds of the mount process during the workload.
     pub(crate) mount_cpu: Option<f64>,
+    /// CPU seconds of the object store's server (SeaweedFS) during the workload: on a machine
+    /// where it shares the cores with the mount, the part of them the mount could not have.
+    pub(crate) origin_cpu: Option<f64>,
     /// Peak RSS of the mount process during the workload (or since it started, where the
     /// high-water mark could not be reset).
     pub(crate) peak_rss_mib: Option<f64>,
@@ -106,6 +109,8 @@ struct Bench<'a> {
     setups: Vec<Setup>,
     /// A local copy of the large file.
     local: PathBuf,
+    /// The object store's server process.
+    origin_pid: u32,
     seed: u64,
     /// When the run started, for the progress lines.
     started: Instant,
@@ -161,6 +166,7 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
         client,
         setups,
         local,
+        origin_pid: weed.pid(),
         seed,
         started,
     };
@@ -277,16 +283,17 @@ impl Bench<'_> {
             reset_peak_rss(pid);
         }
         let cpu = pid.and_then(process_cpu);
+        let origin_cpu = process_cpu(self.origin_pid);
         let work = work()?;
-        let mount_cpu = pid
-            .and_then(process_cpu)
-            .zip(cpu)
-            .map(|(after, before)| after - before);
+        let spent = |before: Option<f64>, pid: Option<u32>| Some(pid.and_then(process_cpu)? - before?);
+        let mount_cpu = spent(cpu, pid);
+        let origin_cpu = spent(origin_cpu, Some(self.origin_pid));
         let peak_rss_mib = pid.and_then(peak_rss_mib);
         let origin = origin_use(&self.proxy.requests()[from..], |path| self.size_of(path));
         Ok(Sample {
             work,
             mount_cpu,
+            origin_cpu,
             peak_rss_mib,
             origin,
         })

@@ -237,10 +237,10 @@ impl Context<'_> {
         };
         let _ = writeln!(
             out,
-            "| system | {} |{latency_head} ÷ limit | Larder ÷ system | mount CPU s/GiB | reader CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |",
+            "| system | {} |{latency_head} ÷ limit | Larder ÷ system | mount CPU s/GiB | reader CPU s/GiB | server CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |",
             workload.unit()
         );
-        let _ = writeln!(out, "|---|---|{latency_rule}---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|{latency_rule}---|---|---|---|---|---|---|---|");
         for system in self.systems() {
             let throughput = self.each(workload, system, |s| Some(s.throughput(workload)));
             if throughput.is_empty() {
@@ -275,11 +275,12 @@ impl Context<'_> {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} |{latency} {to_limit} | {larder_to} | {} | {} | {} | {} | {} |",
+                "| {} | {} |{latency} {to_limit} | {larder_to} | {} | {} | {} | {} | {} | {} |",
                 system.name(),
                 spread(throughput, number),
                 per_gib(|s| s.mount_cpu),
                 per_gib(|s| s.work.reader_cpu),
+                per_gib(|s| s.origin_cpu),
                 spread(self.each(workload, system, |s| s.peak_rss_mib), number),
                 per_gib(|s| Some(s.origin.requests as f64)),
                 per_gib(|s| Some(s.origin.bytes as f64 / GIB)),
@@ -348,8 +349,8 @@ pub(crate) fn render(cx: &Context<'_>) -> String {
     let _ = writeln!(
         out,
         "\n## Per workload\n\nThroughput and ratios are medians of per-round values. CPU is user + system \
-         time of the mount process (`/proc/PID/stat`) and of the reading threads (`RUSAGE_THREAD`) \
-         while the workload ran, per GiB handed to the readers; peak RSS is the mount process's \
+         time of the mount process (`/proc/PID/stat`), of the reading threads (`RUSAGE_THREAD`) \
+         and of the object store's server while the workload ran, per GiB handed to the readers; peak RSS is the mount process's \
          VmHWM, reset before each workload; origin figures count requests of every kind and the \
          object bytes GETs asked for, per GiB handed to the readers."
     );
