@@ -617,6 +617,30 @@ async fn reads_answered_at_once_are_checked_and_leave_the_rest_to_the_runtime() 
     );
 }
 
+/// A read answered on a FUSE thread feeds the sequential detector after its bytes are read,
+/// and a read of the same handle on another thread may have made it a run's start by then: it
+/// starts the readahead from a thread with no runtime. The fills must run all the same, on the
+/// cache's runtime. (They once panicked there, after their blocks were registered in flight:
+/// every later read of those blocks failed with "the fill was abandoned".)
+#[tokio::test]
+async fn fills_started_from_a_thread_without_a_runtime_run_on_the_caches() {
+    let server = server_with(&[("ahead.bin", 8 * MIB)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+    let open = fx.open_object("ahead.bin").await.expect("open");
+    let (cache, ahead) = (fx.cache.clone(), open.clone());
+    std::thread::spawn(move || cache.prefetch(&ahead, 4 * MIB..8 * MIB))
+        .join()
+        .expect("the readahead started on a thread without a runtime");
+    let reader = Reader::new(fx.cache.clone(), open.clone());
+    for offset in [4 * MIB, 7 * MIB + 5000] {
+        let got = reader.read(offset, 4096).await.expect("a block fetched ahead");
+        assert!(got == expected("ahead.bin", offset, 4096), "bytes at {offset}");
+    }
+    fx.cache.flush().await;
+    assert_eq!(fx.block_fetch_counts(&open), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+}
+
 /// A cache disk whose reads fail (EIO) costs no time: the production read path drops each
 /// block it cannot read and serves it from the origin at once, and writes it back.
 #[test_case(IoEngineKind::Uring; "uring")]

@@ -322,7 +322,7 @@ impl Cache {
             return;
         }
         let (cache, object) = (self.clone(), object.clone());
-        inner.tasks.spawn(async move {
+        self.spawn(async move {
             let checks = &cache.inner.checks;
             if let Ok(_running) = checks.running.acquire().await {
                 {

@@ -243,9 +243,8 @@ impl Run<'_> {
         if let Some(tx) = waiter {
             let _ = tx.send(Ok(fetched));
         }
-        let tasks = &cache.inner.tasks;
         let (cache, object) = (cache.clone(), object.clone());
-        tasks.spawn(async move {
+        self.cache.spawn(async move {
             let _writing = writing;
             // Kept for the origin check of blocks from rack peers, which then combines them.
             let crcs = cache
@@ -366,7 +365,7 @@ impl Cache {
         }
         let cache = self.clone();
         let object = object.clone();
-        self.inner.tasks.spawn(async move {
+        self.spawn(async move {
             let mut charge = charge;
             if wait_for_room {
                 let budget = &cache.inner.budget;

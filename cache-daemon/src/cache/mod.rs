@@ -42,6 +42,7 @@ use futures::future::{BoxFuture, Shared, WeakShared};
 use futures::{FutureExt, StreamExt};
 use larder_config::{ByteSize, OriginConfig};
 use parking_lot::Mutex;
+use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -174,6 +175,8 @@ struct Inner {
     part_blocks: u32,
     readahead: Range<u64>,
     stats: Arc<Stats>,
+    /// The runtime the cache was made in, and its tasks on it.
+    runtime: Handle,
     tasks: TaskTracker,
     /// Cancelled at shutdown: fetches in flight stop, fills end abandoned.
     stop: CancellationToken,
@@ -260,7 +263,8 @@ const HELD_SWEEP_MIN: usize = 1024;
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`, asking `peers`
     /// (the rack peer tier, if any) before the origin, keeping about `memory_limit` bytes of
-    /// blocks in memory at most (see [`budget`]).
+    /// blocks in memory at most (see [`budget`]). Called within a Tokio runtime: its fills
+    /// run there, also those a read answered on a thread of its own starts.
     pub fn new(
         store: Arc<BlockStore>,
         config: &OriginConfig,
@@ -292,6 +296,7 @@ impl Cache {
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
                 stats,
+                runtime: Handle::current(),
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
                 written: tokio::sync::Notify::new(),
@@ -339,6 +344,12 @@ impl Cache {
         self.inner.stop.cancel();
     }
 
+    /// Runs `task` on the cache's runtime, whatever thread asks (a FUSE thread answering a
+    /// read may start fills), tracked for [`Cache::flush`].
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.tasks.spawn_on(task, &self.inner.runtime);
+    }
+
     /// Waits for every fill and cache write started so far (shutdown, tests).
     pub async fn flush(&self) {
         self.inner.tasks.close();
@@ -370,7 +381,9 @@ impl Cache {
             return block;
         }
         let (cache, object) = (self.clone(), object.clone());
-        let block = tokio::spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
+        let runtime = &self.inner.runtime;
+        let block = runtime
+            .spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
             .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
             .boxed()
             .shared();
