@@ -59,18 +59,28 @@ impl Setup {
         self.dir.join("mnt")
     }
 
-    /// What the system's log says went wrong, for a failed run: Larder's warnings and
-    /// errors, a peer's last lines; at most ten.
+    /// What the system's log says went wrong, for a failed run: Larder's warnings, errors and
+    /// panics, a peer's lines; at most ten, the first three (what started it) and the last.
     pub(crate) fn log_trouble(&self) -> Vec<String> {
         let (file, wanted): (_, fn(&str) -> bool) = match self.system {
-            System::Larder => ("daemon.log", |l| l.contains(" WARN ") || l.contains(" ERROR ")),
+            System::Larder => ("daemon.log", |l| {
+                [" WARN ", " ERROR ", " panicked at "]
+                    .iter()
+                    .any(|what| l.contains(what))
+            }),
             System::Rclone => ("rclone.log", |_| true),
             System::S3fs => ("s3fs.log", |_| true),
             System::Limit => return Vec::new(),
         };
         let log = std::fs::read_to_string(self.dir.join(file)).unwrap_or_default();
-        let lines: Vec<_> = log.lines().filter(|l| wanted(l)).map(str::to_owned).collect();
-        lines[lines.len().saturating_sub(10)..].to_vec()
+        let lines: Vec<_> = log.lines().filter(|l| wanted(l)).collect();
+        let first = lines.len().min(3);
+        let last = lines.len().saturating_sub(7).max(first);
+        lines[..first]
+            .iter()
+            .chain(&lines[last..])
+            .map(|l| (*l).to_owned())
+            .collect()
     }
 
     /// The system's disk cache.
