@@ -454,6 +454,9 @@ fn peers_text(out: &mut String, peers: Option<&Peers>) -> std::fmt::Result {
             member.failures,
             HumanBytes(member.received_bytes)
         )?;
+        if let Some(note) = &member.note {
+            writeln!(out, "  {note}")?;
+        }
     }
     Ok(())
 }
@@ -609,6 +612,7 @@ mod tests {
             retry_in_seconds: retry,
             failures,
             received_bytes: received,
+            note: (rack.is_empty()).then(|| "rack not known".to_owned()),
         };
         let peers = Peers {
             node_id: "a".into(),
@@ -630,7 +634,8 @@ mod tests {
             "peers: this node is a in rack r1; 2 other members\n\
              received from peers: 3.00 MiB from rack r1\n\
              peer b (rack r1, b.rack:7070): up, 0 failures in a row, 3.00 MiB received\n\
-             peer c (rack -, c.rack:7070): down (asked again in 17 s), 2 failures in a row, 0 B received\n"
+             peer c (rack -, c.rack:7070): down (asked again in 17 s), 2 failures in a row, 0 B received\n  \
+             rack not known\n"
         );
     }
 

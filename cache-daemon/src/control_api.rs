@@ -334,6 +334,9 @@ pub struct MemberState {
     pub failures: u32,
     /// Block bytes received from it and checked.
     pub received_bytes: u64,
+    /// Why it is not asked as its place in the list would have it (its rack not known yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Bytes received from the peers of one rack.

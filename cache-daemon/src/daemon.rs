@@ -197,13 +197,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         )),
         members,
     });
-    // The members' DNS resolution and the warm-node tasks.
+    // The members' DNS resolution, the hellos to members listed without a rack, and the
+    // warm-node tasks.
     let background = TaskTracker::new();
-    if let Some(members) = &peers.members
-        && config.peer.dns.is_some()
-    {
-        let hello = Arc::new(AskWho(peers.client.clone()));
-        members.spawn_dns(&background, stop.clone(), hello);
+    if let Some(members) = &peers.members {
+        let hello = Arc::new(AskWho {
+            client: peers.client.clone(),
+            rack: config.peer.rack.clone(),
+        });
+        members.spawn_dns(&background, stop.clone(), hello.clone());
+        members.spawn_hellos(&background, stop.clone(), hello);
     }
     let warm = match &config.warm.plan {
         Some(path) => Some((
@@ -496,6 +499,7 @@ impl Peers {
         let service = PeerListener::new(
             self.key.clone().map(Verifier::new),
             self.hello.clone(),
+            self.members.clone(),
             cache.clone(),
             origins,
             stats.clone(),

@@ -7,6 +7,12 @@
 //! runs move to their next candidate. A static member and a DNS member with the same id are
 //! one member. This node is always a member.
 //!
+//! A static member may be listed without its rack (`ID=HOST:PORT`): it is asked its rack by a
+//! hello at start, and again every [`HELLO_RETRY`] until it answers ([`Membership::spawn_hellos`]);
+//! a member's own hello to this node tells its rack too ([`Membership::said_rack`]). Until its
+//! rack is known it ranks as a member of another rack: it is still asked, but only for the runs
+//! no member of this node's rack is ranked before it, and the status says why.
+//!
 //! [`Membership::owners`] ranks the members for a run by rendezvous hashing, this node's rack
 //! first ([`larder_peer_proto::owner::candidates`]); every node with the same members ranks
 //! them the same way. A per-member circuit breaker leaves out a member that just failed: for
@@ -50,13 +56,25 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(120);
 /// resolution.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often a member listed without a rack is asked its rack until it answers, for the first
+/// [`HELLO_FAST_TRIES`] times (a rack's daemons start within seconds of each other); then every
+/// [`HELLO_SLOW_RETRY`].
+pub const HELLO_RETRY: Duration = Duration::from_secs(1);
+/// See [`HELLO_RETRY`].
+const HELLO_FAST_TRIES: u32 = 60;
+/// Hellos a member listed without a rack fails before it is warned about (at start the others
+/// may not listen yet).
+const HELLO_WARN_AFTER: u32 = 10;
+/// See [`HELLO_RETRY`].
+const HELLO_SLOW_RETRY: Duration = Duration::from_secs(15);
+
 /// A member to ask for a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     /// Its node id.
     pub id: String,
-    /// Its rack label.
-    pub rack: String,
+    /// Its rack label; `None` while it is not known.
+    pub rack: Option<String>,
     /// `HOST:PORT` of its peer listener.
     pub address: String,
 }
@@ -64,8 +82,9 @@ pub struct Peer {
 /// Asks the peer at an address who it is, over the authenticated peer protocol: its node id
 /// and rack, or why it did not say.
 pub trait Hello: Send + Sync {
-    /// The node id and rack of the peer listening at `address` (`HOST:PORT`).
-    fn hello<'a>(&'a self, address: &'a str) -> BoxFuture<'a, Result<(String, String), String>>;
+    /// The node id and rack of the peer listening at `address` (`HOST:PORT`), which should be
+    /// member `to` (empty: not known).
+    fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<(String, String), String>>;
 }
 
 /// The members of the rack, shared by the fill path, the DNS task, the status and the metrics.
@@ -117,10 +136,15 @@ struct State {
 /// One member other than this node.
 #[derive(Debug, Default)]
 struct Entry {
-    /// Address and rack from the static list.
-    configured: Option<(String, String)>,
+    /// Address from the static list, and the rack if the list gives it.
+    configured: Option<(String, Option<String>)>,
     /// Address and rack from DNS and the member's own answer.
     discovered: Option<(String, String)>,
+    /// The rack a member listed without one said it is in (its answer to a hello, or its own
+    /// hello to this node).
+    said_rack: Option<String>,
+    /// Why the rack of a member listed without one is not known yet: its last hello's error.
+    unheard: Option<String>,
     /// Failures since the last success.
     failures: u32,
     /// Slow answers in a row, towards [`SLOW_STRIKES`].
@@ -134,9 +158,18 @@ struct Entry {
 }
 
 impl Entry {
-    /// The address and rack in use: the configured ones first.
-    fn place(&self) -> Option<&(String, String)> {
-        self.configured.as_ref().or(self.discovered.as_ref())
+    /// The address and rack in use: the configured ones first; no rack while it is not known.
+    fn place(&self) -> Option<(&str, Option<&str>)> {
+        match (&self.configured, &self.discovered) {
+            (Some((address, rack)), _) => Some((address, rack.as_deref().or(self.said_rack.as_deref()))),
+            (None, Some((address, rack))) => Some((address, Some(rack))),
+            (None, None) => None,
+        }
+    }
+
+    /// Listed without a rack, and none said yet.
+    fn rack_unknown(&self) -> bool {
+        matches!(self.place(), Some((_, None)))
     }
 
     fn is_open(&self, now: Instant) -> bool {
@@ -157,8 +190,9 @@ impl Membership {
                 state.self_address.clone_from(&member.address);
                 continue;
             }
+            let rack = (!member.rack.is_empty()).then(|| member.rack.clone());
             state.members.entry(member.id.clone()).or_default().configured =
-                Some((member.address.clone(), member.rack.clone()));
+                Some((member.address.clone(), rack));
         }
         // The config checked the form NAME:PORT; a DNS name that is not so is left out.
         let dns = config.dns.as_deref().and_then(|dns| {
@@ -198,7 +232,7 @@ impl Membership {
         let state = self.inner.state.lock();
         let mut members = vec![Member {
             id: self.inner.self_id.clone(),
-            rack: self.inner.self_rack.clone(),
+            rack: Some(self.inner.self_rack.clone()),
         }];
         let mut addresses = HashMap::from([(self.inner.self_id.as_str(), state.self_address.as_str())]);
         for (id, entry) in &state.members {
@@ -210,7 +244,7 @@ impl Membership {
             }
             members.push(Member {
                 id: id.clone(),
-                rack: rack.clone(),
+                rack: rack.map(str::to_owned),
             });
             addresses.insert(id, address);
         }
@@ -301,7 +335,9 @@ impl Membership {
         };
         entry.received += bytes;
         if let Some((_, rack)) = entry.place() {
-            *received_by_rack.entry(rack.clone()).or_default() += bytes;
+            *received_by_rack
+                .entry(rack.unwrap_or_default().to_owned())
+                .or_default() += bytes;
         }
     }
 
@@ -317,6 +353,7 @@ impl Membership {
             retry_in_seconds: None,
             failures: 0,
             received_bytes: 0,
+            note: None,
         };
         let others = state.members.iter().filter_map(|(id, entry)| {
             let (address, rack) = entry.place()?;
@@ -328,14 +365,23 @@ impl Membership {
                 _ if entry.up => (MemberHealth::Up, None),
                 _ => (MemberHealth::Unknown, None),
             };
+            let note = rack.is_none().then(|| {
+                let why = entry.unheard.as_deref().unwrap_or("not asked yet");
+                format!(
+                    "rack not known: listed without one and it has not said it ({why}); asked only \
+                     for runs no member of rack {} ranks first for",
+                    show_rack(&self.inner.self_rack)
+                )
+            });
             Some(MemberState {
                 id: id.clone(),
-                rack: rack.clone(),
-                address: address.clone(),
+                rack: rack.unwrap_or_default().to_owned(),
+                address: address.to_owned(),
                 state: health,
                 retry_in_seconds,
                 failures: entry.failures,
                 received_bytes: entry.received,
+                note,
             })
         });
         std::iter::once(this).chain(others).collect()
@@ -427,12 +473,10 @@ impl Membership {
             }
         }
         let new: Vec<&String> = addresses.iter().filter(|a| !known.ids.contains_key(*a)).collect();
-        let answers = futures::future::join_all(new.iter().map(|&address| async move {
-            let answer = tokio::time::timeout(HELLO_TIMEOUT, hello.hello(address))
-                .await
-                .unwrap_or_else(|_| Err("no answer in time".to_owned()));
-            (address, answer)
-        }))
+        let answers = futures::future::join_all(
+            new.iter()
+                .map(|&address| async move { (address, ask(hello, address, "").await) }),
+        )
         .await;
         known.silent.retain(|a| addresses.contains(a));
         for (address, answer) in answers {
@@ -482,6 +526,120 @@ impl Membership {
             state.members.remove(id);
         }
     }
+}
+
+impl Membership {
+    /// Member `id` said it is in `rack` (its own hello to this node, authenticated): where the
+    /// list gave no rack for it, it is ranked in that rack from now on.
+    pub fn said_rack(&self, id: &str, rack: &str) {
+        let mut state = self.inner.state.lock();
+        let Some(entry) = state.members.get_mut(id) else {
+            return;
+        };
+        if entry.rack_unknown() {
+            tracing::info!(member = id, rack = %show_rack(rack), "learned the rack of a member listed without one");
+        }
+        entry.said_rack = Some(rack.to_owned());
+        entry.unheard = None;
+    }
+
+    /// The members listed without a rack that have not said theirs: id and address.
+    fn unheard(&self) -> Vec<(String, String)> {
+        let state = self.inner.state.lock();
+        state
+            .members
+            .iter()
+            .filter(|(_, entry)| entry.rack_unknown())
+            .filter_map(|(id, entry)| Some((id.clone(), entry.place()?.0.to_owned())))
+            .collect()
+    }
+
+    /// Asks every member listed without a rack for its rack, now and every [`HELLO_RETRY`]
+    /// until each has said it (or told this node in a hello of its own), on a task of `tasks`
+    /// until `stop`. A member that does not answer is warned about once, with why.
+    pub fn spawn_hellos(&self, tasks: &TaskTracker, stop: CancellationToken, hello: Arc<dyn Hello>) {
+        if self.unheard().is_empty() {
+            return;
+        }
+        let membership = self.clone();
+        tasks.spawn(async move {
+            stop.run_until_cancelled(membership.ask_racks(hello)).await;
+        });
+    }
+
+    /// The hello task: ask, wait, until every rack is known.
+    async fn ask_racks(self, hello: Arc<dyn Hello>) {
+        let mut warned = HashSet::new();
+        for tries in 1.. {
+            let unheard = self.unheard();
+            if unheard.is_empty() {
+                return;
+            }
+            let hello = hello.as_ref();
+            let answers = futures::future::join_all(
+                unheard
+                    .iter()
+                    .map(|(id, address)| async move { (id, address, ask(hello, address, id).await) }),
+            )
+            .await;
+            for (id, address, answer) in answers {
+                match answer {
+                    Ok((said_id, rack)) if said_id == *id => self.said_rack(id, &rack),
+                    Ok((said_id, _)) => self.unheard_from(
+                        id,
+                        address,
+                        format!("the member at {address} says it is {said_id:?}"),
+                        tries >= HELLO_WARN_AFTER && warned.insert(id.clone()),
+                    ),
+                    Err(error) => {
+                        let warn = tries >= HELLO_WARN_AFTER && warned.insert(id.clone());
+                        self.unheard_from(id, address, error, warn);
+                    }
+                }
+            }
+            let wait = if tries < HELLO_FAST_TRIES {
+                HELLO_RETRY
+            } else {
+                HELLO_SLOW_RETRY
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Member `id` at `address`, listed without a rack, did not say its rack, for `why`; said
+    /// in the log at warn if `warn`.
+    fn unheard_from(&self, id: &str, address: &str, why: String, warn: bool) {
+        let mut state = self.inner.state.lock();
+        let Some(entry) = state.members.get_mut(id) else {
+            return;
+        };
+        if !entry.rack_unknown() {
+            return;
+        }
+        if warn {
+            tracing::warn!(
+                member = id,
+                address,
+                error = %why,
+                "a member listed without a rack has not said its rack: until it does, it is asked only \
+                 after the members of this node's rack; asking again"
+            );
+        }
+        entry.unheard = Some(why);
+    }
+}
+
+/// Asks the peer at `address` (expected to be member `to`, empty: not known) who it is,
+/// within [`HELLO_TIMEOUT`].
+async fn ask(hello: &dyn Hello, address: &str, to: &str) -> Result<(String, String), String> {
+    tokio::time::timeout(HELLO_TIMEOUT, hello.hello(address, to))
+        .await
+        .unwrap_or_else(|_| Err("no answer in time".to_owned()))
+}
+
+/// A rack label as the log and status show it: `-` for none.
+fn show_rack(rack: &str) -> &str {
+    if rack.is_empty() { "-" } else { rack }
 }
 
 /// What the DNS task remembers between resolutions.
@@ -550,7 +708,10 @@ mod tests {
             assert_eq!(first.len(), 4);
             assert_eq!(first, nodes[1].owners(&run));
             // Same rack first.
-            assert!(first[..2].iter().all(|p| p.rack == "r1"), "{first:?}");
+            assert!(
+                first[..2].iter().all(|p| p.rack.as_deref() == Some("r1")),
+                "{first:?}"
+            );
         }
         // Across racks the owner within the asker's rack differs, but each rack agrees.
         let c = Membership::new(&config(&FOUR), "c".into(), "r2".into());
@@ -667,8 +828,14 @@ mod tests {
         for run in runs(400) {
             let (before, after) = (three.owners(&run), four.owners(&run));
             // Ranked by rack first, so compare the owner within each rack's members.
-            let owner =
-                |peers: &[Peer], rack: &str| peers.iter().find(|p| p.rack == rack).unwrap().id.clone();
+            let owner = |peers: &[Peer], rack: &str| {
+                peers
+                    .iter()
+                    .find(|p| p.rack.as_deref() == Some(rack))
+                    .unwrap()
+                    .id
+                    .clone()
+            };
             if owner(&after, "r2") == "d" {
                 moved += 1;
             } else {
@@ -680,6 +847,126 @@ mod tests {
             assert_eq!(next, before);
         }
         assert!(moved > 0);
+    }
+
+    /// Answers hellos with the id and rack of each address, once `up` holds it.
+    #[derive(Default)]
+    struct Racks {
+        up: Mutex<HashMap<String, (String, String)>>,
+    }
+
+    impl Hello for Racks {
+        fn hello<'a>(
+            &'a self,
+            address: &'a str,
+            to: &'a str,
+        ) -> BoxFuture<'a, Result<(String, String), String>> {
+            let answer = self.up.lock().get(address).cloned();
+            Box::pin(async move {
+                let (id, rack) = answer.ok_or_else(|| "connection refused".to_owned())?;
+                // As the listener does: a hello signed for another member is refused.
+                if !to.is_empty() && to != id {
+                    return Err(format!("meant for {to}, not {id}"));
+                }
+                Ok((id, rack))
+            })
+        }
+    }
+
+    /// The members of a rack listed without `@RACK`, the shape the README allows: until a member
+    /// says its rack it ranks as another rack's (so a node alone in its rack fills every run
+    /// itself, the defect this test was written for), and the status says why; once the hellos
+    /// answer, every node ranks the same owners, as if the racks had been listed.
+    #[tokio::test(start_paused = true)]
+    async fn members_listed_without_a_rack_are_asked_it_and_then_rank_as_listed() {
+        const BARE: [&str; 4] = [
+            "a=127.0.0.1:7001",
+            "b=127.0.0.1:7002",
+            "c=127.0.0.1:7003",
+            "d=127.0.0.1:7004",
+        ];
+        let nodes: Vec<Membership> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| Membership::new(&config(&BARE), (*id).into(), "r1".into()))
+            .collect();
+        let with_racks = BARE.map(|m| format!("{m}@r1"));
+        let with_racks: Vec<&str> = with_racks.iter().map(String::as_str).collect();
+        let listed = Membership::new(&config(&with_racks), "a".into(), "r1".into());
+        let run = runs(1).next().unwrap();
+        // Before: each node ranks itself first, so each would fill every run from the origin.
+        for node in &nodes {
+            assert_eq!(node.owners(&run)[0].id, node.self_id());
+        }
+        let b = nodes[0].states().into_iter().find(|m| m.id == "b").unwrap();
+        assert!(
+            b.note.as_deref().unwrap_or_default().contains("rack not known"),
+            "{b:?}"
+        );
+
+        // b, c, d answer; a learns their racks from its hellos, and they learn a's from a's.
+        let racks = Arc::new(Racks::default());
+        for (i, id) in ["a", "b", "c", "d"].iter().enumerate() {
+            racks
+                .up
+                .lock()
+                .insert(format!("127.0.0.1:700{}", i + 1), ((*id).into(), "r1".into()));
+        }
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        for node in &nodes {
+            node.spawn_hellos(&tasks, stop.clone(), racks.clone());
+        }
+        tokio::time::sleep(HELLO_RETRY).await;
+        for node in &nodes {
+            assert!(node.states().iter().all(|m| m.note.is_none() && m.rack == "r1"));
+        }
+        let ids = |m: &Membership, run: &Run| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
+        for run in runs(100) {
+            let first = ids(&nodes[0], &run);
+            assert_eq!(
+                first,
+                ids(&listed, &run),
+                "the same owners as with the racks listed"
+            );
+            for node in &nodes[1..] {
+                assert_eq!(ids(node, &run), first);
+            }
+        }
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_listed_without_a_rack_learns_it_from_the_others_hello_and_a_wrong_address_is_said() {
+        let node = Membership::new(
+            &config(&["b=127.0.0.1:7002", "c=127.0.0.1:7003"]),
+            "a".into(),
+            String::new(),
+        );
+        // b's own hello tells a its rack (here none: a node started without --rack).
+        node.said_rack("b", "");
+        let b = node.states().into_iter().find(|m| m.id == "b").unwrap();
+        assert_eq!((b.rack.as_str(), b.note), ("", None));
+        // c's address answers as another member: c stays unknown, and the status says why.
+        let racks = Arc::new(Racks::default());
+        racks
+            .up
+            .lock()
+            .insert("127.0.0.1:7003".into(), ("x".into(), String::new()));
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        node.spawn_hellos(&tasks, stop.clone(), racks);
+        tokio::time::sleep(HELLO_RETRY).await;
+        let c = node.states().into_iter().find(|m| m.id == "c").unwrap();
+        assert!(
+            c.note
+                .as_deref()
+                .unwrap_or_default()
+                .contains("meant for c, not x"),
+            "{c:?}"
+        );
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
     }
 
     #[test]

@@ -303,10 +303,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
     out.family(
         "larder_peer_origin_checks_total",
         "counter",
-        "Objects completed in the cache with blocks from rack peers, checked against the checksum in the origin's ETag, by result: match, mismatch (the peers' blocks were dropped and their members left out), unchecked (the ETag carries no checksum this node can check).",
+        "Objects completed in the cache with blocks from rack peers, checked against the strongest checksum the origin publishes, by result: match (the MD5 ETag, or every peer block compared with the origin's), crc_only (only a CRC was published and it matched: stops corruption, not a member choosing its bytes), mismatch (the peers' blocks were dropped and their members left out), unchecked (the origin publishes no checksum this node can check).",
     );
     for (result, n) in [
         ("match", s.origin_checks_match),
+        ("crc_only", s.origin_checks_crc_only),
         ("mismatch", s.origin_checks_mismatch),
         ("unchecked", s.origin_checks_unchecked),
     ] {
@@ -523,6 +524,7 @@ mod tests {
             retry_in_seconds: None,
             failures: 0,
             received_bytes: 0,
+            note: None,
         }
     }
 
@@ -575,6 +577,7 @@ mod tests {
             "# TYPE larder_peer_origin_checks_total counter",
             "larder_peer_origin_checks_total{result=\"mismatch\"} 14",
             "larder_peer_origin_checks_total{result=\"match\"} 0",
+            "larder_peer_origin_checks_total{result=\"crc_only\"} 0",
             "larder_peer_origin_checks_total{result=\"unchecked\"} 0",
             "# TYPE larder_peer_members gauge",
             "larder_peer_members{state=\"self\"} 1",

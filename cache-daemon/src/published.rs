@@ -162,7 +162,9 @@ impl PublishedChecksums {
             Convention::S3 => s3_full_crc(&headers),
             Convention::Gcs => gcs_crc32c(&headers),
         };
-        let first_part = if crc.is_none() && multipart && self.convention == Convention::S3 {
+        // The multipart ETag is checked before the CRC (the stronger), so its part size is
+        // asked whether or not a CRC is published.
+        let first_part = if multipart && self.convention == Convention::S3 {
             let part = self.head(location, Some(1), etag).await?;
             part.get(CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok())

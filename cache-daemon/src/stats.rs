@@ -69,8 +69,12 @@ counters! {
     peer_requests_bad_data,
     /// Requests from peers that this node refused (bad MAC, stale, replayed, malformed).
     peer_served_refused,
-    /// Objects completed with blocks from rack peers whose origin checksum matched.
+    /// Objects completed with blocks from rack peers whose origin MD5 (ETag) matched, or whose
+    /// blocks were each compared with the origin's.
     origin_checks_match,
+    /// Objects completed with blocks from rack peers whose origin CRC matched, the origin
+    /// publishing nothing stronger: no accident, but a member could have chosen the bytes.
+    origin_checks_crc_only,
     /// Objects completed with blocks from rack peers whose origin checksum did not match:
     /// those blocks were dropped.
     origin_checks_mismatch,

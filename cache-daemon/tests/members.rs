@@ -42,7 +42,11 @@ impl FakeHello {
 }
 
 impl Hello for FakeHello {
-    fn hello<'a>(&'a self, address: &'a str) -> BoxFuture<'a, Result<(String, String), String>> {
+    fn hello<'a>(
+        &'a self,
+        address: &'a str,
+        _to: &'a str,
+    ) -> BoxFuture<'a, Result<(String, String), String>> {
         self.asked.lock().push(address.to_owned());
         let answer = self.nodes.lock().get(address).cloned();
         Box::pin(async move { answer.ok_or_else(|| "connection refused".to_owned()) })

@@ -7,9 +7,10 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use larder_peer_proto::auth::{ClusterKey, RequestHead, header};
+use larder_peer_proto::wire::{HELLO_PATH, RUN_PATH};
 use larder_tests::dns::DnsServer;
 use larder_tests::fake_peer::{FakePeer, Misbehaviour};
-use larder_tests::rack::{Rack, SECRET, TlsFiles, member_ip};
+use larder_tests::rack::{Listing, Rack, SECRET, TlsFiles, member_ip};
 use larder_tests::seaweed::Seaweed;
 use larder_tests::{Fault, RecordingProxy, content, seed, upload, upload_in_parts, upload_parts};
 use object_store::ObjectStoreExt;
@@ -34,6 +35,9 @@ enum Upload {
     Crc64Nvme,
     /// A first part of 6 MiB, then parts of 5.5 MiB: the ETag cannot be checked.
     UnevenParts,
+    /// One PUT with a CRC64NVME: the ETag is the MD5, and the store keeps the CRC too (as
+    /// SeaweedFS does for a boto3 `put_object`, with its CRC32).
+    SingleWithCrc,
 }
 
 /// SeaweedFS with `size` bytes at [`MODEL`], behind a counting proxy.
@@ -76,8 +80,12 @@ async fn origin_of(objects: &[(&str, u64, Upload)]) -> (Seaweed, RecordingProxy)
                     .await
                     .expect("upload");
             }
-            Upload::Single => {
+            Upload::Single | Upload::SingleWithCrc => {
                 let bytes = content(seed(key, 0), 0, size as usize);
+                let client = match how {
+                    Upload::SingleWithCrc => server.crc64nvme_client().expect("client"),
+                    _ => client.clone(),
+                };
                 client
                     .put(&object_store::path::Path::from(key), bytes.into())
                     .await
@@ -125,13 +133,14 @@ fn peer_bytes(rack: &Rack, i: usize) -> u64 {
         .unwrap_or_else(|| panic!("no peer bytes in {status}"))
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_once() {
-    let size = 512 * MIB;
+/// Four members started and listed in the shape `listing` read one model of `size` bytes at
+/// once through their mounts: the origin sends it about once, and every member received some
+/// of it from the others.
+async fn four_members_read_one_model(listing: Listing, size: u64) -> (Seaweed, RecordingProxy, Rack) {
     let (server, proxy) = origin(size).await;
-    let rack = tokio::task::spawn_blocking(move || {
+    let (rack, proxy) = tokio::task::spawn_blocking(move || {
         // Four members and the origin share two cores here: deadlines for that.
-        let rack = Rack::start(Path::new(BIN), &proxy, 4, LOADED, &[]).expect("rack");
+        let rack = Rack::start_listed(Path::new(BIN), &proxy, 4, LOADED, &[], listing).expect("rack");
         let started = Instant::now();
         read_everywhere(&rack, &[0, 1, 2, 3], size);
         eprintln!(
@@ -143,18 +152,23 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
     })
     .await
     .expect("join");
-    let (rack, proxy) = rack;
     let fetched = proxy.body_bytes();
     report_failures(&rack, &[0, 1, 2, 3]);
     eprintln!("origin sent {fetched} bytes for a model of {size}");
     assert!(
         fetched as f64 <= 1.15 * size as f64,
-        "the origin sent {fetched} bytes, {:.2}x the model",
+        "{listing:?}: the origin sent {fetched} bytes, {:.2}x the model",
         fetched as f64 / size as f64
     );
     for i in 0..4 {
         assert!(peer_bytes(&rack, i) > 0, "n{i} read nothing from peers");
     }
+    (server, proxy, rack)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_once() {
+    let (server, proxy, rack) = four_members_read_one_model(Listing::HARNESS, 512 * MIB).await;
 
     // The same with `larder prefetch --wait` on all four at once.
     let second = 256 * MIB;
@@ -197,6 +211,59 @@ async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_on
         fetched as f64 / second as f64
     );
     drop(rack);
+}
+
+/// Each member's view of the others in its status: `(id, rack, state, note)`.
+fn members_seen(rack: &Rack, i: usize) -> Vec<(String, String, String, String)> {
+    let status = rack.daemon(i).status();
+    let members = status["peers"]["members"].as_array().cloned().unwrap_or_default();
+    members
+        .iter()
+        .filter(|m| m["state"] != "this")
+        .map(|m| {
+            let text = |k: &str| m[k].as_str().unwrap_or_default().to_owned();
+            (text("id"), text("rack"), text("state"), text("note"))
+        })
+        .collect()
+}
+
+/// Members listed without `@RACK` (the README's grammar makes it optional), all on one address
+/// with a port each: they learn each other's rack and share the model as if it were listed.
+/// Before the fix each ranked itself alone in its rack, and the origin sent 4.00x the model.
+#[tokio::test(flavor = "multi_thread")]
+async fn members_listed_without_a_rack_on_one_address_share_the_model() {
+    let listing = Listing {
+        one_address: true,
+        racks_listed: false,
+        node_rack: true,
+    };
+    let (_server, _proxy, rack) = four_members_read_one_model(listing, 128 * MIB).await;
+    for i in 0..4 {
+        for (id, rack_label, state, note) in members_seen(&rack, i) {
+            assert_eq!((rack_label.as_str(), note.as_str()), ("r1", ""), "n{i} sees {id}");
+            assert_ne!(state, "down", "n{i} sees {id}");
+        }
+    }
+}
+
+/// Nodes started without `--rack` and listed without `@RACK`, an address each: one rack of
+/// unnamed racks, sharing the model.
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_without_a_rack_listed_without_one_share_the_model() {
+    let listing = Listing {
+        one_address: false,
+        racks_listed: false,
+        node_rack: false,
+    };
+    let (_server, _proxy, rack) = four_members_read_one_model(listing, 128 * MIB).await;
+    for i in 0..4 {
+        for (id, rack_label, _, note) in members_seen(&rack, i) {
+            assert_eq!((rack_label.as_str(), note.as_str()), ("", ""), "n{i} sees {id}");
+        }
+    }
+    let status = rack.daemon(0).larder(&["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("peer n1 (rack -, "), "{text}");
 }
 
 /// Member `i`'s peer requests that ended with `result`, by its metrics.
@@ -377,19 +444,21 @@ fn exchange(address: SocketAddr, request: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// A GET of `path` signed with `key` as node `node`, at `time_ms`, with `nonce`.
-fn signed(key: &ClusterKey, path: &str, node: &str, time_ms: u64, nonce: [u8; 16]) -> Vec<u8> {
+/// A GET of `path` signed with `key` as node `node` for member `to`, at `time_ms`, with `nonce`.
+fn signed(key: &ClusterKey, path: &str, node: &str, to: &str, time_ms: u64, nonce: [u8; 16]) -> Vec<u8> {
     let head = RequestHead {
         method: "GET",
         path_and_query: path,
         node,
+        to,
         time_ms,
         nonce,
     };
     let mac = hex::encode(key.request_mac(&head));
     format!(
-        "GET {path} HTTP/1.1\r\nhost: x\r\n{}: {node}\r\n{}: {time_ms}\r\n{}: {}\r\n{}: {mac}\r\n\r\n",
+        "GET {path} HTTP/1.1\r\nhost: x\r\n{}: {node}\r\n{}: {to}\r\n{}: {time_ms}\r\n{}: {}\r\n{}: {mac}\r\n\r\n",
         header::NODE,
+        header::TO,
         header::TIME,
         header::NONCE,
         hex::encode(nonce),
@@ -417,23 +486,29 @@ async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_membe
         let requests_before = proxy.requests().len();
 
         let status = |answer: &str| answer.lines().next().unwrap_or_default().to_owned();
-        let unsigned = exchange(address, b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n\r\n");
+        let unsigned = exchange(address, format!("GET {HELLO_PATH} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes());
         assert!(status(&unsigned).contains(" 401 "), "no headers: {unsigned}");
-        let wrong_key = exchange(address, &signed(&other, "/v1/hello", "a", now_ms(), [1; 16]));
+        let wrong_key = exchange(address, &signed(&other, HELLO_PATH, "a", "n0", now_ms(), [1; 16]));
         assert!(status(&wrong_key).contains(" 401 "), "another key: {wrong_key}");
-        let stale = exchange(address, &signed(&key, "/v1/hello", "a", now_ms() - 120_000, [2; 16]));
+        let stale = exchange(address, &signed(&key, HELLO_PATH, "a", "n0", now_ms() - 120_000, [2; 16]));
         assert!(status(&stale).contains(" 401 "), "two minutes old: {stale}");
-        let once = signed(&key, "/v1/hello", "a", now_ms(), [3; 16]);
+        let once = signed(&key, HELLO_PATH, "a", "n0", now_ms(), [3; 16]);
         assert!(status(&exchange(address, &once)).contains(" 200 "), "a good request");
         let replayed = exchange(address, &once);
         assert!(status(&replayed).contains(" 401 "), "replayed: {replayed}");
         // A run of a URL-shaped source, and a run past the object's end: refused, nothing fetched.
-        let run = "/v3/run?object=00&source=http%3A%2F%2Felsewhere&key=k&version=-&size=1&block_size=4194304&first=0&count=1";
-        let malformed = exchange(address, &signed(&key, run, "a", now_ms(), [4; 16]));
+        let run = format!("{RUN_PATH}?object=00&source=http%3A%2F%2Felsewhere&key=k&version=-&size=1&block_size=4194304&first=0&count=1");
+        let malformed = exchange(address, &signed(&key, &run, "a", "n0", now_ms(), [4; 16]));
         assert!(status(&malformed).contains(" 400 "), "malformed run: {malformed}");
+        // The same run signed for another member (seen on its way there, sent here instead),
+        // and one signed for no member in particular: refused before it is read.
+        let elsewhere = exchange(address, &signed(&key, &run, "a", "n1", now_ms(), [6; 16]));
+        assert!(status(&elsewhere).contains(" 401 "), "signed for n1: {elsewhere}");
+        let anyone = exchange(address, &signed(&key, &run, "a", "", now_ms(), [7; 16]));
+        assert!(status(&anyone).contains(" 401 "), "a run signed for no member: {anyone}");
 
         // A header of a megabyte: refused without reading it all.
-        let mut huge = b"GET /v1/hello HTTP/1.1\r\nhost: x\r\nx-filler: ".to_vec();
+        let mut huge = format!("GET {HELLO_PATH} HTTP/1.1\r\nhost: x\r\nx-filler: ").into_bytes();
         huge.extend(std::iter::repeat_n(b'a', 1 << 20));
         huge.extend_from_slice(b"\r\n\r\n");
         let answer = exchange(address, &huge);
@@ -444,16 +519,16 @@ async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_membe
         // A client that sends its head a byte at a time is cut off.
         let mut slow = TcpStream::connect(address).expect("connect");
         let started = Instant::now();
-        let cut = b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n".iter().any(|byte| {
+        let cut = format!("GET {HELLO_PATH} HTTP/1.1\r\nhost: x\r\n").bytes().any(|byte| {
             std::thread::sleep(Duration::from_millis(300));
-            slow.write_all(&[*byte]).is_err()
+            slow.write_all(&[byte]).is_err()
         });
         let mut rest = Vec::new();
         let _ = slow.read_to_end(&mut rest);
         assert!(cut || started.elapsed() < Duration::from_secs(30), "a slow client was never cut off");
 
         assert_eq!(proxy.requests().len(), requests_before, "refused requests reached the origin");
-        let hello = exchange(address, &signed(&key, "/v1/hello", "a", now_ms(), [5; 16]));
+        let hello = exchange(address, &signed(&key, HELLO_PATH, "a", "", now_ms(), [5; 16]));
         assert!(status(&hello).contains(" 200 "), "the member stopped serving: {hello}");
         read_everywhere(&rack, &[0], size);
     })
@@ -598,7 +673,10 @@ async fn a_rack_over_tls_shares_blocks_and_a_member_of_another_ca_gets_none() {
             proxy.body_bytes() as f64 / size as f64
         );
         // Plain HTTP gets no answer from a TLS listener.
-        let answer = exchange(rack.addresses[0], b"GET /v1/hello HTTP/1.1\r\nhost: x\r\n\r\n");
+        let answer = exchange(
+            rack.addresses[0],
+            format!("GET {HELLO_PATH} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes(),
+        );
         assert!(!answer.starts_with("HTTP/"), "plain HTTP was answered: {answer}");
         // A client that never starts its handshake is cut off after the read timeout (2 s).
         let mut stalled = TcpStream::connect(rack.addresses[0]).expect("connect");
@@ -672,15 +750,19 @@ fn member_state(rack: &Rack, id: &str) -> String {
 /// A member that lies (wrong bytes with their own BLAKE3 and tags) and no sealed manifest:
 /// its bytes reach the reader, but once the object is complete its check against the origin's
 /// ETag drops them; a reread gets the origin's bytes, fetched again; the liar is marked down.
-async fn a_lying_member_is_caught_by_the_origin_checksum(how: Upload) {
+async fn a_lying_member_is_caught_by_the_origin_checksum(
+    how: Upload,
+    lie: Misbehaviour,
+    extra: &'static [&'static str],
+) {
     let size = 64 * MIB;
     let (_server, proxy) = origin_of(&[(MODEL, size, how)]).await;
     let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
-    let liar = FakePeer::start(key, Misbehaviour::Lie).await.expect("fake peer");
+    let liar = FakePeer::start(key, lie).await.expect("fake peer");
     let member = format!("f={}@r1", liar.address);
     let expected = content(seed(MODEL, 0), 0, size as usize);
     let (rack, proxy, first, caught) = tokio::task::spawn_blocking(move || {
-        let rack = Rack::start(Path::new(BIN), &proxy, 1, &[], &[member]).expect("rack");
+        let rack = Rack::start(Path::new(BIN), &proxy, 1, extra, &[member]).expect("rack");
         let first = std::fs::read(rack.daemon(0).mount.join(MODEL)).expect("first read");
         let caught = wait_for_checks(&rack, "mismatch", 1.0);
         (rack, proxy, first, caught)
@@ -709,6 +791,7 @@ async fn a_lying_member_is_caught_by_the_origin_checksum(how: Upload) {
         "the reread did not fetch the dropped blocks from the origin"
     );
     assert_eq!(origin_checks(&rack, "match"), 0.0);
+    assert_eq!(origin_checks(&rack, "crc_only"), 0.0);
     assert_eq!(member_state(&rack, "f"), "\"down\"");
     let log = rack.log(0);
     assert!(
@@ -722,18 +805,32 @@ async fn a_lying_member_is_caught_by_the_origin_checksum(how: Upload) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lying_member_is_caught_by_the_md5_etag_of_a_single_part_upload() {
-    a_lying_member_is_caught_by_the_origin_checksum(Upload::Single).await;
+    a_lying_member_is_caught_by_the_origin_checksum(Upload::Single, Misbehaviour::Lie, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lying_member_is_caught_by_the_etag_of_a_multipart_upload() {
-    a_lying_member_is_caught_by_the_origin_checksum(Upload::Multipart).await;
+    a_lying_member_is_caught_by_the_origin_checksum(Upload::Multipart, Misbehaviour::Lie, &[]).await;
 }
 
-/// Every kind of checksum the origin publishes checks a truthful member's blocks without the
+/// The origin publishes a CRC and the MD5 ETag; the liar keeps every block's CRC. Before the
+/// fix the check used the CRC, counted a match and kept the forged blocks. (The liar makes its
+/// answers in a test build: a deadline long enough for that.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_forging_the_crc_is_caught_by_the_md5_etag_beside_it() {
+    let extra = &["--peer-first-byte-timeout", "20s", "--peer-stall-timeout", "30s"];
+    a_lying_member_is_caught_by_the_origin_checksum(
+        Upload::SingleWithCrc,
+        Misbehaviour::ForgeCrc64Nvme,
+        extra,
+    )
+    .await;
+}
+
+/// Every kind of ETag the origin publishes checks a truthful member's blocks without the
 /// origin sending them again: a single-part MD5 ETag, a multipart ETag of 32 MiB parts
 /// (guessed), of 5.5 MiB parts (S3 says the first part's size), and a multipart upload with a
-/// full-object CRC64NVME.
+/// full-object CRC64NVME beside its ETag (the ETag, the stronger, is used).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_truthful_rack_passes_the_origin_check_and_nothing_is_fetched_twice() {
     let objects = [
@@ -772,17 +869,12 @@ async fn a_truthful_rack_passes_the_origin_check_and_nothing_is_fetched_twice() 
         fetched as f64 <= 1.05 * total as f64 + hedged,
         "the origin sent {fetched} bytes for {total} of objects"
     );
-    // The ETags' objects were read back from the cache, the CRC's was not: its blocks' CRCs
-    // were combined.
+    // Each object was read back from the cache for its MD5s, none combined from CRCs.
     let read_back = rack
         .metric(0, "larder_peer_origin_check_read_bytes_total")
         .expect("metrics");
-    let etags: u64 = objects
-        .iter()
-        .filter(|o| !matches!(o.2, Upload::Crc64Nvme))
-        .map(|o| o.1)
-        .sum();
-    assert_eq!(read_back, etags as f64);
+    assert_eq!(read_back, total as f64);
+    assert_eq!(origin_checks(&rack, "crc_only"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]

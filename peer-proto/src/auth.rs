@@ -2,8 +2,10 @@
 //!
 //! Every node of a cluster holds the same secret, read from a file or the environment (never
 //! argv, never logged: [`ClusterKey`]'s `Debug` shows nothing of it). A request carries the
-//! sender's node id, the time, a random nonce and a MAC (BLAKE3 in keyed mode, under a key
-//! derived from the secret) over method, path and query, node id, time and nonce. The owner
+//! sender's node id, the node id of the member it is meant for, the time, a random nonce and a
+//! MAC (BLAKE3 in keyed mode, under a key derived from the secret) over method, path and query,
+//! both node ids, time and nonce: a request signed for one member is refused by every other
+//! (see [`crate::server::authenticate`]). The owner
 //! refuses a request whose MAC is wrong before anything else, then one whose time is outside
 //! the replay window, then one whose nonce it saw within the window ([`Verifier`]).
 //!
@@ -24,6 +26,9 @@ use parking_lot::Mutex;
 pub mod header {
     /// The sender's node id.
     pub const NODE: &str = "x-larder-node";
+    /// The node id of the member the request is meant for; empty only on a hello to an
+    /// address whose member is not known yet.
+    pub const TO: &str = "x-larder-to";
     /// The time the request was made, in milliseconds since the Unix epoch.
     pub const TIME: &str = "x-larder-time";
     /// A random nonce, 32 hex digits.
@@ -68,10 +73,21 @@ pub enum AuthError {
     #[error("missing or malformed {0} header")]
     Malformed(&'static str),
     /// The MAC does not match.
-    #[error("bad MAC")]
+    #[error("bad MAC: the asker's cluster key is not the owner's")]
     BadMac,
+    /// The request is meant for another member.
+    #[error("the request is meant for member {to:?}, not this one ({this:?})")]
+    OtherMember {
+        /// The member it was signed for.
+        to: String,
+        /// This member.
+        this: String,
+    },
     /// The request's time is outside the replay window.
-    #[error("request time {skew_ms} ms from this node's clock, outside the replay window")]
+    #[error(
+        "the asker's clock is {skew_ms} ms from the owner's, outside the replay window: sync the \
+         nodes' clocks (NTP); the cluster key is not in question"
+    )]
     Stale {
         /// The request's time minus this node's.
         skew_ms: i64,
@@ -105,6 +121,8 @@ pub struct RequestHead<'a> {
     pub path_and_query: &'a str,
     /// The sender's node id.
     pub node: &'a str,
+    /// The node id of the member the request is meant for.
+    pub to: &'a str,
     /// Milliseconds since the Unix epoch.
     pub time_ms: u64,
     /// The request's nonce.
@@ -147,6 +165,7 @@ impl ClusterKey {
             head.method.as_bytes(),
             head.path_and_query.as_bytes(),
             head.node.as_bytes(),
+            head.to.as_bytes(),
             &head.time_ms.to_le_bytes(),
             &head.nonce,
         ] {
@@ -258,6 +277,7 @@ mod tests {
             method: "GET",
             path_and_query: "/v1/run?object=00&first=1",
             node: "node-a",
+            to: "node-b",
             time_ms,
             nonce: [nonce; 16],
         }
@@ -291,6 +311,10 @@ mod tests {
         assert_eq!(verifier.verify(&changed, &mac, NOW), Err(AuthError::BadMac));
         let mut changed = head(2, NOW);
         changed.node = "node-b";
+        assert_eq!(verifier.verify(&changed, &mac, NOW), Err(AuthError::BadMac));
+        // Signed for node-b, sent to node-c.
+        let mut changed = head(2, NOW);
+        changed.to = "node-c";
         assert_eq!(verifier.verify(&changed, &mac, NOW), Err(AuthError::BadMac));
 
         let old = head(3, NOW - 31_000);

@@ -36,7 +36,7 @@ use larder_block_tree::{BadGroup, CV_LEN, GroupCheck, groups_in};
 
 use crate::auth::{ClusterKey, RequestHead, header};
 use crate::tls::Connector;
-use crate::wire::{FRAME_HEADER_LEN, FrameHeader, HELLO_PATH, Hello, RunRequest};
+use crate::wire::{FRAME_HEADER_LEN, FrameHeader, Hello, RunRequest, hello_path};
 
 /// Keepalives an owner may send while one block is on its way: with one a second, an owner
 /// whose own origin fill takes longer than this is left for the next tier.
@@ -48,6 +48,9 @@ pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
 /// Peers whose answer-head latency is kept, at most (the moving averages are dropped and
 /// started again beyond it).
 const HEADS_KEPT: usize = 4096;
+
+/// The most bytes read of a hello or of an error's body.
+const MAX_SMALL_BODY: usize = 4096;
 
 /// Times a late peer's first-byte deadline is doubled, at most (the stall deadline caps it
 /// anyway).
@@ -102,9 +105,9 @@ pub enum PeerError {
     /// deadline.
     #[error("{0}")]
     Timeout(&'static str),
-    /// The peer refused the request as unauthenticated (401).
-    #[error("the peer refused the request as unauthenticated; is the cluster key the same?")]
-    Unauthorized,
+    /// The peer refused the request as unauthenticated (401), for the reason it gave.
+    #[error("the peer refused the request as unauthenticated: {0}")]
+    Unauthorized(String),
     /// A block's tag did not match: the answer was not made with the cluster key.
     #[error("block {0}: bad tag")]
     BadTag(u32),
@@ -222,10 +225,11 @@ impl Client {
     pub async fn fetch_run<B: BlockBuf>(
         &self,
         address: &str,
+        to: &str,
         request: &RunRequest,
         mut on_block: impl FnMut(&FrameHeader, B, GroupCheck) -> Result<(), String>,
     ) -> Result<RunAnswer, PeerError> {
-        let (response, nonce) = self.send(address, &request.path_and_query()).await?;
+        let (response, nonce) = self.send(address, to, &request.path_and_query()).await?;
         let hit = response
             .headers()
             .get(RUN_HIT_HEADER)
@@ -280,23 +284,32 @@ impl Client {
         Ok(RunAnswer { hit })
     }
 
-    /// Asks the peer at `address` who it is.
-    pub async fn hello(&self, address: &str) -> Result<Hello, PeerError> {
-        let (response, _) = self.send(address, HELLO_PATH).await?;
-        let deadline = Instant::now() + self.stall_timeout;
-        let body = timeout_at(deadline, response.into_body().collect())
-            .await
-            .map_err(|_| PeerError::Timeout("no hello within the stall deadline"))?
-            .map_err(|e| PeerError::Broken(e.to_string()))?
-            .to_bytes();
+    /// Asks the peer at `address` who it is, telling it this node's rack (`rack`). `to` is the
+    /// member expected there, empty when not known yet.
+    pub async fn hello(&self, address: &str, to: &str, rack: &str) -> Result<Hello, PeerError> {
+        let (response, _) = self.send(address, to, &hello_path(rack)).await?;
+        let body = self
+            .small_body(response, "no hello within the stall deadline")
+            .await?;
         serde_json::from_slice(&body).map_err(|e| PeerError::Broken(format!("bad hello: {e}")))
     }
 
-    /// Sends a signed GET of `path_and_query` and waits for a 200 answer's head, all within
-    /// the first-byte deadline. Returns the answer and the request's nonce.
+    /// The whole body of a short answer (a hello, an error), within the stall deadline.
+    async fn small_body(&self, response: Response<Incoming>, late: &'static str) -> Result<Bytes, PeerError> {
+        let body = http_body_util::Limited::new(response.into_body(), MAX_SMALL_BODY);
+        Ok(timeout_at(Instant::now() + self.stall_timeout, body.collect())
+            .await
+            .map_err(|_| PeerError::Timeout(late))?
+            .map_err(|e| PeerError::Broken(e.to_string()))?
+            .to_bytes())
+    }
+
+    /// Sends a GET of `path_and_query` signed for member `to` and waits for a 200 answer's
+    /// head, all within the first-byte deadline. Returns the answer and the request's nonce.
     async fn send(
         &self,
         address: &str,
+        to: &str,
         path_and_query: &str,
     ) -> Result<(Response<Incoming>, [u8; 16]), PeerError> {
         let started = Instant::now();
@@ -329,6 +342,7 @@ impl Client {
         let mut builder = Request::get(path_and_query)
             .header(HOST, address)
             .header(header::NODE, &self.node)
+            .header(header::TO, to)
             .header(header::TIME, time_ms.to_string())
             .header(header::NONCE, hex::encode(nonce));
         if let Some(key) = &self.key {
@@ -336,6 +350,7 @@ impl Client {
                 method: "GET",
                 path_and_query,
                 node: &self.node,
+                to,
                 time_ms,
                 nonce,
             };
@@ -354,7 +369,18 @@ impl Client {
         self.answered(address, started.elapsed());
         match response.status() {
             StatusCode::OK => Ok((response, nonce)),
-            StatusCode::UNAUTHORIZED => Err(PeerError::Unauthorized),
+            StatusCode::UNAUTHORIZED => {
+                // The owner says why (another key, another clock, another member): the log
+                // must name the one that is wrong.
+                let body = self
+                    .small_body(response, "no reason within the stall deadline")
+                    .await?;
+                let reason = serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["error"].as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "no reason given".to_owned());
+                Err(PeerError::Unauthorized(reason))
+            }
             status => Err(PeerError::Declined(status)),
         }
     }

@@ -11,8 +11,9 @@
 pub struct Member {
     /// The node id, unique in the cluster.
     pub id: String,
-    /// The rack label.
-    pub rack: String,
+    /// The rack label; `None` while the member's rack is not known (listed without one, and
+    /// not heard from yet): it ranks as a member of another rack.
+    pub rack: Option<String>,
 }
 
 /// A run of blocks: one origin part of one object version.
@@ -36,12 +37,13 @@ pub fn weight(member: &str, run: &Run) -> u64 {
     u64::from_le_bytes(first)
 }
 
-/// The members to ask for `run`, in order: those in `rack` first, then the rest, each by
-/// descending weight (ties, which take a hash collision, by id).
+/// The members to ask for `run`, in order: those in `rack` first, then the rest (those of
+/// unknown rack among them), each by descending weight (ties, which take a hash collision, by
+/// id).
 pub fn candidates<'a>(members: &'a [Member], run: &Run, rack: &str) -> Vec<&'a Member> {
     let mut ranked: Vec<(bool, u64, &Member)> = members
         .iter()
-        .map(|m| (m.rack != rack, weight(&m.id, run), m))
+        .map(|m| (m.rack.as_deref() != Some(rack), weight(&m.id, run), m))
         .collect();
     ranked.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.id.cmp(&b.2.id)));
     ranked.into_iter().map(|(_, _, m)| m).collect()
@@ -55,7 +57,7 @@ mod tests {
         (0..n)
             .map(|i| Member {
                 id: format!("node-{i}"),
-                rack: format!("rack-{}", i % racks),
+                rack: Some(format!("rack-{}", i % racks)),
             })
             .collect()
     }
@@ -103,8 +105,8 @@ mod tests {
         for run in runs(100) {
             let order = candidates(&members, &run, "rack-1");
             assert_eq!(order.len(), 6);
-            assert!(order[..3].iter().all(|m| m.rack == "rack-1"));
-            assert!(order[3..].iter().all(|m| m.rack == "rack-0"));
+            assert!(order[..3].iter().all(|m| m.rack.as_deref() == Some("rack-1")));
+            assert!(order[3..].iter().all(|m| m.rack.as_deref() == Some("rack-0")));
             // Every node ranks the same way within a rack.
             let again = candidates(&members, &run, "rack-1");
             assert_eq!(order, again);

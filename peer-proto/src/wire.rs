@@ -13,17 +13,37 @@
 //! each group as it arrives. An answer that stops early gives the blocks it gave.
 //!
 //! The path names the protocol's version, which changes with the group size the values are
-//! for: members of the releases before group values ask `/v1/run`, those whose groups were
-//! 64 KiB `/v2/run`. This one answers neither (404), nor they `/v3/run`. In a rack being
-//! upgraded, runs between members of different releases come from the origin.
+//! for and with what a request's MAC covers: members of the releases before group values ask
+//! `/v1/run`, those whose groups were 64 KiB `/v2/run`, those whose requests were not signed
+//! for one member `/v3/run`. This one answers none of them (404), nor they `/v4/run`. In a
+//! rack being upgraded, runs between members of different releases come from the origin.
+//!
+//! A hello tells the member asked the asker's rack (`/v2/hello?rack=R`) as well as asking for
+//! its id and rack: members listed without a rack learn each other's from either side.
 
 use url::form_urlencoded;
 
-/// The path of run requests: version 3, whose answers carry the values of 16 KiB groups.
-pub const RUN_PATH: &str = "/v3/run";
+/// The path of run requests: version 4, signed for one member, whose answers carry the values
+/// of 16 KiB groups.
+pub const RUN_PATH: &str = "/v4/run";
 
 /// The path of hello requests: who a member behind an address is.
-pub const HELLO_PATH: &str = "/v1/hello";
+pub const HELLO_PATH: &str = "/v2/hello";
+
+/// The path and query of a hello from a node of rack `rack`.
+pub fn hello_path(rack: &str) -> String {
+    let query = form_urlencoded::Serializer::new(String::new())
+        .append_pair("rack", rack)
+        .finish();
+    format!("{HELLO_PATH}?{query}")
+}
+
+/// The asker's rack a hello's query gives, if it gives one.
+pub fn hello_rack(query: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(name, _)| name == "rack")
+        .map(|(_, rack)| rack.into_owned())
+}
 
 /// The answer to a hello: the member's node id and rack.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -320,8 +340,8 @@ mod tests {
 
         let good = request().path_and_query();
         assert_eq!(
-            RunRequest::parse(&good.replace("/v3/run", "/v2/run")),
-            Err(WireError::Path("/v2/run".into())),
+            RunRequest::parse(&good.replace("/v4/run", "/v3/run")),
+            Err(WireError::Path("/v3/run".into())),
             "the release before's path"
         );
         assert_eq!(

@@ -36,9 +36,16 @@ pub enum Misbehaviour {
     /// of the key (seed 0), then that block's first group with one byte changed, and then
     /// nothing more.
     BadGroupThenStall,
+    /// Sends the run's true bytes (as [`Misbehaviour::LateOnce`]) with one byte of each block
+    /// flipped and 8 others solved so that every block keeps its CRC-64/NVME, and so the whole
+    /// object its full-object CRC: what a member holding the key can do to any CRC.
+    ForgeCrc64Nvme,
 }
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// The fake peer's node id: list it as `f=ADDRESS@RACK`.
+pub const ID: &str = "f";
 
 /// A misbehaving peer on a loopback port; stops when dropped.
 #[derive(Debug)]
@@ -106,7 +113,14 @@ async fn answer<B>(
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    let Ok(sender) = authenticate(Some(verifier), "GET", path_and_query, request.headers(), now_ms) else {
+    let Ok(sender) = authenticate(
+        Some(verifier),
+        ID,
+        "GET",
+        path_and_query,
+        request.headers(),
+        now_ms,
+    ) else {
         return refuse(401);
     };
     let Ok(run) = RunRequest::parse(path_and_query) else {
@@ -133,6 +147,14 @@ async fn answer<B>(
             let seed = crate::seed(&run.key, 0);
             blocks(key, &sender.nonce, &run, |offset, len| {
                 crate::content(seed, offset, len)
+            })
+        }
+        Misbehaviour::ForgeCrc64Nvme => {
+            let seed = crate::seed(&run.key, 0);
+            blocks(key, &sender.nonce, &run, |offset, len| {
+                let mut bytes = crate::content(seed, offset, len);
+                forge_crc64nvme(&mut bytes);
+                bytes
             })
         }
         Misbehaviour::BadGroupThenStall => {
@@ -175,4 +197,55 @@ fn blocks(
         body.extend_from_slice(&framed(key, nonce, index, &bytes));
     }
     hyper::Response::new(Full::new(Bytes::from(body)).boxed())
+}
+
+/// Flips the first byte of `block` and rewrites bytes 8..16 so that its CRC-64/NVME is what it
+/// was. A CRC is affine over GF(2): setting bit `i` of the rewritten bytes changes the CRC by a
+/// fixed `effect[i]`, whatever the rest, so the bits to set solve 64 linear equations.
+pub fn forge_crc64nvme(block: &mut [u8]) {
+    const AT: usize = 8;
+    let crc = |bytes: &[u8]| crc_fast::checksum(crc_fast::CrcAlgorithm::Crc64Nvme, bytes);
+    assert!(
+        block.len() >= AT + 8,
+        "a block of {} bytes is too short to forge",
+        block.len()
+    );
+    let target = crc(block);
+    block[0] ^= 0xff;
+    block[AT..AT + 8].fill(0);
+    let base = crc(block);
+    let effect: Vec<u64> = (0..64)
+        .map(|bit| {
+            block[AT + bit / 8] = 1 << (bit % 8);
+            let changed = crc(block) ^ base;
+            block[AT + bit / 8] = 0;
+            changed
+        })
+        .collect();
+    // Rows: one equation per CRC bit, over the 64 unknown bits (as a mask), and its value.
+    let mut rows: Vec<(u64, bool)> = (0..64)
+        .map(|j| {
+            let mask = (0..64).fold(0u64, |m, i| m | (((effect[i] >> j) & 1) << i));
+            (mask, ((target ^ base) >> j) & 1 == 1)
+        })
+        .collect();
+    let mut solution = 0u64;
+    for column in 0..64 {
+        let pivot = (column..64)
+            .find(|&r| rows[r].0 >> column & 1 == 1)
+            .expect("a CRC's effect on 8 consecutive bytes is invertible");
+        rows.swap(column, pivot);
+        let (mask, value) = rows[column];
+        for (r, row) in rows.iter_mut().enumerate() {
+            if r != column && row.0 >> column & 1 == 1 {
+                row.0 ^= mask;
+                row.1 ^= value;
+            }
+        }
+    }
+    for (column, &(_, value)) in rows.iter().enumerate() {
+        solution |= u64::from(value) << column;
+    }
+    block[AT..AT + 8].copy_from_slice(&solution.to_le_bytes());
+    assert_eq!(crc(block), target, "the forged block keeps its CRC");
 }

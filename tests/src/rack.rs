@@ -36,22 +36,47 @@ pub fn write_key_file(dir: &Path, secret: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The flags that make a daemon member `id` of rack `r1`, listening on `listen`, with the key
-/// in `key_file`; how it finds the other members is the caller's (`--peers` or `--peer-dns`).
-pub fn member_args(id: &str, listen: &str, key_file: &Path) -> Vec<String> {
+/// The flags that make a daemon member `id` of `rack` (none: no `--rack`), listening on
+/// `listen`, with the key in `key_file`; how it finds the other members is the caller's
+/// (`--peers` or `--peer-dns`).
+pub fn member_args(id: &str, rack: Option<&str>, listen: &str, key_file: &Path) -> Vec<String> {
     let key_file = key_file.to_string_lossy();
-    [
+    let mut args = [
         "--node-id",
         id,
-        "--rack",
-        "r1",
         "--peer-listen",
         listen,
         "--cluster-key-file",
         &key_file,
     ]
     .map(str::to_owned)
-    .to_vec()
+    .to_vec();
+    if let Some(rack) = rack {
+        args.extend(["--rack".to_owned(), rack.to_owned()]);
+    }
+    args
+}
+
+/// How a rack's members are started and listed in `--peers`: each optional part of the
+/// README's grammar (`ID=HOST:PORT[@RACK]`, `--rack`) is a shape users write.
+#[derive(Debug, Clone, Copy)]
+pub struct Listing {
+    /// Every member's peer listener on 127.0.0.1, each on a port of its own (one address,
+    /// many ports), rather than an address each.
+    pub one_address: bool,
+    /// Members listed as `ID=HOST:PORT@r1`, rather than `ID=HOST:PORT`.
+    pub racks_listed: bool,
+    /// Each node started with `--rack r1`, rather than with no `--rack`.
+    pub node_rack: bool,
+}
+
+impl Listing {
+    /// The harness's own shape: an address each, every rack given.
+    pub const HARNESS: Self = Self {
+        one_address: false,
+        racks_listed: true,
+        node_rack: true,
+    };
 }
 
 /// A CA and a certificate issued by it for the name every member's certificate carries
@@ -177,16 +202,44 @@ impl Rack {
         extra: &[&str],
         others: &[String],
     ) -> anyhow::Result<Self> {
+        Self::start_listed(bin, bucket, n, extra, others, Listing::HARNESS)
+    }
+
+    /// Starts members as [`Rack::start`] does, listed and started in the shape `listing`.
+    pub fn start_listed(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        n: usize,
+        extra: &[&str],
+        others: &[String],
+        listing: Listing,
+    ) -> anyhow::Result<Self> {
+        let ip = |i| {
+            if listing.one_address {
+                Ipv4Addr::LOCALHOST
+            } else {
+                member_ip(i)
+            }
+        };
         let addresses = (0..n)
-            .map(|i| Ok(SocketAddr::from((member_ip(i), free_port(member_ip(i))?))))
+            .map(|i| Ok(SocketAddr::from((ip(i), free_port(ip(i))?))))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let suffix = if listing.racks_listed { "@r1" } else { "" };
         let mut members: Vec<String> = addresses
             .iter()
             .enumerate()
-            .map(|(i, address)| format!("n{i}={address}@r1"))
+            .map(|(i, address)| format!("n{i}={address}{suffix}"))
             .collect();
         members.extend(others.iter().cloned());
-        Self::launch(bin, bucket, addresses, extra, &["--peers", &members.join(",")])
+        let rack = listing.node_rack.then_some("r1");
+        Self::launch(
+            bin,
+            bucket,
+            addresses,
+            rack,
+            extra,
+            &["--peers", &members.join(",")],
+        )
     }
 
     /// Starts `n` members as [`Rack::start`] does, all listening on one port, finding each
@@ -210,14 +263,16 @@ impl Rack {
             "--peer-dns-interval",
             "1s",
         ];
-        Self::launch(bin, bucket, addresses, extra, &discovery)
+        Self::launch(bin, bucket, addresses, Some("r1"), extra, &discovery)
     }
 
-    /// Starts a member at each of `addresses`, with `extra` and `discovery` arguments.
+    /// Starts a member at each of `addresses` in `rack`, with `extra` and `discovery`
+    /// arguments.
     fn launch(
         bin: &Path,
         bucket: &dyn Bucket,
         addresses: Vec<SocketAddr>,
+        rack: Option<&str>,
         extra: &[&str],
         discovery: &[&str],
     ) -> anyhow::Result<Self> {
@@ -240,7 +295,12 @@ impl Rack {
                 "--registry-listen".to_owned(),
                 registries[i].to_string(),
             ];
-            owned.extend(member_args(&format!("n{i}"), &address.to_string(), &key_file));
+            owned.extend(member_args(
+                &format!("n{i}"),
+                rack,
+                &address.to_string(),
+                &key_file,
+            ));
             let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
             args.extend_from_slice(discovery);
             args.extend_from_slice(extra);

@@ -158,7 +158,7 @@ impl Fleet<'_> {
                 let (id, listen) = (format!("n{i}"), format!("{}:{PEER_PORT}", node_ip(i)));
                 let mut owned = vec!["--metrics-listen".to_owned(), "off".to_owned()];
                 if peers {
-                    owned.extend(member_args(&id, &listen, self.key_file));
+                    owned.extend(member_args(&id, Some("r1"), &listen, self.key_file));
                     owned.extend(["--peers".to_owned(), members.clone()]);
                 }
                 let flags: Vec<&str> = owned.iter().map(String::as_str).collect();

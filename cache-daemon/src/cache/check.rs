@@ -1,12 +1,9 @@
 //! The origin check, the middle tier of trust in rack peers: when an object version is
 //! complete in the cache and some of its blocks came from rack members (and no sealed manifest
 //! vouched for them), the whole object is checked against a checksum the origin publishes,
-//! in the background, one object at a time, reading the blocks from the cache. The first of
-//! these the origin has is used:
+//! in the background, one object at a time, reading the blocks from the cache. The strongest
+//! of these the origin has is used:
 //!
-//! - A full-object CRC (CRC64NVME, CRC32C or CRC32) that S3 keeps when the uploader sent one,
-//!   or GCS's CRC32C (see [`crate::published`]): exact whatever the upload's parts were, and
-//!   cheap to compute.
 //! - A single-part upload's ETag: the MD5 of the object (32 hex digits).
 //! - A multipart upload's ETag: the MD5 of its parts' binary MD5s and `-N`, N the number of
 //!   parts. The part sizes are not in the ETag; S3 gives the first part's size
@@ -14,8 +11,18 @@
 //!   does not say, the check tries the part sizes that uploaders use: every part but the last
 //!   of one size, a whole number of MiB, N parts in all; powers of two first, then the
 //!   smallest, at most [`MAX_PART_SIZES`] of them in one pass over the object.
+//! - Only where neither is usable: a full-object CRC (CRC64NVME, CRC32C or CRC32) that S3 keeps
+//!   when the uploader sent one, or GCS's CRC32C (see [`crate::published`]). A match is counted
+//!   `crc_only`, not `match`: a CRC is linear, so whoever chooses the bytes can make any change
+//!   keep it (a flipped byte and 4 or 8 solved ones per block); it catches corruption, never a
+//!   member that lies on purpose.
 //! - Any other ETag (Azure's, a local file's), or none: nothing to check against; counted
 //!   `unchecked`, and the blocks are kept.
+//!
+//! Why MD5 over CRC: forging an MD5 to a given value takes a second preimage, which no one can
+//! compute; an MD5 collision (two chosen inputs with one MD5, which is practical) does not
+//! help, since the origin's object is not the liar's to choose. So a match of the ETag makes
+//! the member's blocks the origin's bytes; a match of the CRC does not.
 //!
 //! A CRC is checked without reading the object again: each block's CRCs (in the three
 //! algorithms, since which one the origin used is known only once it is asked) are kept as the
@@ -35,15 +42,16 @@
 //! the origin), opens the circuit of every member that supplied one for the longest backoff
 //! (2 minutes), and is logged at warn
 //! naming the object and the members. Until its check passes, an object with blocks from a
-//! member is never handed to the kernel in passthrough. Which member supplied which block is
-//! kept in memory only (in the block store's index): after a restart, blocks replayed from disk
-//! are not checked again.
+//! member is never handed to the kernel in passthrough. That a block came from a member and is
+//! not yet checked is kept in the object's record (which member, in memory only): after a
+//! restart, with peers on or off, the object is checked when it is next complete, and a
+//! prefetch does not call it done before.
 //!
-//! What this tier stops: corruption and bugs, anywhere between the origin and this cache.
-//! What it does not: a member holding the cluster key that lies on purpose can hand wrong
-//! bytes to a reader before the object is complete (only a sealed manifest stops that), and
-//! could forge a whole object that gives the same CRC (easy: a CRC is not a cryptographic
-//! hash) or, at the cost of an MD5 collision, the same ETag.
+//! What this tier stops: corruption and bugs, anywhere between the origin and this cache, and,
+//! where the ETag is the MD5, a member that lies on purpose, once the object is complete.
+//! What it does not: such a member can hand wrong bytes to a reader before the object is
+//! complete (only a sealed manifest stops that), and where the origin publishes nothing
+//! stronger than a CRC, it can keep its wrong bytes in the cache (counted `crc_only`).
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -56,7 +64,7 @@ use super::{Cache, OpenObject};
 use crate::object::ObjectId;
 use crate::published::FullCrc;
 use crate::stats::add;
-use crate::store::{Lookup, PeerBlock};
+use crate::store::{Lookup, PeerBlock, UNKNOWN_MEMBER};
 
 /// Part sizes of a multipart upload tried at once (each costs an MD5 pass over the object).
 const MAX_PART_SIZES: usize = 4;
@@ -172,6 +180,19 @@ impl Checksum {
             Some(_) => None,
         }
     }
+}
+
+/// The strongest checksum of those the origin publishes whose kind is `usable` for it: the
+/// ETag's MD5 (single-part or multipart), else the full-object CRC.
+fn strongest(
+    etag: Option<Checksum>,
+    crc: Option<FullCrc>,
+    usable: impl Fn(Kind) -> bool,
+) -> Option<Checksum> {
+    [etag, crc.map(Checksum::Crc)]
+        .into_iter()
+        .flatten()
+        .find(|checksum| usable(checksum.kind()))
 }
 
 /// The part sizes to try for an object of `size` bytes uploaded in `parts` parts: every part
@@ -310,11 +331,11 @@ impl Cache {
     /// checked, queues its origin check (after each write, and before a prefetch calls it done).
     pub(super) fn queue_check(&self, object: &Arc<OpenObject>) {
         let inner = &self.inner;
-        if inner.members.is_none()
-            || inner
-                .store
-                .unchecked_peer_blocks(object.id, object.version.size)
-                .is_none()
+        // Peers may be off now, and the blocks from before a restart: they are checked anyway.
+        if inner
+            .store
+            .unchecked_peer_blocks(object.id, object.version.size)
+            .is_none()
         {
             return;
         }
@@ -390,31 +411,34 @@ impl Cache {
         let etag = object.version.etag.as_deref().and_then(Checksum::of_etag);
         let multipart = matches!(etag, Some(Checksum::Multipart { .. }));
         let published = object.origin.published(&object.version, multipart).await;
-        let checksum = match (published.crc, etag) {
-            (Some(crc), _) => Some(Checksum::Crc(crc)),
-            (None, Some(Checksum::Multipart { digest, parts, .. })) => Some(Checksum::Multipart {
+        let etag = etag.map(|etag| match etag {
+            Checksum::Multipart { digest, parts, .. } => Checksum::Multipart {
                 digest,
                 parts,
                 first_part: published.first_part,
-            }),
-            (None, etag) => etag,
+            },
+            etag => etag,
+        });
+        let identity = object.origin.identity_url();
+        let usable = |kind: Kind| {
+            let shape = (identity.to_owned(), kind);
+            !self.inner.checks.unusable.lock().contains(&shape)
         };
-        let shape = checksum.map(|c| (object.origin.identity_url().to_owned(), c.kind()));
-        let usable = shape
-            .as_ref()
-            .is_some_and(|shape| !self.inner.checks.unusable.lock().contains(shape));
-        let (Some(checksum), Some(shape), true) = (checksum, shape, usable) else {
+        let Some(checksum) = strongest(etag, published.crc, usable) else {
             add(&stats.origin_checks_unchecked, 1);
             tracing::debug!(
                 key,
                 "the origin publishes no checksum to check blocks from rack peers against"
             );
-            store.settle_peer_blocks(object.id, &blocks);
+            store.settle_peer_blocks(object.id, &blocks).await;
             return;
         };
         // The ETag may be wrong about the bytes (SSE-KMS gives 32 hex digits that are not the
         // MD5) or the part sizes guessed may be: only the origin's own bytes blame a member.
-        let bad = match self.hash_cached(object, checksum).await {
+        let hashed = self.hash_cached(object, checksum).await;
+        // A CRC that matched proves no more than that nothing was corrupted by accident.
+        let forgeable = matches!((&hashed, checksum), (Ok(true), Checksum::Crc(_)));
+        let bad = match hashed {
             Ok(true) => {
                 tracing::debug!(
                     key,
@@ -428,12 +452,13 @@ impl Cache {
                 if bad.as_ref().is_ok_and(Vec::is_empty) {
                     tracing::info!(
                         key,
-                        kind = ?shape.1,
+                        kind = ?checksum.kind(),
                         "this origin's checksums of this kind are not of the bytes (ETags under \
                          SSE-KMS or SSE-C, or part sizes not guessed): its objects are not \
                          checked against them from now on; seal them (larder seal) to check \
                          blocks from rack peers"
                     );
+                    let shape = (identity.to_owned(), checksum.kind());
                     self.inner.checks.unusable.lock().insert(shape);
                 }
                 bad
@@ -443,12 +468,16 @@ impl Cache {
         match bad {
             Ok(bad) => {
                 if bad.is_empty() {
-                    add(&stats.origin_checks_match, 1);
+                    if forgeable {
+                        add(&stats.origin_checks_crc_only, 1);
+                    } else {
+                        add(&stats.origin_checks_match, 1);
+                    }
                 } else {
                     self.mismatch(object, &bad).await;
                 }
                 // The rest are the origin's.
-                store.settle_peer_blocks(object.id, &blocks);
+                store.settle_peer_blocks(object.id, &blocks).await;
             }
             Err(error) => {
                 tracing::debug!(key, %error, "origin check not finished; it runs again when the object is next complete")
@@ -553,7 +582,14 @@ impl Cache {
             }
             mismatched.insert(object.id);
         }
-        let members: BTreeSet<&str> = bad.iter().map(|b| &*b.member).collect();
+        // Blocks recorded before a restart name no member ("a member before the restart").
+        let members: BTreeSet<&str> = bad
+            .iter()
+            .map(|b| match &*b.member {
+                UNKNOWN_MEMBER => "(a member, before a restart)",
+                member => member,
+            })
+            .collect();
         if let Some(membership) = &inner.members {
             for member in &members {
                 membership.sent_wrong_blocks(member);
@@ -573,6 +609,27 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CRC is what a member holding the key can forge; the MD5 in the ETag is not: the ETag
+    /// comes first wherever both are published (the check used the CRC before).
+    #[test]
+    fn the_etags_md5_is_used_over_a_crc_and_the_crc_only_when_nothing_stronger_is_usable() {
+        let md5 = Checksum::of_etag("\"0123456789abcdef0123456789abcdef\"");
+        let parts = Checksum::of_etag("0123456789abcdef0123456789abcdef-3");
+        let crc = Some(FullCrc::Crc32(7));
+        let all = |_| true;
+        assert_eq!(strongest(md5, crc, all), md5);
+        assert_eq!(strongest(parts, crc, all), parts);
+        assert_eq!(strongest(None, crc, all), Some(Checksum::Crc(FullCrc::Crc32(7))));
+        // This origin's ETags proved not to be the MD5 (SSE-KMS): the CRC is all there is.
+        let no_md5 = |kind| kind == Kind::Crc;
+        assert_eq!(
+            strongest(md5, crc, no_md5),
+            Some(Checksum::Crc(FullCrc::Crc32(7)))
+        );
+        assert_eq!(strongest(md5, None, no_md5), None);
+        assert_eq!(strongest(None, None, all), None);
+    }
 
     fn md5(bytes: &[u8]) -> [u8; 16] {
         Md5::digest(bytes).into()

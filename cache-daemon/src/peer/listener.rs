@@ -23,12 +23,13 @@ use larder_block_tree::Tree;
 use larder_peer_proto::auth::Verifier;
 use larder_peer_proto::client::{KEEPALIVE_EVERY, RUN_HIT_HEADER};
 use larder_peer_proto::server::{Sender, authenticate, frame};
-use larder_peer_proto::wire::{HELLO_PATH, Hello, KEEPALIVE_INDEX, RUN_PATH, RunRequest};
+use larder_peer_proto::wire::{HELLO_PATH, Hello, KEEPALIVE_INDEX, RUN_PATH, RunRequest, hello_rack};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::cache::{Cache, OpenObject};
 use crate::http::{self, Body, Limits};
+use crate::members::Membership;
 use crate::object::ObjectVersion;
 use crate::origin::Origin;
 use crate::peer::source::version_tag;
@@ -58,6 +59,8 @@ pub const ANSWER_DEADLINE: Duration = Duration::from_secs(120);
 pub struct PeerListener {
     verifier: Option<Verifier>,
     hello: Hello,
+    /// The members, to learn the rack of one listed without it from its hello.
+    members: Option<Membership>,
     cache: Cache,
     origins: HashMap<String, Arc<Origin>>,
     stats: Arc<Stats>,
@@ -85,10 +88,12 @@ impl Drop for Slot {
 
 impl PeerListener {
     /// A listener for node `hello` serving `cache`'s blocks of `origins`, checking requests
-    /// with `verifier` (none: told to run without a key).
+    /// with `verifier` (none: told to run without a key), telling `members` the racks askers
+    /// say they are in.
     pub fn new(
         verifier: Option<Verifier>,
         hello: Hello,
+        members: Option<Membership>,
         cache: Cache,
         origins: HashMap<String, Arc<Origin>>,
         stats: Arc<Stats>,
@@ -96,6 +101,7 @@ impl PeerListener {
         Arc::new(Self {
             verifier,
             hello,
+            members,
             cache,
             origins,
             stats,
@@ -121,11 +127,17 @@ impl PeerListener {
     /// The answer to one request.
     async fn answer(self: Arc<Self>, request: Request<Bytes>) -> Response<Body> {
         let path_and_query = request.uri().path_and_query().map_or("", |pq| pq.as_str());
+        // Paths are no secret: another release's (or no member's) get 404 before anything.
+        let path = request.uri().path();
+        if path != HELLO_PATH && path != RUN_PATH {
+            return http::error(StatusCode::NOT_FOUND, "no such path");
+        }
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let sender = match authenticate(
             self.verifier.as_ref(),
+            &self.hello.node,
             request.method().as_str(),
             path_and_query,
             request.headers(),
@@ -142,10 +154,16 @@ impl PeerListener {
             return http::error(StatusCode::METHOD_NOT_ALLOWED, "only GET");
         }
         match request.uri().path() {
-            HELLO_PATH => match serde_json::to_vec(&self.hello) {
-                Ok(body) => http::full(StatusCode::OK, "application/json", body),
-                Err(error) => http::error(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string()),
-            },
+            HELLO_PATH => {
+                let rack = request.uri().query().and_then(hello_rack);
+                if let (Some(members), Some(rack)) = (&self.members, rack) {
+                    members.said_rack(&sender.node, &rack);
+                }
+                match serde_json::to_vec(&self.hello) {
+                    Ok(body) => http::full(StatusCode::OK, "application/json", body),
+                    Err(error) => http::error(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string()),
+                }
+            }
             RUN_PATH => match RunRequest::parse(path_and_query) {
                 Ok(run) => self.run(run, sender),
                 Err(error) => {

@@ -29,14 +29,24 @@ use crate::members::Hello;
 pub use source::PeerSource;
 
 /// Asks the member behind an address who it is (its node id and rack), over the peer
-/// protocol: how members found by DNS get their ids.
+/// protocol, telling it this node's rack: how members found by DNS get their ids, and members
+/// listed without a rack their racks.
 #[derive(Debug)]
-pub struct AskWho(pub Client);
+pub struct AskWho {
+    /// Asks.
+    pub client: Client,
+    /// This node's rack.
+    pub rack: String,
+}
 
 impl Hello for AskWho {
-    fn hello<'a>(&'a self, address: &'a str) -> BoxFuture<'a, Result<(String, String), String>> {
+    fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<(String, String), String>> {
         async move {
-            let hello = self.0.hello(address).await.map_err(|e| e.to_string())?;
+            let hello = self
+                .client
+                .hello(address, to, &self.rack)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok((hello.node, hello.rack))
         }
         .boxed()

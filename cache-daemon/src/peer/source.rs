@@ -48,7 +48,7 @@ impl PeerSource {
             PeerError::Declined(_) => &stats.peer_requests_miss,
             PeerError::Connect { .. } | PeerError::Broken(_) => &stats.peer_requests_refused,
             PeerError::Timeout(_) => &stats.peer_requests_timeout,
-            PeerError::Unauthorized | PeerError::BadTag(_) => &stats.peer_requests_unauthorized,
+            PeerError::Unauthorized(_) | PeerError::BadTag(_) => &stats.peer_requests_unauthorized,
             PeerError::BadData { .. } => &stats.peer_requests_bad_data,
         };
         add(counter, 1);
@@ -58,7 +58,7 @@ impl PeerSource {
             _ => self.members.failed(member),
         }
         match error {
-            PeerError::Unauthorized | PeerError::BadTag(_) | PeerError::BadData { .. } => {
+            PeerError::Unauthorized(_) | PeerError::BadTag(_) | PeerError::BadData { .. } => {
                 tracing::warn!(peer = member, %error, "rack peer failed; its runs go elsewhere for a while");
             }
             _ => tracing::debug!(peer = member, %error, "rack peer failed"),
@@ -134,13 +134,18 @@ impl BlockSource for PeerSource {
             let mut received = 0;
             let answer = self
                 .client
-                .fetch_run(&peer.address, &request, |head, buf: AlignedBuf, check| {
-                    let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
-                    let len = buf.len() as u64;
-                    run.push_from_peer(&member, head.index, (buf, check), head.hash, expected)?;
-                    received += len;
-                    Ok(())
-                })
+                .fetch_run(
+                    &peer.address,
+                    &peer.id,
+                    &request,
+                    |head, buf: AlignedBuf, check| {
+                        let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
+                        let len = buf.len() as u64;
+                        run.push_from_peer(&member, head.index, (buf, check), head.hash, expected)?;
+                        received += len;
+                        Ok(())
+                    },
+                )
                 .await;
             add(&self.stats.peer_fetched_bytes, received);
             self.members.received(&peer.id, received);

@@ -7,9 +7,16 @@
 //! header   magic "LARDREC\0" | format version u32 | header length u32 | block size u32 |
 //!          reserved u32 (0) | object size u64 | ObjectId [32] | identity length u32 |
 //!          identity bytes | CRC32 of all the preceding header bytes u32
-//! entries  kind u8 (1 present, 2 removed) | 3 zero bytes | block index u32 |
-//!          BLAKE3 of the block [32] (zero when removed) | CRC32 of the preceding 40 bytes u32
+//! entries  kind u8 | 3 zero bytes | block index u32 |
+//!          BLAKE3 of the block [32] (zero but for kinds 1 and 3) | CRC32 of the preceding 40 bytes u32
 //! ```
+//!
+//! Entry kinds: 1 present; 2 removed; 3 present, from a rack member and not yet checked against
+//! the origin's checksum; 4 the block from a member now counts as the origin's (its check
+//! passed, or the origin publishes nothing to check it against). Kinds 3 and 4 came after the
+//! format's first release without a version bump, on purpose: a build that does not know them
+//! reads the first of them as a torn tail, so it never takes a member's unchecked block for
+//! the origin's; it only loses the blocks recorded after it.
 //!
 //! Integers are little-endian. Entries are appended after the block's bytes are written, so a
 //! present entry never names bytes that were not written. Replay applies entries in order; the
@@ -17,7 +24,7 @@
 //! tail, and it and everything after it are ignored (and cut off when the record is next
 //! opened). A header whose block size is not a power of two is refused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::object::ObjectId;
 
@@ -31,6 +38,8 @@ pub const ENTRY_LEN: usize = 44;
 const FIXED_HEADER_LEN: usize = 68;
 const KIND_PRESENT: u8 = 1;
 const KIND_REMOVED: u8 = 2;
+const KIND_FROM_PEER: u8 = 3;
+const KIND_SETTLED: u8 = 4;
 
 /// Why a record could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -144,6 +153,19 @@ pub enum Entry {
         /// Block index.
         index: u32,
     },
+    /// The block's bytes, from a rack member, are in the data file and hash to this; no
+    /// origin check has passed them yet.
+    FromPeer {
+        /// Block index.
+        index: u32,
+        /// BLAKE3 of the block's bytes.
+        hash: [u8; 32],
+    },
+    /// The block from a rack member counts as the origin's from now on.
+    Settled {
+        /// Block index.
+        index: u32,
+    },
 }
 
 impl Entry {
@@ -153,6 +175,8 @@ impl Entry {
         let (kind, index, hash) = match *self {
             Entry::Present { index, hash } => (KIND_PRESENT, index, hash),
             Entry::Removed { index } => (KIND_REMOVED, index, [0; 32]),
+            Entry::FromPeer { index, hash } => (KIND_FROM_PEER, index, hash),
+            Entry::Settled { index } => (KIND_SETTLED, index, [0; 32]),
         };
         out[0] = kind;
         out[4..8].copy_from_slice(&index.to_le_bytes());
@@ -168,13 +192,13 @@ impl Entry {
             return None;
         }
         let index = u32_at(bytes, 4);
+        let mut hash = [0u8; 32];
+        hash.copy_from_slice(&bytes[8..40]);
         match bytes[0] {
-            KIND_PRESENT => {
-                let mut hash = [0u8; 32];
-                hash.copy_from_slice(&bytes[8..40]);
-                Some(Entry::Present { index, hash })
-            }
+            KIND_PRESENT => Some(Entry::Present { index, hash }),
             KIND_REMOVED => Some(Entry::Removed { index }),
+            KIND_FROM_PEER => Some(Entry::FromPeer { index, hash }),
+            KIND_SETTLED => Some(Entry::Settled { index }),
             _ => None,
         }
     }
@@ -187,6 +211,8 @@ pub struct Replayed {
     pub header: RecordHeader,
     /// Present blocks and their hashes.
     pub blocks: HashMap<u32, [u8; 32]>,
+    /// The present blocks that came from rack members and are not settled.
+    pub from_peers: HashSet<u32>,
     /// Length of the valid prefix of the file; anything after it is a torn tail.
     pub valid_len: usize,
     /// Number of valid entries (present and removed), to decide when to compact.
@@ -199,9 +225,13 @@ pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
     // Nonzero: the header's block size is a power of two.
     let block_count = header.object_size.div_ceil(u64::from(header.block_size));
     let in_object = |entry: &Entry| match *entry {
-        Entry::Present { index, .. } | Entry::Removed { index } => u64::from(index) < block_count,
+        Entry::Present { index, .. }
+        | Entry::Removed { index }
+        | Entry::FromPeer { index, .. }
+        | Entry::Settled { index } => u64::from(index) < block_count,
     };
     let mut blocks = HashMap::new();
+    let mut from_peers = HashSet::new();
     let mut entries = 0;
     while let Some(entry) = bytes
         .get(offset..offset + ENTRY_LEN)
@@ -209,15 +239,29 @@ pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
         .filter(in_object)
     {
         match entry {
-            Entry::Present { index, hash } => blocks.insert(index, hash),
-            Entry::Removed { index } => blocks.remove(&index),
-        };
+            Entry::Present { index, hash } => {
+                blocks.insert(index, hash);
+                from_peers.remove(&index);
+            }
+            Entry::FromPeer { index, hash } => {
+                blocks.insert(index, hash);
+                from_peers.insert(index);
+            }
+            Entry::Removed { index } => {
+                blocks.remove(&index);
+                from_peers.remove(&index);
+            }
+            Entry::Settled { index } => {
+                from_peers.remove(&index);
+            }
+        }
         offset += ENTRY_LEN;
         entries += 1;
     }
     Ok(Replayed {
         header,
         blocks,
+        from_peers,
         valid_len: offset,
         entries,
     })
@@ -263,6 +307,14 @@ mod tests {
             .encode(),
         );
         record.extend_from_slice(&Entry::Removed { index: 2 }.encode());
+        record.extend_from_slice(
+            &Entry::FromPeer {
+                index: 1,
+                hash: [0xcd; 32],
+            }
+            .encode(),
+        );
+        record.extend_from_slice(&Entry::Settled { index: 1 }.encode());
         let golden = concat!(
             "4c41524452454300",
             "01000000",
@@ -282,6 +334,14 @@ mod tests {
             "02000000",
             "0000000000000000000000000000000000000000000000000000000000000000",
             "15b0849d",
+            "03000000",
+            "01000000",
+            "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd",
+            "b5f4c9ff",
+            "04000000",
+            "01000000",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            "fbaa1dac",
         );
         assert_eq!(hex::encode(&record), golden);
     }

@@ -225,12 +225,17 @@ struct BlockMeta {
     /// not: its first disk read is its first use, and keeps it in probation.
     served: bool,
     /// The rack member that supplied the block, until the whole object is checked against the
-    /// origin's checksum (see `cache/check.rs`). Kept in memory only: a replayed block has none.
+    /// origin's checksum (see `cache/check.rs`). The record keeps that the block came from a
+    /// member and is unchecked, not which member: a replayed one has [`UNKNOWN_MEMBER`].
     peer: Option<Arc<str>>,
     /// Its CRCs, where the cache keeps them for the origin check (it has rack peers). Memory
     /// only, like `peer`.
     crcs: Option<BlockCrcs>,
 }
+
+/// The member of a block from a rack member recorded before this process started: the record
+/// keeps that a member supplied it, not which.
+pub const UNKNOWN_MEMBER: &str = "";
 
 /// A block a rack member supplied that is not yet checked against the origin.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -488,6 +493,7 @@ impl BlockStore {
         let size = replayed.header.object_size;
         state.blocks += replayed.blocks.len();
         let mut blocks = HashMap::with_capacity(replayed.blocks.len());
+        let unknown: Arc<str> = UNKNOWN_MEMBER.into();
         for (index, hash) in replayed.blocks {
             state.next_generation += 1;
             blocks.insert(
@@ -497,7 +503,7 @@ impl BlockStore {
                     generation: state.next_generation,
                     verified: false,
                     served: true,
-                    peer: None,
+                    peer: replayed.from_peers.contains(&index).then(|| unknown.clone()),
                     crcs: None,
                 },
             );
@@ -955,7 +961,10 @@ impl BlockStore {
             (object.files.clone(), victims)
         };
         self.drop_victims(victims).await;
-        let written = self.write_and_record(version, &files_cell, index, block).await;
+        let from_peer = peer.is_some();
+        let written = self
+            .write_and_record(version, &files_cell, index, block, from_peer)
+            .await;
         let mut guard = self.state.lock();
         let state = &mut *guard;
         state.reserved -= alloc;
@@ -992,6 +1001,7 @@ impl BlockStore {
         files: &OnceCell<Arc<ObjectFiles>>,
         index: u32,
         block: &VerifiedBlock,
+        from_peer: bool,
     ) -> Result<(), StoreError> {
         let files = self.files(version, files, true).await?;
         let names = Names::of(version.id());
@@ -1005,9 +1015,11 @@ impl BlockStore {
             .write(files.data.clone(), offset, block.buf.clone())
             .await;
         written.map_err(io_error("write", &data_path))?;
-        let entry = Entry::Present {
-            index,
-            hash: block.tree.root,
+        let hash = block.tree.root;
+        let entry = if from_peer {
+            Entry::FromPeer { index, hash }
+        } else {
+            Entry::Present { index, hash }
         }
         .encode();
         let size = version.size;
@@ -1188,18 +1200,47 @@ impl BlockStore {
     }
 
     /// No origin check waits for `blocks` of `id` (those still in place) any more: it passed,
-    /// or the origin publishes no checksum to check them against.
-    pub fn settle_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
-        let mut state = self.state.lock();
-        let Some(object) = state.objects.get_mut(&id) else {
-            return;
-        };
-        for block in blocks {
-            if let Some(meta) = object.blocks.get_mut(&block.index)
-                && meta.generation == block.generation
-            {
-                meta.peer = None;
+    /// or the origin publishes no checksum to check them against. Recorded, so that a restart
+    /// does not check them again; if the record cannot be written they stay settled in memory
+    /// only (and are checked again after a restart).
+    pub async fn settle_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+        let (files, settled) = {
+            let mut state = self.state.lock();
+            let Some(object) = state.objects.get_mut(&id) else {
+                return;
+            };
+            let mut settled = Vec::new();
+            for block in blocks {
+                if let Some(meta) = object.blocks.get_mut(&block.index)
+                    && meta.generation == block.generation
+                {
+                    meta.peer = None;
+                    settled.push(block.index);
+                }
             }
+            (object.files.clone(), settled)
+        };
+        if settled.is_empty() {
+            return;
+        }
+        let home = self.home.clone();
+        let result = blocking(move || {
+            let names = Names::of(id);
+            let files = match files.get() {
+                Some(files) => files.clone(),
+                None => Arc::new(open_object_files(&home, &names, None)?),
+            };
+            let entries: Vec<u8> = settled
+                .into_iter()
+                .flat_map(|index| Entry::Settled { index }.encode())
+                .collect();
+            (&files.record)
+                .write_all(&entries)
+                .map_err(io_error("append", &home.path(&names.rec)))
+        })
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "could not record blocks from rack peers as checked; they are checked again after a restart");
         }
     }
 
@@ -1362,7 +1403,12 @@ fn rewrite_record_if(rec_path: &Path, replayed: &format::Replayed, compact: bool
         let mut blocks: Vec<_> = replayed.blocks.iter().collect();
         blocks.sort_unstable();
         for (&index, &hash) in blocks {
-            bytes.extend_from_slice(&Entry::Present { index, hash }.encode());
+            let entry = if replayed.from_peers.contains(&index) {
+                Entry::FromPeer { index, hash }
+            } else {
+                Entry::Present { index, hash }
+            };
+            bytes.extend_from_slice(&entry.encode());
         }
         let tmp = rec_path.with_extension("tmp");
         let mut file = OpenOptions::new()
