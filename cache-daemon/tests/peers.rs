@@ -2,17 +2,18 @@
 //! SeaweedFS behind a counting proxy as the origin, reads through the kernel mounts.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use larder_peer_proto::auth::{ClusterKey, RequestHead, header};
 use larder_peer_proto::wire::{HELLO_PATH, RUN_PATH};
+use larder_tests::daemon::DaemonProcess;
 use larder_tests::dns::DnsServer;
-use larder_tests::fake_peer::{FakePeer, Misbehaviour};
-use larder_tests::rack::{Listing, Rack, SECRET, TlsFiles, member_ip};
+use larder_tests::fake_peer::{self, FakePeer, Misbehaviour};
+use larder_tests::rack::{Listing, Rack, SECRET, TlsFiles, member_args, member_ip, write_key_file};
 use larder_tests::seaweed::Seaweed;
-use larder_tests::{Fault, RecordingProxy, content, seed, upload, upload_in_parts, upload_parts};
+use larder_tests::{Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts};
 use object_store::ObjectStoreExt;
 
 const MIB: u64 = 1 << 20;
@@ -1047,4 +1048,76 @@ async fn a_rack_pre_pulling_an_image_fetches_it_from_the_registry_about_once() {
     .await
     .expect("join");
     assert!(proxy.body_bytes_of(is_blob_get) as f64 <= 1.15 * blobs as f64);
+}
+
+/// A lying member supplies one run (a 4 KiB read), the daemon is restarted without peers: the
+/// record kept that those blocks came from a member unchecked, so the prefetch that completes
+/// the object checks it, drops them and fails; run again, it fetches them from the origin.
+/// Before the fix the prefetch said done and every later read got the liar's bytes.
+#[tokio::test(flavor = "multi_thread")]
+async fn blocks_from_a_member_are_checked_after_a_restart_and_no_prefetch_calls_them_done() {
+    let size = 64 * MIB;
+    let (_server, proxy) = origin_of(&[(MODEL, size, Upload::Single)]).await;
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let liar = FakePeer::start(key, Misbehaviour::Lie).await.expect("fake peer");
+    tokio::task::spawn_blocking(move || {
+        let root = tempfile::tempdir().expect("tempdir");
+        let key_file = write_key_file(root.path(), SECRET).expect("key file");
+        let listen = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST).expect("port"));
+        let mut args = member_args("n0", Some("r1"), &listen, &key_file);
+        args.extend([
+            "--peers".to_owned(),
+            format!("{}={}@r1", fake_peer::ID, liar.address),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let dir = root.path().join("n0");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let daemon = DaemonProcess::start(Path::new(BIN), &proxy, &dir, &args).expect("daemon");
+        // One 4 KiB read at the start of each part until the liar has answered one.
+        let file = std::fs::File::open(daemon.mount.join(MODEL)).expect("open");
+        let mut page = [0; 4096];
+        for part in 0..size / (16 * MIB) {
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut page, part * 16 * MIB).expect("read");
+            if liar.requests() > 0 {
+                break;
+            }
+        }
+        drop(file);
+        assert!(liar.requests() > 0, "the liar owned no run of the model");
+        let written = Instant::now();
+        while daemon.status()["blocks"].as_u64().unwrap_or(0) < 4 {
+            assert!(
+                written.elapsed() < Duration::from_secs(30),
+                "the liar's run was never cached"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        daemon.stop().expect("stop");
+        drop(liar);
+
+        // Peers off now: the check needs only the origin.
+        let daemon = DaemonProcess::start(Path::new(BIN), &proxy, &dir, &[]).expect("restart");
+        let target = format!("models:{MODEL}");
+        let first = daemon.larder(&["prefetch", "--wait", &target]);
+        let said =
+            String::from_utf8_lossy(&first.stderr).into_owned() + &String::from_utf8_lossy(&first.stdout);
+        assert!(
+            !first.status.success(),
+            "a prefetch over a member's unchecked blocks reported done: {said}"
+        );
+        assert!(said.contains("origin's checksum"), "{said}");
+        let again = daemon.larder(&["prefetch", "--wait", &target]);
+        assert!(
+            again.status.success(),
+            "{}",
+            String::from_utf8_lossy(&again.stderr)
+        );
+        let bytes = std::fs::read(daemon.mount.join(MODEL)).expect("read");
+        assert!(
+            bytes == content(seed(MODEL, 0), 0, size as usize),
+            "the liar's bytes outlived the restart"
+        );
+    })
+    .await
+    .expect("join");
 }

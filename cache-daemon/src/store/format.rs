@@ -400,6 +400,26 @@ mod tests {
     }
 
     #[test]
+    fn blocks_from_peers_stay_unchecked_until_settled_replaced_or_removed() {
+        let mut record = header().encode();
+        let hash = [7; 32];
+        for entry in [
+            Entry::FromPeer { index: 0, hash },
+            Entry::FromPeer { index: 1, hash },
+            Entry::FromPeer { index: 2, hash },
+            Entry::Settled { index: 0 },
+            Entry::Present { index: 1, hash },
+            Entry::Removed { index: 2 },
+            Entry::FromPeer { index: 2, hash },
+        ] {
+            record.extend_from_slice(&entry.encode());
+        }
+        let replayed = replay(&record).expect("replay");
+        assert_eq!(replayed.blocks.len(), 3);
+        assert_eq!(replayed.from_peers, HashSet::from([2]));
+    }
+
+    #[test]
     fn damaged_headers_are_refused() {
         let good = header().encode();
         assert_eq!(
