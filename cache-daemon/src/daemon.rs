@@ -157,6 +157,11 @@ pub enum DaemonError {
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    // Before anything that a hangup's default action (exit) would leave behind.
+    ignore_hangups().map_err(|source| DaemonError::Io {
+        what: "handling SIGHUP",
+        source,
+    })?;
     let config = args.config.load()?;
     let control_socket = config.control.socket.clone();
     let mountpoint = prepare_mountpoint(&config.mount.path)?;
@@ -597,6 +602,24 @@ fn mount_error(path: &Path, source: io::Error) -> DaemonError {
         source,
         hint,
     }
+}
+
+/// SIGHUP reloads nothing: the config is read once, at start, and what it sets (mount, cache,
+/// sources, peers) cannot change under open files. Each one is logged and otherwise ignored,
+/// so that a closed terminal or a supervisor's reload does not take the mount down, until the
+/// process exits.
+fn ignore_hangups() -> io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::warn!(
+                "SIGHUP: nothing is reloaded (the config is read at start; restart the daemon to \
+                 apply a change); still serving"
+            );
+        }
+    });
+    Ok(())
 }
 
 async fn wait_for_signal() -> io::Result<()> {

@@ -490,6 +490,48 @@ async fn sigterm_detaches_the_mount_and_serves_open_files_until_they_close() {
     .expect("checks");
 }
 
+/// SIGHUP (a closed terminal, a supervisor's reload) with a file open: the daemon says it
+/// reloads nothing and goes on serving; SIGTERM then stops it as usual. Before, SIGHUP's
+/// default action killed it (exit 129) with nothing logged, the mount left giving ENOTCONN.
+#[tokio::test(flavor = "multi_thread")]
+async fn sighup_is_logged_and_the_daemon_keeps_serving() {
+    let open = with_a_file_open(&[]).await;
+    let FileOpen {
+        mut daemon,
+        file,
+        old,
+        _dir: dir,
+        ..
+    } = open;
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..2 {
+            daemon.signal(libc::SIGHUP).expect("SIGHUP");
+        }
+        let log = dir.path().join("daemon.log");
+        let said = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("SIGHUP")
+        {
+            assert!(said.elapsed() < Duration::from_secs(10), "SIGHUP was not logged");
+            assert_eq!(daemon.exited().expect("status"), None, "SIGHUP ended the daemon");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut rest = vec![0; old.len() - MIB as usize];
+        file.read_exact_at(&mut rest, MIB).expect("a read after SIGHUP");
+        assert!(rest == old[MIB as usize..], "wrong bytes after SIGHUP");
+        let again = std::fs::read(daemon.mount.join(OPEN_KEY)).expect("an open after SIGHUP");
+        assert!(again == old);
+        drop(file);
+        let socket = daemon.socket.clone();
+        let status = daemon.stop().expect("SIGTERM after SIGHUP");
+        assert!(status.success(), "exit status {status}");
+        assert!(!socket.exists(), "the control socket was left behind");
+    })
+    .await
+    .expect("checks");
+}
+
 /// SIGTERM with a file that stays open: the daemon exits 0 after the grace period, or at
 /// once on a second SIGTERM (or Ctrl-C), and the file's reads then fail instead of hanging.
 #[tokio::test(flavor = "multi_thread")]

@@ -153,10 +153,15 @@ impl DaemonProcess {
 
     /// Sends the daemon SIGTERM without waiting for it.
     pub fn terminate(&self) -> anyhow::Result<()> {
+        self.signal(libc::SIGTERM)
+    }
+
+    /// Sends the daemon `signal` without waiting for it.
+    pub fn signal(&self, signal: libc::c_int) -> anyhow::Result<()> {
         let child = self.child.as_ref().context("already stopped")?;
         // SAFETY: signals our own child by its pid.
-        if unsafe { libc::kill(child.id() as i32, libc::SIGTERM) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("SIGTERM");
+        if unsafe { libc::kill(child.id() as i32, signal) } != 0 {
+            return Err(std::io::Error::last_os_error()).with_context(|| format!("signal {signal}"));
         }
         Ok(())
     }
