@@ -286,18 +286,28 @@ impl fmt::Debug for Origin {
     }
 }
 
-/// Whether a generic store error is an HTTP 401 or 403. Listings report those as generic
-/// errors, and the status is in a type object_store does not export, so its message is read.
-fn refused_credentials(error: &object_store::Error) -> bool {
+/// The HTTP status of a generic store error, where it has one. object_store keeps the status
+/// in a type it does not export (its retry error), so the message it gives is read: `... status
+/// code: 403 Forbidden ...` (`Server returned non-2xx status code: 400 Bad Request: ...`).
+fn http_status(error: &object_store::Error) -> Option<u16> {
+    const MARK: &str = "status code: ";
     let mut source: Option<&dyn std::error::Error> = Some(error);
     while let Some(e) = source {
         let text = e.to_string();
-        if text.contains("403 Forbidden") || text.contains("401 Unauthorized") {
-            return true;
+        if let Some(at) = text.find(MARK)
+            && let Some(status) = text[at + MARK.len()..].get(..3).and_then(|s| s.parse().ok())
+        {
+            return Some(status);
         }
         source = e.source();
     }
-    false
+    None
+}
+
+/// Whether an HTTP status says the request itself is refused, so that sending it again gets
+/// the same: 4xx, but for a timeout (408) and throttling (429).
+fn refused_as_sent(status: u16) -> bool {
+    (400..500).contains(&status) && status != 408 && status != 429
 }
 
 /// Installs the process-wide TLS crypto provider once (the `ring` backend).
@@ -976,10 +986,20 @@ impl Origin {
                     source: error,
                 })
             }
-            error @ object_store::Error::Generic { .. } if refused_credentials(&error) => {
+            error @ object_store::Error::Generic { .. } if matches!(http_status(&error), Some(401 | 403)) => {
                 add(&stats.origin_errors_permission, 1);
                 self.denied(&key);
                 Failure::Final(OriginError::PermissionDenied {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+            error @ object_store::Error::Generic { .. }
+                if http_status(&error).is_some_and(refused_as_sent) =>
+            {
+                add(&stats.origin_errors_other, 1);
+                Failure::Final(OriginError::Rejected {
                     source_name,
                     key,
                     source: error,

@@ -206,3 +206,39 @@ async fn a_cold_read_larger_than_the_cache_costs_the_origin_its_size_once() {
     assert!(ratio <= 1.1, "the origin served {ratio:.3}× the object");
     drop(daemon);
 }
+
+/// An origin that refuses a read as malformed (S3's `400 InvalidRequest`) gets it once: the
+/// read fails with EIO at once, and the store is not asked the same again. Before, a 400 was
+/// taken for a transient error and each block's request was sent 5 times.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_the_origin_refuses_as_malformed_is_not_retried() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let key = "refused/model.bin";
+    server
+        .put(key, seed(key, 0), 4 * MIB as usize)
+        .await
+        .expect("put");
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A budget that would allow every retry: what the retries of a busy daemon have.
+    let args = [
+        "--request-timeout",
+        "1s",
+        "--read-deadline",
+        "3s",
+        "--retry-budget-ratio",
+        "10",
+    ];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let path = daemon.mount.join(key);
+    let mut file = std::fs::File::open(&path).expect("open");
+    proxy.set_fault(Fault::RefuseReads(400));
+    tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0; MIB as usize];
+        fails_with_eio_in_time("a read the origin refuses", || file.read(&mut buf));
+    })
+    .await
+    .expect("join");
+    let reads = proxy.requests().iter().filter(|r| r.range.is_some()).count();
+    assert_eq!(reads, 1, "the refused read was sent {reads} times");
+}

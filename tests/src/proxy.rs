@@ -51,6 +51,9 @@ pub enum Fault {
     /// Answer nothing: close each connection as a request arrives on it, as a server that is
     /// down looks to a client that still reaches its port.
     CloseConnections,
+    /// Answer each ranged GET (an object read; listings and HEADs pass) with this status and
+    /// an S3 error body, as a store refusing the request would.
+    RefuseReads(u16),
 }
 
 /// Forwards every request to a bucket's server (or any HTTP server) unchanged (the `Host`
@@ -96,6 +99,8 @@ impl RecordingProxy {
         let link = Arc::new(Mutex::new(Instant::now()));
         let (served, faults, counted) = (log.clone(), fault.clone(), body_bytes.clone());
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+            let is_ranged_get = request.method() == hyper::Method::GET
+                && request.headers().contains_key(hyper::header::RANGE);
             let sent = Arc::new(AtomicU64::new(0));
             served.lock().push((ServedRequest::of(&request), sent.clone()));
             let (mut parts, body) = request.into_parts();
@@ -119,6 +124,7 @@ impl RecordingProxy {
                     Fault::Latency(delay) => tokio::time::sleep(delay).await,
                     // An error from the service makes hyper close the connection unanswered.
                     Fault::CloseConnections => anyhow::bail!("the fault proxy closes the connection"),
+                    Fault::RefuseReads(status) if is_ranged_get => return refusal(status),
                     _ => {}
                 }
                 let response = forward?.await.map_err(anyhow::Error::from)?;
@@ -173,6 +179,26 @@ impl RecordingProxy {
             .map(|(_, sent)| sent.load(Ordering::Relaxed))
             .sum()
     }
+}
+
+/// An S3 error answer with `status` (`InvalidRequest` for a 400, else `InternalError`).
+fn refusal(status: u16) -> anyhow::Result<hyper::Response<UnsyncBoxBody<Bytes, BoxError>>> {
+    let code = if status == 400 {
+        "InvalidRequest"
+    } else {
+        "InternalError"
+    };
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
+         <Message>refused by the fault proxy</Message></Error>"
+    );
+    let body = http_body_util::Full::new(Bytes::from(body))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    Ok(hyper::Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/xml")
+        .body(body)?)
 }
 
 /// One response body on its way through the proxy.
