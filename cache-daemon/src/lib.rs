@@ -24,6 +24,7 @@ pub mod peer;
 pub mod prefetch;
 pub mod published;
 pub mod registry;
+pub mod said;
 pub mod seal;
 pub mod stats;
 pub mod store;

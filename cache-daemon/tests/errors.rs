@@ -4,15 +4,17 @@
 
 use std::fmt::Write as _;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use larder_cache_daemon::engine::fault::{Fault, Op};
 use larder_cache_daemon::namespace::{Namespace, Source};
 use larder_cache_daemon::origin::Origin;
 use larder_cache_daemon::stats::Stats;
 use larder_config::IoEngineKind;
 use larder_fuse_mount::MountOptions;
 use larder_tests::fixture::{CacheFixture, test_config};
-use larder_tests::{FaultPlan, S3Server, s3_client_with_secret, seed};
+use larder_tests::{FaultPlan, S3Server, content, s3_client_with_secret, seed};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 
@@ -202,4 +204,40 @@ async fn a_denied_origin_is_named_in_one_warning() {
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert!(warnings[0].text.contains("denied access"), "{warnings:?}");
     assert!(events_containing(secret).is_empty(), "the secret was logged");
+}
+
+/// A cache disk that fails every write (gone read-only, say) is said in one warning, not one
+/// per block: before, a 300 MiB read on a read-only cache logged 111 of them. The reads still
+/// get the origin's bytes, and each failure is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_disk_that_fails_every_write_is_said_once_not_per_block() {
+    log();
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    let key = "llama/unwritable.bin";
+    let size = 32 << 20;
+    server.put(key, seed(key, 0), size).await.expect("put");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = test_config(
+        &dir.path().join("cache"),
+        1 << 20,
+        IoEngineKind::Psync,
+        &server.url(),
+    );
+    let fixture = CacheFixture::open(server, config).await.expect("cache");
+    fixture.disk.inject(Op::Write, Fault::Eio, None);
+    let object = fixture.open_object(key).await.expect("open");
+    let bytes = fixture.read_all(&object).await.expect("read");
+    assert!(bytes == content(seed(key, 0), 0, size), "wrong bytes");
+    // The writes run after the reads are answered: wait for the last to be counted.
+    let started = std::time::Instant::now();
+    while fixture.stats.cache_write_failures.load(Ordering::Relaxed) < 32 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "32 failed writes were never counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let said = events_containing("cache write failed");
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert_eq!(said[0].level, tracing::Level::WARN);
 }

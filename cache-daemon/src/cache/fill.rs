@@ -274,9 +274,18 @@ impl Run<'_> {
                     }
                     // Said once, when the dir was found gone.
                     StoreError::DirLost(_) => crate::stats::add(&stats.cache_writes_skipped, 1),
+                    // A failing disk fails every write: said once a minute, counted each time.
                     _ => {
                         crate::stats::add(&stats.cache_write_failures, 1);
-                        tracing::warn!(%error, "cache write failed; the block was served from memory");
+                        if let Some(unsaid) = cache.inner.write_failures_said.again() {
+                            tracing::warn!(
+                                %error,
+                                unsaid,
+                                "cache write failed; the block was served from memory (said at \
+                                 most once a minute, with the failures unsaid since; every one is \
+                                 counted in larder_cache_write_failures_total)"
+                            );
+                        }
                     }
                 }
             }

@@ -49,6 +49,7 @@ use tokio_util::task::TaskTracker;
 use crate::members::Membership;
 use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{Origin, OriginError};
+use crate::said::Throttled;
 use crate::stats::{Stats, add};
 use crate::store::{BlockStore, Lookup, StoreError};
 use budget::{Charge, MemoryBudget};
@@ -184,6 +185,8 @@ struct Inner {
     written: tokio::sync::Notify,
     /// A write skipped for lack of room has been logged (see fill.rs).
     no_space_said: AtomicBool,
+    /// Failed cache writes, said at most once a minute (see fill.rs).
+    write_failures_said: Throttled,
     /// Blocks some reader holds: another reader of the same version near the same place
     /// shares them instead of reading them again.
     held: Mutex<HeldBlocks>,
@@ -301,6 +304,7 @@ impl Cache {
                 stop: CancellationToken::new(),
                 written: tokio::sync::Notify::new(),
                 no_space_said: AtomicBool::new(false),
+                write_failures_said: Throttled::default(),
                 kept: Mutex::new(Kept::default()),
                 held: Mutex::new(HeldBlocks {
                     blocks: HashMap::new(),
