@@ -461,6 +461,20 @@ fn peers_text(out: &mut String, peers: Option<&Peers>) -> std::fmt::Result {
     Ok(())
 }
 
+/// An error and its causes on one line, `: ` between them, leaving out each cause whose text
+/// the line holds already: most errors here quote their cause in their own message.
+pub fn error_line(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
 /// Writes `text` to stdout. A reader that went away (`larder status | head`) is not an
 /// error: the command ends quietly, as it would have had it printed everything.
 fn print_stdout(text: &str) -> anyhow::Result<()> {
@@ -637,6 +651,18 @@ mod tests {
              peer c (rack -, c.rack:7070): down (asked again in 17 s), 2 failures in a row, 0 B received\n  \
              rack not known\n"
         );
+    }
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let quoting = anyhow::Error::new(crate::daemon::DaemonError::PeerListen {
+            address: "127.0.0.1:7070".parse().unwrap(),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
+        });
+        let line = error_line(&quoting);
+        assert_eq!(line.matches("address in use").count(), 1, "{line}");
+        let wrapped = anyhow::anyhow!("inner cause").context("outer");
+        assert_eq!(error_line(&wrapped), "outer: inner cause");
     }
 
     #[test]

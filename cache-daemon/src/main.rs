@@ -71,7 +71,7 @@ fn main() -> std::process::ExitCode {
         Ok(code) => code,
         Err(error) => {
             // One line with its causes; a backtrace helps nobody who ran a command.
-            eprintln!("larder: {}", Redacted(&format!("{error:#}")));
+            eprintln!("larder: {}", Redacted(&cli::error_line(&error)));
             std::process::ExitCode::FAILURE
         }
     }

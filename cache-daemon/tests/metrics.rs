@@ -257,6 +257,9 @@ async fn an_address_in_use_stops_the_daemon_with_a_clear_error() {
         text.contains(&format!("cannot listen for metrics on {address}")),
         "{text}"
     );
+    // Said once: the message quotes its cause, which the line does not repeat after it.
+    let said = text.matches("Address already in use").count();
+    assert_eq!(said, 1, "the cause repeated: {text}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -427,7 +427,8 @@ async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes(
     .expect("join");
 }
 
-/// The status line and headers of the answer to `request`, sent as is to `address`.
+/// The answer to `request`, sent as is to `address`: its status line and headers, and its
+/// body as far as its `content-length` says.
 fn exchange(address: SocketAddr, request: &[u8]) -> String {
     let mut stream = TcpStream::connect(address).expect("connect");
     stream
@@ -436,7 +437,18 @@ fn exchange(address: SocketAddr, request: &[u8]) -> String {
     let _ = stream.write_all(request);
     let mut answer = Vec::new();
     let mut buf = [0; 4096];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+    let complete = |answer: &[u8]| {
+        let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+            return false;
+        };
+        let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: ")?.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        answer.len() >= end + 4 + length
+    };
+    while !complete(&answer) {
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
@@ -491,8 +503,15 @@ async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_membe
         assert!(status(&unsigned).contains(" 401 "), "no headers: {unsigned}");
         let wrong_key = exchange(address, &signed(&other, HELLO_PATH, "a", "n0", now_ms(), [1; 16]));
         assert!(status(&wrong_key).contains(" 401 "), "another key: {wrong_key}");
+        assert!(wrong_key.contains("cluster key is not"), "another key is named: {wrong_key}");
+        // Clocks two minutes apart: the answer says so, and that the key is not in question
+        // (the asker's log quotes it; before, it blamed the key).
         let stale = exchange(address, &signed(&key, HELLO_PATH, "a", "n0", now_ms() - 120_000, [2; 16]));
         assert!(status(&stale).contains(" 401 "), "two minutes old: {stale}");
+        assert!(
+            stale.contains("sync the nodes' clocks") && stale.contains("key is not in question"),
+            "{stale}"
+        );
         let once = signed(&key, HELLO_PATH, "a", "n0", now_ms(), [3; 16]);
         assert!(status(&exchange(address, &once)).contains(" 200 "), "a good request");
         let replayed = exchange(address, &once);
