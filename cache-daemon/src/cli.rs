@@ -319,6 +319,12 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
             status.settings.cache_dir
         )?;
     }
+    if let Some(error) = &status.cache_disk_failing {
+        writeln!(
+            out,
+            "CACHE DISK FAILING: {error}; no file is handed to the kernel and reads go to the origin until a block write succeeds"
+        )?;
+    }
     writeln!(
         out,
         "hit rate (bytes): {} since start, {} last 5 min",

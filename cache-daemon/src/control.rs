@@ -123,6 +123,7 @@ impl Control {
             pinned_objects: usage.pinned,
             blocks: usage.blocks,
             cache_dir_lost: usage.dir_lost,
+            cache_disk_failing: self.store.disk_failure(),
             served: served_between(&StatsSnapshot::default(), &now),
             served_recent: served_between(&oldest, &now),
             lookups: Lookups {

@@ -380,6 +380,10 @@ pub struct Status {
     /// cached until a restart.
     #[serde(default)]
     pub cache_dir_lost: bool,
+    /// Why the cache disk is taken to be failing, if it is: no file is handed to the kernel
+    /// and reads go to the origin until a block write succeeds again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_disk_failing: Option<String>,
     /// Served since start.
     pub served: Served,
     /// Served over the last five minutes (or since start, if shorter).

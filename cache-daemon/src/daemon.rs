@@ -402,7 +402,7 @@ async fn serve_metrics(
         usage: store.usage(),
         members: membership.as_ref().map(Membership::states).unwrap_or_default(),
     };
-    let ready = move || phase.readiness(ready_store.usage().dir_lost);
+    let ready = move || phase.readiness(ready_store.usage().dir_lost, ready_store.disk_failure());
     Ok(tokio::spawn(http::serve(
         listener,
         metrics::service(snapshot, ready),

@@ -69,13 +69,20 @@ impl Phase {
         self.0.store(Self::STOPPING, Ordering::Relaxed);
     }
 
-    /// Whether the daemon is ready, given whether its cache dir is lost; why not when it is not.
-    pub fn readiness(&self, dir_lost: bool) -> Result<(), &'static str> {
+    /// Whether the daemon is ready, given whether its cache dir is lost and why its disk fails
+    /// (if it does); why not when it is not.
+    pub fn readiness(&self, dir_lost: bool, disk_failure: Option<String>) -> Result<(), String> {
         match self.0.load(Ordering::Relaxed) {
-            Self::MOUNTING => Err("mounting"),
-            Self::STOPPING => Err("stopping"),
-            _ if dir_lost => Err("the cache dir was lost (deleted or replaced): restart the daemon"),
-            _ => Ok(()),
+            Self::MOUNTING => Err("mounting".into()),
+            Self::STOPPING => Err("stopping".into()),
+            _ if dir_lost => Err("the cache dir was lost (deleted or replaced): restart the daemon".into()),
+            _ => match disk_failure {
+                Some(error) => Err(format!(
+                    "the cache disk fails ({error}); reads go to the origin: check the disk, or \
+                     restart the daemon on another"
+                )),
+                None => Ok(()),
+            },
         }
     }
 }
@@ -194,6 +201,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         "larder_cache_dir_lost",
         "1 when the cache dir was deleted or replaced under the daemon, which then caches nothing until restarted.",
         u64::from(usage.dir_lost),
+    );
+    out.gauge(
+        "larder_cache_disk_failing",
+        "1 while the cache disk fails (an I/O error reading or writing a block, or probing a file before passthrough), until a block write succeeds again: no file is handed to the kernel, reads go through the daemon and to the origin.",
+        u64::from(usage.disk_failing),
     );
     out.counter(
         "larder_cache_write_bytes_total",
@@ -446,7 +458,7 @@ impl Exposition {
 /// paths get 404, other methods 405.
 pub fn service(
     snapshot: impl Fn() -> Snapshot + Send + Sync + 'static,
-    ready: impl Fn() -> Result<(), &'static str> + Send + Sync + 'static,
+    ready: impl Fn() -> Result<(), String> + Send + Sync + 'static,
 ) -> impl http::Service {
     move |request: Request<Bytes>| std::future::ready(answer(&request, &snapshot, &ready))
 }
@@ -454,7 +466,7 @@ pub fn service(
 fn answer(
     request: &Request<Bytes>,
     snapshot: impl Fn() -> Snapshot,
-    ready: impl Fn() -> Result<(), &'static str>,
+    ready: impl Fn() -> Result<(), String>,
 ) -> Response<Body> {
     let path = request.uri().path();
     if !["/metrics", "/healthz", "/readyz"].contains(&path) {
@@ -511,6 +523,7 @@ mod tests {
             objects: 2,
             blocks: 3,
             pinned: 1,
+            disk_failing: false,
             dir_lost: false,
         }
     }
@@ -647,19 +660,22 @@ mod tests {
     }
 
     #[test]
-    fn readyz_follows_the_phase_and_the_cache_dir_and_healthz_is_always_ok() {
+    fn readyz_follows_the_phase_the_cache_dir_and_its_disk_and_healthz_is_always_ok() {
         let phase = std::sync::Arc::new(Phase::default());
         let lost = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let get = |path: &str| {
             let request = Request::get(path).body(Bytes::new()).unwrap();
-            let (phase, lost) = (phase.clone(), lost.clone());
+            let (phase, lost, failing) = (phase.clone(), lost.clone(), failing.clone());
             let snapshot = || Snapshot {
                 stats: Stats::default().snapshot(),
                 usage: usage(),
                 members: Vec::new(),
             };
             let response = answer(&request, snapshot, move || {
-                phase.readiness(lost.load(Ordering::Relaxed))
+                let failure =
+                    (failing.load(Ordering::Relaxed)).then(|| "read: Input/output error".to_owned());
+                phase.readiness(lost.load(Ordering::Relaxed), failure)
             });
             let status = response.status();
             let body = futures::executor::block_on(http_body_util::BodyExt::collect(response.into_body()))
@@ -679,6 +695,14 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with("not ready: the cache dir was lost"), "{body}");
         lost.store(false, Ordering::Relaxed);
+        failing.store(true, Ordering::Relaxed);
+        let (status, body) = get("/readyz");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body.starts_with("not ready: the cache disk fails (read: Input/output error)"),
+            "{body}"
+        );
+        failing.store(false, Ordering::Relaxed);
         phase.stopping();
         assert_eq!(
             get("/readyz"),

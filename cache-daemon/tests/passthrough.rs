@@ -276,3 +276,126 @@ async fn reads_through_passthrough_count_as_served_from_the_cache() {
         "{text}"
     );
 }
+
+/// An ext4 file system in an image file, loop-mounted with `errors=remount-ro`: a cache disk
+/// that can be made to fail. Unmounted (lazily) when dropped.
+struct LoopExt4 {
+    at: std::path::PathBuf,
+}
+
+impl LoopExt4 {
+    /// Makes an image of `size` bytes at `image` and mounts it at `at`.
+    fn mount(image: &Path, at: &Path, size: u64) -> Self {
+        std::fs::File::create(image)
+            .and_then(|f| f.set_len(size))
+            .expect("image");
+        run("mkfs.ext4", &["-q".as_ref(), image.as_os_str()]);
+        std::fs::create_dir_all(at).expect("mount point");
+        let options = ["-o".as_ref(), "loop,errors=remount-ro".as_ref()];
+        run(
+            "mount",
+            &[&options[..], &[image.as_os_str(), at.as_os_str()]].concat(),
+        );
+        Self { at: at.to_owned() }
+    }
+
+    /// Aborts the file system's journal, as ext4 does on a disk error: it goes read-only.
+    fn abort(&self) {
+        let options = ["-o".as_ref(), "remount,abort".as_ref()];
+        run("mount", &[&options[..], &[self.at.as_os_str()]].concat());
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .status();
+    }
+}
+
+/// Runs `command` with `args`, which must succeed.
+fn run(command: &str, args: &[&std::ffi::OsStr]) {
+    let output = std::process::Command::new(command)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{command}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The cache disk fails (its ext4 journal aborts, as on a disk error) during a read: the
+/// failed writes mark it failing, so the next open of a cached file is not handed to the
+/// kernel (whose reads of it would fail with no way back to the origin), `/readyz` says why
+/// the daemon is not ready, and every read still gets the origin's bytes. Before, `/readyz`
+/// stayed 200 and complete files were still passed through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_cache_disk_stops_passthrough_and_makes_the_daemon_not_ready() {
+    const CACHED: &str = "llama/cached.safetensors";
+    const COLD: &str = "llama/cold.safetensors";
+    let (cached, cold) = (64 * MIB, 128 * MIB);
+    let server = server(&[(CACHED, cached), (COLD, cold)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = LoopExt4::mount(
+        &dir.path().join("cache.img"),
+        &dir.path().join("cache"),
+        512 << 20,
+    );
+    let metrics = format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    );
+    let args = ["--metrics-listen", &metrics];
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    let daemon = tokio::task::spawn_blocking(move || {
+        read_checked(&daemon, CACHED, cached);
+        let written = std::time::Instant::now();
+        while daemon.status()["blocks"].as_u64() < Some(16) {
+            assert!(
+                written.elapsed().as_secs() < 30,
+                "the cached file's blocks were never all written"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        read_checked(&daemon, CACHED, cached);
+        assert_eq!(
+            passthrough_opens(&daemon),
+            1,
+            "the complete file was not passed through"
+        );
+
+        // The disk fails while a cold file is read: its blocks' writes fail.
+        std::thread::scope(|scope| {
+            let reader = scope.spawn(|| read_checked(&daemon, COLD, cold));
+            while served(&daemon) < (cached + 8 * MIB) as u64 && !reader.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            disk.abort();
+            reader.join().expect("the cold read");
+        });
+        drop_page_cache();
+        read_checked(&daemon, CACHED, cached);
+        assert_eq!(
+            passthrough_opens(&daemon),
+            1,
+            "a file on the failing disk was passed through"
+        );
+        let failing = daemon.status()["cache_disk_failing"].as_str().map(str::to_owned);
+        assert!(failing.is_some(), "status does not say the disk fails");
+        (daemon, disk)
+    })
+    .await
+    .expect("checks");
+    let ready = reqwest::get(format!("http://{metrics}/readyz"))
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 503);
+    let reason = ready.text().await.expect("body");
+    assert!(reason.contains("the cache disk fails"), "{reason}");
+    assert_eq!(metric(&metrics, "larder_cache_disk_failing").await, 1.0);
+    drop(daemon);
+}

@@ -199,6 +199,10 @@ pub struct Usage {
     pub pinned: usize,
     /// The cache dir was deleted or replaced under the daemon, which gave it up.
     pub dir_lost: bool,
+    /// The cache disk is taken to be failing (an I/O error of a block read or write, or of
+    /// the probe before passthrough; [`BlockStore::disk_failure`] says which), until a block
+    /// write succeeds again.
+    pub disk_failing: bool,
 }
 
 type BlockKey = (ObjectId, u32);
@@ -232,6 +236,9 @@ struct BlockMeta {
     /// only, like `peer`.
     crcs: Option<BlockCrcs>,
 }
+
+/// Bytes of a data file read before it is handed to the kernel (the first page).
+const PROBE_LEN: usize = 4096;
 
 /// The member of a block from a rack member recorded before this process started: the record
 /// keeps that a member supplied it, not which.
@@ -301,6 +308,8 @@ struct State {
     pinned: usize,
     /// The cache dir is gone: the index is empty and stays so (see [`BlockStore::give_up`]).
     dir_lost: bool,
+    /// See [`BlockStore::disk_failure`].
+    disk_failing: Option<String>,
 }
 
 impl State {
@@ -315,6 +324,7 @@ impl State {
             blocks: 0,
             pinned: 0,
             dir_lost: false,
+            disk_failing: None,
         }
     }
 }
@@ -572,6 +582,40 @@ impl BlockStore {
             blocks: state.blocks,
             pinned: state.pinned,
             dir_lost: state.dir_lost,
+            disk_failing: state.disk_failing.is_some(),
+        }
+    }
+
+    /// Why the cache disk is taken to be failing, if it is (see [`Usage::disk_failing`]).
+    pub fn disk_failure(&self) -> Option<String> {
+        self.state.lock().disk_failing.clone()
+    }
+
+    /// The disk failed `error` (an I/O error): no file is handed to the kernel from now on
+    /// (the kernel's reads of it would fail where the daemon's fall back to the origin), and
+    /// the daemon is not ready, until a block write succeeds again. Said once.
+    fn disk_failed(&self, error: &StoreError) {
+        let StoreError::Io { .. } = error else {
+            return;
+        };
+        let mut state = self.state.lock();
+        if state.disk_failing.is_none() {
+            tracing::error!(
+                dir = %self.home.dir().display(),
+                %error,
+                "the cache disk fails: no file is handed to the kernel (passthrough) and reads go \
+                 through the daemon, to the origin where the disk fails them, until a block \
+                 write succeeds again"
+            );
+        }
+        state.disk_failing = Some(error.to_string());
+    }
+
+    /// A block write succeeded: the disk works (again).
+    fn disk_works(&self) {
+        let mut state = self.state.lock();
+        if state.disk_failing.take().is_some() {
+            tracing::info!(dir = %self.home.dir().display(), "the cache disk takes writes again");
         }
     }
 
@@ -672,7 +716,7 @@ impl BlockStore {
                     .blocks
                     .values()
                     .all(|meta| self.trusted(meta) && meta.peer.is_none());
-            if !complete || count == 0 {
+            if !complete || count == 0 || state.disk_failing.is_some() {
                 return None;
             }
             let was = object.protected();
@@ -685,6 +729,17 @@ impl BlockStore {
         };
         let names = Names::of(id);
         let file = self.home.open(&names, &names.data, OFlags::RDONLY, false).ok()?;
+        // The kernel's reads of the file never reach the daemon, which could not fall back to
+        // the origin when they fail: a page read first, from the disk unless the page cache
+        // holds it (~60 µs an open).
+        if let Err(source) = file.read_exact_at(&mut [0; PROBE_LEN], 0) {
+            self.disk_failed(&StoreError::Io {
+                op: "probe",
+                path: self.home.path(&names.data),
+                source,
+            });
+            return None;
+        }
         Some((file, lease))
     }
 
@@ -729,6 +784,7 @@ impl BlockStore {
         let (bytes, checked_whole) = match read {
             Ok(read) => read,
             Err(error) => {
+                self.disk_failed(&error);
                 self.remove_block(id, index, meta.generation).await;
                 return Err(error);
             }
@@ -965,6 +1021,10 @@ impl BlockStore {
         let written = self
             .write_and_record(version, &files_cell, index, block, from_peer)
             .await;
+        match &written {
+            Ok(()) => self.disk_works(),
+            Err(error) => self.disk_failed(error),
+        }
         let mut guard = self.state.lock();
         let state = &mut *guard;
         state.reserved -= alloc;
