@@ -246,6 +246,16 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
     ] {
         out.sample("larder_origin_requests_total", Some(("kind", kind)), n);
     }
+    out.gauge(
+        "larder_origin_fill_slots",
+        "Origin fills (ranged GETs of a part) this node allows at once now: at most origin.concurrency, halved when requests starve (slower than a quarter of the read deadline, or failing), one more after each fast one.",
+        s.origin_slots,
+    );
+    out.gauge(
+        "larder_origin_fills_peak",
+        "The most origin fills in flight at once since start.",
+        s.origin_fills_peak,
+    );
     out.counter(
         "larder_origin_retries_total",
         "Origin request attempts that retried an earlier one.",
@@ -654,7 +664,7 @@ mod tests {
         assert!(families.iter().all(|f| f.starts_with("larder_")));
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 43);
+        assert_eq!(families.len(), 46);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::future::Future;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
@@ -778,8 +778,10 @@ impl Origin {
     ///
     /// A failed attempt is retried from the first byte not yet delivered. Every attempt carries
     /// `If-Match` with the pinned ETag and checks the ETag of the response: bytes of another
-    /// version are never delivered. The whole read is bounded by the read deadline counted from
-    /// `started` (when the caller began waiting for its turn, if it had to).
+    /// version are never delivered. The read fails once a whole read deadline passes without a
+    /// byte, counted from `started` (when the caller began waiting for its turn, if it had to)
+    /// until the first byte, then from the last byte received: over a slow link shared by a
+    /// scale-up a read takes longer; only one that stops getting bytes fails.
     pub async fn read_range(
         &self,
         version: &ObjectVersion,
@@ -788,12 +790,25 @@ impl Origin {
         sink: &mut (dyn FnMut(Bytes) + Send),
     ) -> Result<(), OriginError> {
         let location = self.location(&version.key)?;
-        let mut next = range.start;
+        // The deadline runs from the last byte received (from `started` until the first): a
+        // read behind a slow, shared link goes on while bytes come, one that gets none fails.
+        // The time of the last byte is kept as nanoseconds after `started`.
+        let (last_byte, received) = (AtomicU64::new(0), AtomicU64::new(0));
+        let last_byte_at = || started + Duration::from_nanos(last_byte.load(Ordering::Relaxed));
+        let mut counted = |chunk: Bytes| {
+            let since = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+            last_byte.store(since, Ordering::Relaxed);
+            received.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            sink(chunk);
+        };
         self.budget.deposit();
         let attempts = async {
-            let mut attempt = 0;
+            let (mut attempt, mut next) = (0, range.start);
             loop {
-                let failure = match self.read_attempt(&location, version, next..range.end, sink).await {
+                let failure = match self
+                    .read_attempt(&location, version, next..range.end, &mut counted)
+                    .await
+                {
                     Ok(()) => return Ok(()),
                     Err((delivered, failure)) => {
                         next += delivered;
@@ -803,8 +818,17 @@ impl Origin {
                 attempt = self.after_failure(&version.key, attempt, failure).await?;
             }
         };
-        let result = tokio::time::timeout_at(started + self.deadline, attempts).await;
-        result.unwrap_or_else(|_| Err(self.deadline_exceeded(&version.key, next - range.start)))
+        tokio::pin!(attempts);
+        loop {
+            tokio::select! {
+                result = &mut attempts => return result,
+                () = tokio::time::sleep_until(last_byte_at() + self.deadline) => {
+                    if last_byte_at() + self.deadline <= Instant::now() {
+                        return Err(self.deadline_exceeded(&version.key, received.load(Ordering::Relaxed)));
+                    }
+                }
+            }
+        }
     }
 
     /// One GET of `range`; on failure, how many bytes it delivered before failing.

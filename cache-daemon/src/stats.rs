@@ -40,6 +40,10 @@ macro_rules! counters {
 }
 
 counters! {
+    /// The origin's fill slots now (a gauge; see `cache/slots.rs`).
+    origin_slots,
+    /// The most origin fills in flight at once since start (a gauge).
+    origin_fills_peak,
     /// Bytes handed to readers that came from the NVMe block store.
     served_nvme_bytes,
     /// Bytes handed to readers that came from the origin (including joined in-flight fills).

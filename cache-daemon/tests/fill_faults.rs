@@ -242,3 +242,79 @@ async fn a_request_the_origin_refuses_as_malformed_is_not_retried() {
     let reads = proxy.requests().iter().filter(|r| r.range.is_some()).count();
     assert_eq!(reads, 1, "the refused read was sent {reads} times");
 }
+
+/// 64 readers of as many cold files at once, behind an origin link of 20 MB/s, with a read
+/// deadline of 1 s: no read fails. The reads share the link, so each takes longer than the
+/// deadline; before, a fill failed once a deadline passed from its start (every read got EIO
+/// here), and 16 requests at once each got too thin a share. Now a fill fails only after a
+/// deadline without a byte, and the origin's slots are cut while requests starve.
+#[tokio::test(flavor = "multi_thread")]
+async fn many_cold_readers_behind_a_thin_origin_link_all_get_their_bytes() {
+    const READERS: usize = 64;
+    const SIZE: usize = 2 * MIB as usize;
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let keys: Vec<String> = (0..READERS).map(|i| format!("shards/{i:02}.bin")).collect();
+    for key in &keys {
+        server.put(key, seed(key, 0), SIZE).await.expect("put");
+    }
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    proxy.set_fault(Fault::Bandwidth(20_000_000));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let metrics = format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    );
+    let args = [
+        "--request-timeout",
+        "1s",
+        "--read-deadline",
+        "1s",
+        "--metrics-listen",
+        &metrics,
+    ];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let mount = daemon.mount.clone();
+    let started = Instant::now();
+    let failed = tokio::task::spawn_blocking(move || {
+        std::thread::scope(|scope| {
+            let readers: Vec<_> = keys
+                .iter()
+                .map(|key| {
+                    let path = mount.join(key);
+                    scope.spawn(move || match std::fs::read(&path) {
+                        Ok(bytes) if bytes == content(seed(key, 0), 0, SIZE) => None,
+                        Ok(_) => Some(format!("{key}: wrong bytes")),
+                        Err(error) => Some(format!("{key}: {error}")),
+                    })
+                })
+                .collect();
+            readers
+                .into_iter()
+                .filter_map(|r| r.join().expect("reader"))
+                .collect::<Vec<_>>()
+        })
+    })
+    .await
+    .expect("join");
+    let scrape = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    let gauge = |name: &str| {
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+            .unwrap_or(-1.0)
+    };
+    println!(
+        "{READERS} readers of {} MiB in {:?}: slots at the end {}, peak fills in flight {}",
+        SIZE >> 20,
+        started.elapsed(),
+        gauge("larder_origin_fill_slots"),
+        gauge("larder_origin_fills_peak"),
+    );
+    assert!(failed.is_empty(), "{} reads failed: {failed:?}", failed.len());
+    drop(daemon);
+}

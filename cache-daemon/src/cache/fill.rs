@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::oneshot;
 
 use super::budget::{Charge, charged};
+use super::slots::Slots;
 use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
 use crate::engine::AlignedBuf;
 use crate::members::Membership;
+use crate::origin::OriginError;
 use crate::published::BlockCrcs;
 use crate::store::{GroupCheck, GroupHasher, StoreError, VerifiedBlock};
 
@@ -65,23 +67,24 @@ pub enum FillFor {
     Peer,
 }
 
-/// The object store, through the object's own origin: ranged GETs pinned to its version,
-/// at most `concurrency` fills at a time, each bounded by the read deadline from the moment it
-/// has its slot. A fill waiting for a slot waits as long as the fills ahead of it receive
-/// bytes, and fails once a whole read deadline passes in which none did: a slow origin (a
-/// link shared by a whole scale-up) makes reads slow, a stalled one makes them fail.
+/// The object store, through the object's own origin: ranged GETs pinned to its version, as
+/// many fills at a time as the adaptive [`Slots`] allow, each failing only once a whole read
+/// deadline passes in which it received no byte. A fill waiting for a slot waits as long as the
+/// fills ahead of it receive bytes, and fails once a whole read deadline passes in which none
+/// did: a slow origin (a link shared by a whole scale-up) makes reads slow, a stalled one makes
+/// them fail.
 #[derive(Debug)]
 pub struct OriginSource {
-    permits: Arc<Semaphore>,
+    slots: Slots,
     /// Chunks received by this tier's fills, all origins together.
     progress: AtomicU64,
 }
 
 impl OriginSource {
-    /// An origin tier allowing `concurrency` fills at once.
-    pub fn new(concurrency: usize) -> Self {
+    /// An origin tier with fill slots `slots`.
+    pub fn new(slots: Slots) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(concurrency)),
+            slots,
             progress: AtomicU64::new(0),
         }
     }
@@ -106,11 +109,11 @@ impl BlockSource for OriginSource {
             let origin = &object.origin;
             let deadline = origin.read_deadline();
             let look = (deadline / 4).max(Duration::from_millis(10));
-            let acquire = self.permits.acquire();
+            let acquire = self.slots.permit();
             tokio::pin!(acquire);
             let now = tokio::time::Instant::now;
             let (mut started, mut seen) = (now(), self.progress.load(Ordering::Relaxed));
-            let _permit = loop {
+            let permit = loop {
                 let waited = tokio::time::timeout(look, &mut acquire).await;
                 let progress = self.progress.load(Ordering::Relaxed);
                 if progress != seen {
@@ -125,14 +128,21 @@ impl BlockSource for OriginSource {
                     Err(_) => {}
                 }
             };
+            let slot = self.slots.slot(permit);
             let mut sink = |chunk: Bytes| {
                 self.progress.fetch_add(1, Ordering::Relaxed);
                 run.push_from_origin(chunk);
             };
-            origin
+            let read = origin
                 .read_range(&object.version, range, started, &mut sink)
-                .await
-                .map_err(|e| ReadError::Origin(Arc::new(e)))
+                .await;
+            // Only what congestion causes counts against the slots.
+            let starved = matches!(
+                read,
+                Err(OriginError::DeadlineExceeded { .. } | OriginError::RetriesExhausted { .. })
+            );
+            slot.end(!starved);
+            read.map_err(|e| ReadError::Origin(Arc::new(e)))
         }
         .boxed()
     }

@@ -30,6 +30,7 @@ mod check;
 pub mod fill;
 pub mod readahead;
 mod reader;
+pub mod slots;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -56,6 +57,7 @@ use budget::{Charge, MemoryBudget};
 pub use check::OriginCheckError;
 use fill::{BlockSource, FillFor, OriginSource, PeerTier};
 pub use reader::Reader;
+use slots::Slots;
 
 /// Why a read failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -286,7 +288,8 @@ impl Cache {
         // The readahead fetches no further than what can be kept in memory for its reader
         // (see [`Kept`]): a block fetched further ahead would be read back from disk.
         let readahead_max = readahead_max.min(memory_limit / 2).max(block_size);
-        let origin = OriginSource::new(config.concurrency.max(1));
+        let slots = Slots::new(config.concurrency, config.read_deadline / 4, stats.clone());
+        let origin = OriginSource::new(slots);
         let (peer_source, members) = peers.map(|p| (p.source, p.members)).unzip();
         Self {
             inner: Arc::new(Inner {
