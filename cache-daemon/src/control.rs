@@ -124,6 +124,8 @@ impl Control {
             blocks: usage.blocks,
             cache_dir_lost: usage.dir_lost,
             cache_disk_failing: self.store.disk_failure(),
+            origin_fill_slots: now.origin_slots,
+            origin_fills_peak: now.origin_fills_peak,
             served: served_between(&StatsSnapshot::default(), &now),
             served_recent: served_between(&oldest, &now),
             lookups: Lookups {

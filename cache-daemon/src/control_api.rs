@@ -384,6 +384,12 @@ pub struct Status {
     /// and reads go to the origin until a block write succeeds again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_disk_failing: Option<String>,
+    /// Origin fills allowed at once now (adapted to the bandwidth they get).
+    #[serde(default)]
+    pub origin_fill_slots: u64,
+    /// The most origin fills in flight at once since start.
+    #[serde(default)]
+    pub origin_fills_peak: u64,
     /// Served since start.
     pub served: Served,
     /// Served over the last five minutes (or since start, if shorter).

@@ -55,6 +55,8 @@ struct Sample {
     origin_bytes: u64,
     /// Requests the origin received in that time.
     origin_requests: u64,
+    /// The most origin fills any node had in flight at once.
+    fills_peak: u64,
 }
 
 /// Builds the fleet's network, starts the origin, runs the rounds and writes the report.
@@ -177,6 +179,11 @@ impl Fleet<'_> {
             }
             Ok(times)
         });
+        let fills_peak = daemons
+            .iter()
+            .filter_map(|d| d.status()["origin_fills_peak"].as_u64())
+            .max()
+            .unwrap_or(0);
         // The logs are kept whether the reads succeeded or not.
         for (i, daemon) in daemons.into_iter().enumerate() {
             let status = daemon.stop()?;
@@ -197,6 +204,7 @@ impl Fleet<'_> {
             last,
             origin_bytes: self.proxy.body_bytes() - bytes,
             origin_requests: (self.proxy.requests().len() - requests) as u64,
+            fills_peak,
         })
     }
 }
@@ -275,21 +283,22 @@ fn render(args: &FleetArgs, rounds: &[(Sample, Sample)], duration: Duration) -> 
     );
     let _ = writeln!(
         out,
-        "| round | last node done (s) | first node done (s) | limit (s) | last ÷ limit | origin bytes ÷ model | origin requests |"
+        "| round | last node done (s) | first node done (s) | limit (s) | last ÷ limit | origin bytes ÷ model | origin requests | peak origin fills in flight (a node) |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for (peers, name) in [(false, "without peers"), (true, "with peers")] {
         let samples: Vec<Sample> = rounds.iter().map(|&(a, b)| if peers { b } else { a }).collect();
         let column = |f: &dyn Fn(&Sample) -> f64| samples.iter().map(f).collect::<Vec<_>>();
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {:.1} | {} | {} | {} |",
+            "| {name} | {} | {} | {:.1} | {} | {} | {} | {} |",
             cell(column(&|s| s.last.as_secs_f64()), 1),
             cell(column(&|s| s.first.as_secs_f64()), 1),
             limit(peers),
             cell(column(&|s| s.last.as_secs_f64() / limit(peers)), 2),
             cell(column(&|s| s.origin_bytes as f64 / size), 2),
             cell(column(&|s| s.origin_requests as f64), 0),
+            cell(column(&|s| s.fills_peak as f64), 0),
         );
     }
     let ratios = rounds
