@@ -174,7 +174,7 @@ struct Flags {
     )]
     request_timeout: Option<OsString>,
 
-    /// Deadline of a whole fill including retries, e.g. "30s" [origin.read_deadline].
+    /// How long a fill may go without a byte, retries included, e.g. "30s" [origin.read_deadline].
     #[arg(
         long,
         env = "LARDER_READ_DEADLINE",

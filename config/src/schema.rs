@@ -219,9 +219,10 @@ pub struct OriginConfig {
     /// Deadline of one attempt of one request. Non-zero. Default 10s.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
-    /// Deadline of a whole fill, retries included, counted from its wait for an origin slot
-    /// (restarted while the fills ahead of it receive bytes); at least `request_timeout`.
-    /// Default 30s.
+    /// How long a fill may go without a byte, retries included, before its reads fail: counted
+    /// from its wait for an origin slot (restarted while the fills ahead of it receive bytes),
+    /// then from the last byte it received. A quarter of it is how long a fill may take before
+    /// the origin's slots are cut. At least `request_timeout`. Default 30s.
     #[serde(with = "humantime_serde")]
     pub read_deadline: Duration,
     /// Attempts per request, first try included, 1 to 20. Default 5.
