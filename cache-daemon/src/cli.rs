@@ -231,6 +231,9 @@ pub async fn prefetch(args: PrefetchArgs) -> anyhow::Result<ExitCode> {
     for error in &job.errors {
         eprintln!("  {error}");
     }
+    if let Some(line) = weakly_checked(&job) {
+        eprintln!("  {line}");
+    }
     Ok(
         if job.state == JobState::Done && job.done_bytes == job.planned_bytes {
             ExitCode::SUCCESS
@@ -465,6 +468,20 @@ fn peers_text(out: &mut String, peers: Option<&Peers>) -> std::fmt::Result {
         }
     }
     Ok(())
+}
+
+/// What a finished job says of the objects whose blocks from rack peers were not proven the
+/// origin's, if any: they are cached, and no proof against a member that lies.
+fn weakly_checked(job: &JobReport) -> Option<String> {
+    let (crc, none) = (job.crc_only_objects, job.unchecked_objects);
+    if crc + none == 0 {
+        return None;
+    }
+    Some(format!(
+        "blocks from rack peers of {crc} object(s) checked against the origin's CRC only and of \
+         {none} not checked (the origin publishes nothing stronger): no corruption in the first, \
+         but no proof against a member that lies; `larder seal` them for that"
+    ))
 }
 
 /// An error and its causes on one line, `: ` between them, leaving out each cause whose text

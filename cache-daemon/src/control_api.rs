@@ -209,6 +209,14 @@ pub struct JobReport {
     pub elapsed_seconds: f64,
     /// What went wrong, one line per object (at most 20).
     pub errors: Vec<String>,
+    /// Objects done whose blocks from rack peers were checked against the origin's CRC only:
+    /// no corruption, but no proof against a member that lies (seal them for that).
+    #[serde(default)]
+    pub crc_only_objects: usize,
+    /// Objects done with blocks from rack peers that the origin gives nothing to check
+    /// against.
+    #[serde(default)]
+    pub unchecked_objects: usize,
 }
 
 /// What readers got, and from where, over some time.

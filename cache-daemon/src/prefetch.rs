@@ -30,7 +30,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::{Cache, OpenObject, OriginCheckError, ReadError};
+use crate::cache::{Cache, Checked, OpenObject, OriginCheckError, ReadError};
 pub use crate::control_api::{JobCounts, JobReport, JobState};
 use crate::manifest::is_seal_key;
 use crate::object::ObjectVersion;
@@ -115,12 +115,16 @@ struct Job {
     started: Instant,
     outcome: Mutex<(JobState, Option<Duration>)>,
     errors: Mutex<Vec<String>>,
+    /// Objects whose blocks from rack peers were checked weakly: against a CRC only, and not
+    /// at all.
+    weakly_checked: Mutex<(usize, usize)>,
     cancel: CancellationToken,
 }
 
 impl Job {
     fn report(&self) -> JobReport {
         let (state, took) = *self.outcome.lock();
+        let (crc_only_objects, unchecked_objects) = *self.weakly_checked.lock();
         JobReport {
             id: self.id,
             state,
@@ -132,6 +136,8 @@ impl Job {
             fetched_bytes: self.fetched.load(Ordering::Relaxed),
             elapsed_seconds: took.unwrap_or_else(|| self.started.elapsed()).as_secs_f64(),
             errors: self.errors.lock().clone(),
+            crc_only_objects,
+            unchecked_objects,
         }
     }
 
@@ -479,6 +485,7 @@ impl Jobs {
             started: Instant::now(),
             outcome: Mutex::new((JobState::Running, None)),
             errors: Mutex::new(Vec::new()),
+            weakly_checked: Mutex::default(),
             cancel: self.shutdown.child_token(),
         });
         self.jobs.lock().jobs.insert(job.id, job.clone());
@@ -516,8 +523,11 @@ impl Jobs {
         let fills = async {
             fills.await;
             for object in &objects {
-                if let Err(error) = self.cache.origin_checked(object).await {
-                    job.check_failed(&object.version().key, &error);
+                match self.cache.origin_checked(object).await {
+                    Err(error) => job.check_failed(&object.version().key, &error),
+                    Ok(Checked::CrcOnly) => job.weakly_checked.lock().0 += 1,
+                    Ok(Checked::Unchecked) => job.weakly_checked.lock().1 += 1,
+                    Ok(Checked::Origin) => {}
                 }
                 if let Some(mirror) = &self.targets.mirror
                     && let Err(error) = mirror.check_prefetched(object).await
@@ -650,6 +660,7 @@ mod tests {
             started: Instant::now(),
             outcome: Mutex::new((JobState::Running, None)),
             errors: Mutex::new(Vec::new()),
+            weakly_checked: Mutex::default(),
             cancel: CancellationToken::new(),
         }
     }

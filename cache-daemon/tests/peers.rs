@@ -36,6 +36,8 @@ enum Upload {
     Crc64Nvme,
     /// A first part of 6 MiB, then parts of 5.5 MiB: the ETag cannot be checked.
     UnevenParts,
+    /// The same with a CRC64NVME: the store keeps the object's full-object CRC.
+    UnevenPartsWithCrc,
     /// One PUT with a CRC64NVME: the ETag is the MD5, and the store keeps the CRC too (as
     /// SeaweedFS does for a boto3 `put_object`, with its CRC32).
     SingleWithCrc,
@@ -71,12 +73,16 @@ async fn origin_of(objects: &[(&str, u64, Upload)]) -> (Seaweed, RecordingProxy)
                     .await
                     .expect("upload");
             }
-            Upload::UnevenParts => {
+            Upload::UnevenParts | Upload::UnevenPartsWithCrc => {
                 let (first, rest) = (6 * MIB, 11 * MIB / 2);
                 let mut parts = vec![first];
                 while parts.iter().sum::<u64>() < size {
                     parts.push(rest.min(size - parts.iter().sum::<u64>()));
                 }
+                let client = match how {
+                    Upload::UnevenPartsWithCrc => server.crc64nvme_client().expect("client"),
+                    _ => client.clone(),
+                };
                 upload_parts(client.as_ref(), key, seed(key, 0), &parts)
                     .await
                     .expect("upload");
@@ -934,14 +940,17 @@ async fn a_prefetch_with_a_lying_member_fails_until_the_origin_check_passes() {
 
 /// ETags that do not give the content's MD5 (here: parts of two sizes, which neither the first
 /// part's size nor a guess gives) cost the origin the members' blocks of one object, compared
-/// once, not of every object.
+/// once, not of every object. An object of that origin with a CRC is then checked against the
+/// CRC alone, which is counted `crc_only` and said by a prefetch of it, not called a match.
 #[tokio::test(flavor = "multi_thread")]
 async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_object() {
     const SHARD: &str = "llama/shard.bin";
+    const WITH_CRC: &str = "llama/with-crc.bin";
     let size = 64 * MIB;
     let (_server, proxy) = origin_of(&[
         (MODEL, size, Upload::UnevenParts),
         (SHARD, size, Upload::UnevenParts),
+        (WITH_CRC, size, Upload::UnevenPartsWithCrc),
     ])
     .await;
     let (rack, proxy, first_from_peer) = tokio::task::spawn_blocking(move || {
@@ -985,6 +994,36 @@ async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_o
     assert!(
         fetched <= bound,
         "the origin sent {fetched} bytes, more than the objects and the first one's {first_from_peer} bytes from the peer"
+    );
+
+    // The third: its multipart ETag is known not to be the MD5 here, its CRC is all there is.
+    let said = tokio::task::spawn_blocking(move || {
+        let bytes = std::fs::read(rack.daemon(0).mount.join(WITH_CRC)).expect("read");
+        assert!(
+            bytes == content(seed(WITH_CRC, 0), 0, size as usize),
+            "wrong bytes"
+        );
+        assert!(
+            wait_for_checks(&rack, "crc_only", 1.0),
+            "no CRC check; log:\n{}",
+            rack.log(0)
+        );
+        let prefetch = rack
+            .daemon(0)
+            .larder(&["prefetch", "--wait", &format!("models:{WITH_CRC}")]);
+        assert!(
+            prefetch.status.success(),
+            "{}",
+            String::from_utf8_lossy(&prefetch.stderr)
+        );
+        assert_eq!(origin_checks(&rack, "match"), 1.0, "a CRC was called a match");
+        String::from_utf8_lossy(&prefetch.stderr).into_owned()
+    })
+    .await
+    .expect("join");
+    assert!(
+        said.contains("1 object(s) checked against the origin's CRC only"),
+        "{said}"
     );
 }
 

@@ -53,7 +53,7 @@
 //! complete (only a sealed manifest stops that), and where the origin publishes nothing
 //! stronger than a CRC, it can keep its wrong bytes in the cache (counted `crc_only`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use md5::{Digest, Md5};
@@ -84,10 +84,37 @@ pub(super) struct OriginChecks {
     ended: Notify,
     /// Objects whose check dropped blocks since they were last opened: the kernel's page cache
     /// of the file may hold their bytes.
-    mismatched: Mutex<HashSet<ObjectId>>,
+    mismatched: Mutex<HashMap<ObjectId, ()>>,
     /// Origins (by identity URL) and kinds of checksum found not to be the content's: objects
     /// of theirs are not checked.
     unusable: Mutex<HashSet<(String, Kind)>>,
+    /// Objects whose blocks from rack peers were settled without proof against a lying
+    /// member (a CRC, or nothing to check against), for the prefetch jobs that report them.
+    weak: Mutex<HashMap<ObjectId, Checked>>,
+}
+
+/// How an object's blocks from rack peers were checked against the origin, once no check is
+/// left to run for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// Against what a member cannot forge (the origin's MD5, or the origin's own bytes), or
+    /// no block came from a member.
+    Origin,
+    /// Against the origin's CRC only: no corruption, but a member could have chosen bytes
+    /// that keep it.
+    CrcOnly,
+    /// Not at all: the origin publishes nothing to check against.
+    Unchecked,
+}
+
+/// Remembers `id` in `set`, which is emptied when it holds [`MISMATCHES_KEPT`]: a bound, not
+/// a cache (what is forgotten costs a kept page cache, or a report, not a wrong byte).
+fn remember<V>(set: &Mutex<HashMap<ObjectId, V>>, id: ObjectId, value: V) {
+    let mut set = set.lock();
+    if set.len() >= MISMATCHES_KEPT {
+        set.clear();
+    }
+    set.insert(id, value);
 }
 
 /// Objects with a check queued, and the one whose check runs.
@@ -103,8 +130,9 @@ impl OriginChecks {
             running: Semaphore::new(1),
             busy: Mutex::new(Busy::default()),
             ended: Notify::new(),
-            mismatched: Mutex::new(HashSet::new()),
+            mismatched: Mutex::default(),
             unusable: Mutex::new(HashSet::new()),
+            weak: Mutex::default(),
         }
     }
 }
@@ -366,9 +394,9 @@ impl Cache {
     }
 
     /// Waits for the origin check of `object` (queued here if its last write has not queued it
-    /// yet) and says whether it leaves the object's blocks counted as the origin's: what a
-    /// prefetch job needs before it calls an object done.
-    pub async fn origin_checked(&self, object: &Arc<OpenObject>) -> Result<(), OriginCheckError> {
+    /// yet) and says whether it leaves the object's blocks counted as the origin's, and how
+    /// they were checked: what a prefetch job needs before it calls an object done.
+    pub async fn origin_checked(&self, object: &Arc<OpenObject>) -> Result<Checked, OriginCheckError> {
         let checks = &self.inner.checks;
         self.queue_check(object);
         loop {
@@ -386,19 +414,24 @@ impl Cache {
         }
         let store = &self.inner.store;
         let complete = (0..self.block_count(object)).all(|index| store.contains(object.id, index));
-        if !complete && checks.mismatched.lock().contains(&object.id) {
+        if !complete && checks.mismatched.lock().contains_key(&object.id) {
             return Err(OriginCheckError::Dropped);
         }
         match store.unchecked_peer_blocks(object.id, object.version.size) {
             Some(_) => Err(OriginCheckError::Unfinished),
-            None => Ok(()),
+            None => Ok(checks
+                .weak
+                .lock()
+                .get(&object.id)
+                .copied()
+                .unwrap_or(Checked::Origin)),
         }
     }
 
     /// Whether an origin check dropped blocks of `id` since this was last asked: the file's
     /// pages the kernel keeps may hold a member's bytes, so its next open must not keep them.
     pub fn take_origin_mismatch(&self, id: ObjectId) -> bool {
-        self.inner.checks.mismatched.lock().remove(&id)
+        self.inner.checks.mismatched.lock().remove(&id).is_some()
     }
 
     /// Checks `object` against its ETag, and keeps or drops its blocks from members.
@@ -426,6 +459,7 @@ impl Cache {
         };
         let Some(checksum) = strongest(etag, published.crc, usable) else {
             add(&stats.origin_checks_unchecked, 1);
+            remember(&self.inner.checks.weak, object.id, Checked::Unchecked);
             tracing::debug!(
                 key,
                 "the origin publishes no checksum to check blocks from rack peers against"
@@ -470,6 +504,7 @@ impl Cache {
                 if bad.is_empty() {
                     if forgeable {
                         add(&stats.origin_checks_crc_only, 1);
+                        remember(&self.inner.checks.weak, object.id, Checked::CrcOnly);
                     } else {
                         add(&stats.origin_checks_match, 1);
                     }
@@ -575,13 +610,7 @@ impl Cache {
         let inner = &self.inner;
         inner.store.drop_peer_blocks(object.id, bad).await;
         add(&inner.stats.origin_checks_mismatch, 1);
-        {
-            let mut mismatched = inner.checks.mismatched.lock();
-            if mismatched.len() >= MISMATCHES_KEPT {
-                mismatched.clear();
-            }
-            mismatched.insert(object.id);
-        }
+        remember(&inner.checks.mismatched, object.id, ());
         // Blocks recorded before a restart name no member ("a member before the restart").
         let members: BTreeSet<&str> = bad
             .iter()

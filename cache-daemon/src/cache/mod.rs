@@ -54,7 +54,7 @@ use crate::said::Throttled;
 use crate::stats::{Stats, add};
 use crate::store::{BlockStore, Lookup, StoreError};
 use budget::{Charge, MemoryBudget};
-pub use check::OriginCheckError;
+pub use check::{Checked, OriginCheckError};
 use fill::{BlockSource, FillFor, OriginSource, PeerTier};
 pub use reader::Reader;
 use slots::Slots;
