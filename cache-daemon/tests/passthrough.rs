@@ -399,3 +399,26 @@ async fn a_failing_cache_disk_stops_passthrough_and_makes_the_daemon_not_ready()
     assert_eq!(metric(&metrics, "larder_cache_disk_failing").await, 1.0);
     drop(daemon);
 }
+
+/// A file smaller than a page is passed through like any other once complete: the probe of a
+/// data file before passthrough reads what the file has, and a short file is no disk error.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_smaller_than_a_page_is_passed_through_and_no_disk_error() {
+    const SMALL: &str = "llama/config.json";
+    let server = server(&[(SMALL, 100)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    tokio::task::spawn_blocking(move || {
+        larder(&daemon, &["prefetch", "--wait", &format!("models:{SMALL}")]);
+        read_checked(&daemon, SMALL, 100);
+        assert_eq!(
+            passthrough_opens(&daemon),
+            1,
+            "the small complete file was not passed through"
+        );
+        let status = daemon.status();
+        assert!(status.get("cache_disk_failing").is_none(), "{status}");
+    })
+    .await
+    .expect("checks");
+}

@@ -237,7 +237,8 @@ struct BlockMeta {
     crcs: Option<BlockCrcs>,
 }
 
-/// Bytes of a data file read before it is handed to the kernel (the first page).
+/// Bytes of a data file read before it is handed to the kernel (the first page, or the whole
+/// file if it is smaller).
 const PROBE_LEN: usize = 4096;
 
 /// The member of a block from a rack member recorded before this process started: the record
@@ -732,7 +733,8 @@ impl BlockStore {
         // The kernel's reads of the file never reach the daemon, which could not fall back to
         // the origin when they fail: a page read first, from the disk unless the page cache
         // holds it (~60 µs an open).
-        if let Err(source) = file.read_exact_at(&mut [0; PROBE_LEN], 0) {
+        let probe = &mut [0; PROBE_LEN][..version.size.min(PROBE_LEN as u64) as usize];
+        if let Err(source) = file.read_exact_at(probe, 0) {
             self.disk_failed(&StoreError::Io {
                 op: "probe",
                 path: self.home.path(&names.data),
