@@ -182,7 +182,7 @@ async fn restart_time(config: &CacheConfig, version: &ObjectVersion) -> anyhow::
     let hit = store.read_block(version, version.id(), 0).await;
     let elapsed = started.elapsed();
     anyhow::ensure!(
-        matches!(hit, Ok(Lookup::Hit(_))),
+        matches!(hit, Ok(Lookup::Hit(..))),
         "the synthetic cache did not serve its first block: {hit:?}"
     );
     Ok((elapsed, store.usage().blocks))

@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::control_api::{
     self, ErrorBody, JobReport, JobState, MemberHealth, Peers, Plan, SealReport, SealRequest, SealState,
-    Served, Status, TargetsRequest, Unpinned,
+    Status, TargetsRequest, Unpinned,
 };
 
 /// Where the daemon listens for control requests unless told otherwise.
@@ -282,10 +282,8 @@ async fn wait(socket: &Path, mut job: JobReport) -> anyhow::Result<JobReport> {
     Ok(job)
 }
 
-fn percent(served: &Served) -> String {
-    served
-        .hit_rate
-        .map_or_else(|| "-".to_owned(), |rate| format!("{:.1}%", rate * 100.0))
+fn percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_owned(), |rate| format!("{:.1}%", rate * 100.0))
 }
 
 /// Runs `larder status`.
@@ -331,9 +329,17 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
     writeln!(
         out,
         "hit rate (bytes): {} since start, {} last 5 min",
-        percent(&status.served),
-        percent(&status.served_recent)
+        percent(status.served.hit_rate),
+        percent(status.served_recent.hit_rate)
     )?;
+    if status.peers.is_some() {
+        writeln!(
+            out,
+            "from rack peers (bytes): {} since start, {} last 5 min",
+            percent(status.served.peer_share),
+            percent(status.served_recent.peer_share)
+        )?;
+    }
     writeln!(
         out,
         "served through the daemon: {} from nvme, {} from peers, {} from origin",

@@ -237,10 +237,15 @@ pub struct Served {
     pub passthrough_opens: u64,
     /// Sizes of those files, summed: an upper bound on the bytes read through passthrough.
     pub passthrough_bytes: u64,
-    /// Bytes the origin did not have to send (`nvme + passthrough + peer`) over all bytes
-    /// (`nvme + passthrough + peer + origin`); `None` before any byte was served or file
-    /// opened.
+    /// Bytes that were on this node when they were read (`nvme + passthrough`) over all
+    /// bytes (`nvme + passthrough + peer + origin`); `None` before any byte was served or file
+    /// opened. A block fetched ahead of its reader counts where it was fetched from, not as a
+    /// hit, even when the reader gets it from disk.
     pub hit_rate: Option<f64>,
+    /// Bytes rack peers sent over all bytes: the rack's share, beside the hit rate (the origin
+    /// sent the rest).
+    #[serde(default)]
+    pub peer_share: Option<f64>,
 }
 
 impl Served {
@@ -252,15 +257,17 @@ impl Served {
         passthrough_opens: u64,
         passthrough_bytes: u64,
     ) -> Self {
-        let not_origin = nvme_bytes + passthrough_bytes + peer_bytes;
-        let total = not_origin + origin_bytes;
+        let on_node = nvme_bytes + passthrough_bytes;
+        let total = on_node + peer_bytes + origin_bytes;
+        let share = |bytes: u64| (total > 0).then(|| bytes as f64 / total as f64);
         Self {
             nvme_bytes,
             origin_bytes,
             peer_bytes,
             passthrough_opens,
             passthrough_bytes,
-            hit_rate: (total > 0).then(|| not_origin as f64 / total as f64),
+            hit_rate: share(on_node),
+            peer_share: share(peer_bytes),
         }
     }
 }
@@ -439,10 +446,17 @@ mod tests {
     }
 
     #[test]
-    fn the_hit_rate_counts_peer_bytes_as_not_from_the_origin() {
-        assert_eq!(Served::new(0, 0, 100, 0, 0).hit_rate, Some(1.0));
-        assert_eq!(Served::new(10, 60, 30, 0, 0).hit_rate, Some(0.4));
-        assert_eq!(Served::new(10, 50, 30, 1, 10).hit_rate, Some(0.5));
+    fn bytes_from_rack_peers_are_the_racks_share_not_hits() {
+        let from_peers = Served::new(0, 0, 100, 0, 0);
+        assert_eq!(
+            (from_peers.hit_rate, from_peers.peer_share),
+            (Some(0.0), Some(1.0))
+        );
+        let mixed = Served::new(10, 60, 30, 0, 0);
+        assert_eq!((mixed.hit_rate, mixed.peer_share), (Some(0.1), Some(0.3)));
+        let with_passthrough = Served::new(10, 50, 30, 1, 10);
+        assert_eq!(with_passthrough.hit_rate, Some(0.2));
+        assert_eq!(Served::new(0, 0, 0, 0, 0).peer_share, None);
     }
 
     #[test]

@@ -95,7 +95,7 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
     out.family(
         "larder_read_bytes_total",
         "counter",
-        "Bytes handed to readers, by where they came from.",
+        "Bytes handed to readers through the daemon, by where they came from: nvme (on this node before the read), origin, peer (a block fetched ahead of its reader counts where it was fetched from).",
     );
     out.sample(
         "larder_read_bytes_total",

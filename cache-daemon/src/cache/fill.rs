@@ -25,7 +25,7 @@ use crate::engine::AlignedBuf;
 use crate::members::Membership;
 use crate::origin::OriginError;
 use crate::published::BlockCrcs;
-use crate::store::{GroupCheck, GroupHasher, StoreError, VerifiedBlock};
+use crate::store::{Fetched, GroupCheck, GroupHasher, StoreError, VerifiedBlock};
 
 /// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
 /// that owns the run, then the origin. Bytes go into the [`Run`], in order from the first byte
@@ -246,10 +246,15 @@ impl Run<'_> {
             bytes: charged(block.bytes(), charge),
             start: cache.block_start(index),
             source,
+            written: None,
         };
         if !served && self.fill_for == FillFor::Node {
             cache.keep((object.id, index), &fetched);
         }
+        let fetched_from = match source {
+            Source::Peer => Fetched::Peer,
+            Source::Origin | Source::Nvme => Fetched::Origin,
+        };
         if let Some(tx) = waiter {
             let _ = tx.send(Ok(fetched));
         }
@@ -265,7 +270,7 @@ impl Run<'_> {
             let written = cache
                 .inner
                 .store
-                .write_block(&object.version, index, &block, served, peer, crcs)
+                .write_block(&object.version, index, &block, (served, fetched_from), peer, crcs)
                 .await;
             if let Err(error) = &written {
                 cache.remember_unstored((object.id, index), error);

@@ -52,7 +52,7 @@ use crate::object::{ObjectId, ObjectVersion};
 use crate::origin::{Origin, OriginError};
 use crate::said::Throttled;
 use crate::stats::{Stats, add};
-use crate::store::{BlockStore, Lookup, StoreError};
+use crate::store::{BlockStore, Lookup, StoreError, Written};
 use budget::{Charge, MemoryBudget};
 pub use check::{Checked, OriginCheckError};
 use fill::{BlockSource, FillFor, OriginSource, PeerTier};
@@ -123,6 +123,9 @@ struct Block {
     bytes: Bytes,
     start: u64,
     source: Source,
+    /// For a block read from disk that this process fetched: when and from where (a reader
+    /// that opened its file before counts its bytes as fetched for it, not as a hit).
+    written: Option<Written>,
 }
 type BlockKey = (ObjectId, u32);
 
@@ -489,6 +492,7 @@ impl Cache {
                 bytes: block.bytes.slice(part.clone()),
                 start: block.start + part.start as u64,
                 source: block.source,
+                written: block.written,
             },
         })
     }
@@ -513,7 +517,7 @@ impl Cache {
         let key = (object.id, index);
         if inner.store.contains(object.id, index) && !inner.store.verified(object.id, index) {
             match inner.store.read_block(&object.version, object.id, index).await {
-                Ok(Lookup::Hit(_)) => return Ok(false),
+                Ok(Lookup::Hit(..)) => return Ok(false),
                 Ok(Lookup::Miss | Lookup::LostRace) => {}
                 Err(error) => self.dropped(&error),
             }
@@ -626,7 +630,9 @@ impl Cache {
         let started = Instant::now();
         for _ in 0..LOOKUP_ATTEMPTS {
             match store.read(&object.version, object.id, index, range.clone()).await {
-                Ok(Lookup::Hit(bytes)) => return Some(self.disk_hit(bytes, index, range.start, started)),
+                Ok(Lookup::Hit(bytes, written)) => {
+                    return Some(self.disk_hit(bytes, written, index, range.start, started));
+                }
                 Ok(Lookup::Miss) => return None,
                 Ok(Lookup::LostRace) => continue,
                 Err(error) => {
@@ -646,13 +652,22 @@ impl Cache {
         }
         let started = Instant::now();
         let store = &self.inner.store;
-        let bytes = store.read_now(object.id, object.version.size, index, part.clone())?;
-        Some(self.disk_hit(bytes, index, part.start, started))
+        let (bytes, written) = store.read_now(object.id, object.version.size, index, part.clone())?;
+        Some(self.disk_hit(bytes, written, index, part.start, started))
     }
 
     /// Bytes of block `index` from `offset` in it, read from disk since `started`: counted,
     /// and charged to the budget (read for a reader waiting now, or held ahead if it fitted).
-    fn disk_hit(&self, bytes: Bytes, index: u32, offset: usize, started: Instant) -> Block {
+    /// `written`: when and from where this process fetched it, if it did (see
+    /// [`Block::written`]).
+    fn disk_hit(
+        &self,
+        bytes: Bytes,
+        written: Option<Written>,
+        index: u32,
+        offset: usize,
+        started: Instant,
+    ) -> Block {
         let stats = &self.inner.stats;
         stats.latency.fill_nvme.observe(started.elapsed());
         add(&stats.lookup_hit, 1);
@@ -661,6 +676,7 @@ impl Cache {
             bytes: budget::charged(bytes, Arc::new(charge)),
             start: self.block_start(index) + offset as u64,
             source: Source::Nvme,
+            written,
         }
     }
 

@@ -17,6 +17,7 @@ use super::readahead::{Readahead, Step};
 use super::{Block, Cache, OpenObject, ReadError, SharedBlock, Source};
 use crate::stats::{Stats, add};
 use crate::store::BlockHold;
+use crate::store::Fetched;
 
 /// Whole blocks the sequential readers keep fetched ahead of themselves, in memory, shared
 /// among them (at least one each): this is what keeps several disk reads in flight on a warm
@@ -43,6 +44,9 @@ type BlockFuture = BoxFuture<'static, Result<Block, ReadError>>;
 pub struct Reader {
     cache: Cache,
     object: Arc<OpenObject>,
+    /// The store's generation when the file was opened: blocks stored after it were fetched
+    /// for this open (see [`Reader::attribute`]).
+    opened: u64,
     state: Mutex<ReaderState>,
 }
 
@@ -67,6 +71,7 @@ impl Reader {
     pub fn new(cache: Cache, object: Arc<OpenObject>) -> Self {
         let readahead = Readahead::new(cache.inner.readahead.clone());
         Self {
+            opened: cache.inner.store.generation(),
             cache,
             object,
             state: Mutex::new(ReaderState {
@@ -92,7 +97,23 @@ impl Reader {
                 .blocks
                 .retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
         }
-        Ok(span.assemble(&result?, &self.cache.inner.stats))
+        let blocks = self.attribute(result?);
+        Ok(span.assemble(&blocks, &self.cache.inner.stats))
+    }
+
+    /// The blocks of a read with each one's source as this reader counts it: a block read from
+    /// disk that was fetched after this reader opened its file (by its readahead, most often)
+    /// counts where it was fetched from; only bytes on the node before are hits.
+    fn attribute(&self, mut blocks: Vec<Block>) -> Vec<Block> {
+        for block in &mut blocks {
+            if let Some(written) = block.written.filter(|w| w.generation > self.opened) {
+                block.source = match written.from {
+                    Fetched::Origin => Source::Origin,
+                    Fetched::Peer => Source::Peer,
+                };
+            }
+        }
+        blocks
     }
 
     /// Reads up to `len` bytes at `offset` on the calling thread, if that can be done at
@@ -124,7 +145,8 @@ impl Reader {
                 self.cache.lookup_now(&self.object, span.first, part)?
             }
         };
-        let bytes = span.assemble(&[block], &self.cache.inner.stats);
+        let blocks = self.attribute(vec![block]);
+        let bytes = span.assemble(&blocks, &self.cache.inner.stats);
         self.plan_steps(&mut self.state.lock(), &span);
         Some(bytes)
     }

@@ -98,8 +98,9 @@ pub enum StoreError {
 /// What a lookup of a block on disk found, when the disk answered.
 #[derive(Debug)]
 pub enum Lookup {
-    /// The bytes asked for, checked (or trusted: see [`BlockStore::read`]).
-    Hit(Bytes),
+    /// The bytes asked for, checked (or trusted: see [`BlockStore::read`]), and when and
+    /// from where this process fetched the block, if it did.
+    Hit(Bytes, Option<Written>),
     /// The block is not in the store.
     Miss,
     /// The block was evicted or replaced while it was being read: look again.
@@ -228,6 +229,8 @@ struct BlockMeta {
     /// disk): a disk read then counts as a use again. A block fetched ahead and not yet read is
     /// not: its first disk read is its first use, and keeps it in probation.
     served: bool,
+    /// Where this process fetched the block from (none for a replayed one).
+    fetched: Option<Fetched>,
     /// The rack member that supplied the block, until the whole object is checked against the
     /// origin's checksum (see `cache/check.rs`). The record keeps that the block came from a
     /// member and is unchecked, not which member: a replayed one has [`UNKNOWN_MEMBER`].
@@ -235,6 +238,28 @@ struct BlockMeta {
     /// Its CRCs, where the cache keeps them for the origin check (it has rack peers). Memory
     /// only, like `peer`.
     crcs: Option<BlockCrcs>,
+}
+
+/// Where a block this process fetched came from. The hit rate counts bytes by where they
+/// came from when they were fetched for a read: a block fetched after a file was opened
+/// (readahead, most often) is the origin's (or a member's) bytes to that open, not a hit,
+/// though it is read from disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetched {
+    /// From the object store.
+    Origin,
+    /// From a rack member.
+    Peer,
+}
+
+/// When (the store's generation, see [`BlockStore::generation`]) and from where this process
+/// fetched a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The generation the block was stored with.
+    pub generation: u64,
+    /// Where it came from.
+    pub from: Fetched,
 }
 
 /// Bytes of a data file read before it is handed to the kernel (the first page, or the whole
@@ -514,6 +539,7 @@ impl BlockStore {
                     generation: state.next_generation,
                     verified: false,
                     served: true,
+                    fetched: None,
                     peer: replayed.from_peers.contains(&index).then(|| unknown.clone()),
                     crcs: None,
                 },
@@ -791,10 +817,9 @@ impl BlockStore {
                 return Err(error);
             }
         };
-        if self.served(id, index, Some(meta.generation), checked_whole) {
-            Ok(Lookup::Hit(bytes))
-        } else {
-            Ok(Lookup::LostRace)
+        match self.served(id, index, Some(meta.generation), checked_whole) {
+            Some(written) => Ok(Lookup::Hit(bytes, written)),
+            None => Ok(Lookup::LostRace),
         }
     }
 
@@ -804,7 +829,13 @@ impl BlockStore {
     /// [`BlockStore::read`] checks it. `None` for anything else, and for anything that went
     /// wrong (the block is gone, the disk failed, the bytes do not check): the caller then
     /// reads through [`BlockStore::read`], which reports and handles it.
-    pub fn read_now(&self, id: ObjectId, size: u64, index: u32, range: Range<usize>) -> Option<Bytes> {
+    pub fn read_now(
+        &self,
+        id: ObjectId,
+        size: u64,
+        index: u32,
+        range: Range<usize>,
+    ) -> Option<(Bytes, Option<Written>)> {
         if range.len() > READ_NOW_MAX {
             return None;
         }
@@ -830,8 +861,17 @@ impl BlockStore {
         {
             return None;
         }
-        self.served(id, index, Some(meta.generation), false)
-            .then(|| Bytes::from_owner(buf).slice(range.start - from..range.end - from))
+        let written = self.served(id, index, Some(meta.generation), false)?;
+        Some((
+            Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+            written,
+        ))
+    }
+
+    /// The generation the next block stored gets: blocks read later with a greater one were
+    /// stored after this call.
+    pub fn generation(&self) -> u64 {
+        self.state.lock().next_generation
     }
 
     /// Records that block `index` was handed to a reader from memory, where it was kept since
@@ -841,8 +881,15 @@ impl BlockStore {
     }
 
     /// Records that block `index` of generation `generation` (any, with `None`) was read for a
-    /// reader (checked whole, or not): false if it was evicted or replaced meanwhile.
-    fn served(&self, id: ObjectId, index: u32, generation: Option<u64>, checked_whole: bool) -> bool {
+    /// reader (checked whole, or not), and says when and where this process fetched it, if it
+    /// did: `None` if it was evicted or replaced meanwhile.
+    fn served(
+        &self,
+        id: ObjectId,
+        index: u32,
+        generation: Option<u64>,
+        checked_whole: bool,
+    ) -> Option<Option<Written>> {
         let mut guard = self.state.lock();
         let state = &mut *guard;
         let current = state
@@ -850,10 +897,12 @@ impl BlockStore {
             .get_mut(&id)
             .and_then(|o| o.blocks.get_mut(&index))
             .filter(|m| generation.is_none_or(|g| m.generation == g));
-        let Some(current) = current else {
-            return false;
-        };
+        let current = current?;
         current.verified |= checked_whole;
+        let written = current.fetched.map(|from| Written {
+            generation: current.generation,
+            from,
+        });
         // Only a read that served bytes counts as a use for the eviction policy; the first use
         // of a block fetched ahead is not a second one.
         if std::mem::replace(&mut current.served, true) {
@@ -861,7 +910,7 @@ impl BlockStore {
         } else {
             state.policy.refresh(&(id, index));
         }
-        true
+        Some(written)
     }
 
     /// The disk read of [`BlockStore::read`] and its check: bytes `range` of the block, and
@@ -979,7 +1028,8 @@ impl BlockStore {
 
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
     /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
-    /// the bytes (a block fetched ahead has not been read yet). `peer`: the rack member that
+    /// the bytes (a block fetched ahead has not been read yet). `fetched`: where they came
+    /// from. `peer`: the rack member that
     /// supplied them, if one did and no sealed manifest vouched for them. `crcs`: the block's
     /// CRCs, kept for the origin check.
     pub async fn write_block(
@@ -987,7 +1037,7 @@ impl BlockStore {
         version: &ObjectVersion,
         index: u32,
         block: &VerifiedBlock,
-        served: bool,
+        (served, fetched): (bool, Fetched),
         peer: Option<Arc<str>>,
         crcs: Option<BlockCrcs>,
     ) -> Result<(), StoreError> {
@@ -1046,6 +1096,7 @@ impl BlockStore {
                     generation: state.next_generation,
                     verified: true,
                     served,
+                    fetched: Some(fetched),
                     peer,
                     crcs,
                 },
