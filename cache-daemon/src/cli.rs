@@ -286,6 +286,21 @@ fn percent(share: Option<f64>) -> String {
     share.map_or_else(|| "-".to_owned(), |rate| format!("{:.1}%", rate * 100.0))
 }
 
+/// A share of the bytes served, since start and over the last 5 minutes, on one line.
+fn share_line(
+    out: &mut impl std::fmt::Write,
+    what: &str,
+    all: Option<f64>,
+    recent: Option<f64>,
+) -> std::fmt::Result {
+    writeln!(
+        out,
+        "{what} (bytes): {} since start, {} last 5 min",
+        percent(all),
+        percent(recent)
+    )
+}
+
 /// Runs `larder status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let status: Status = call(&args.socket, Method::GET, control_api::STATUS, None).await?;
@@ -326,19 +341,10 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
             "CACHE DISK FAILING: {error}; no file is handed to the kernel and reads go to the origin until a block write succeeds"
         )?;
     }
-    writeln!(
-        out,
-        "hit rate (bytes): {} since start, {} last 5 min",
-        percent(status.served.hit_rate),
-        percent(status.served_recent.hit_rate)
-    )?;
+    let (all, recent) = (&status.served, &status.served_recent);
+    share_line(&mut out, "hit rate", all.hit_rate, recent.hit_rate)?;
     if status.peers.is_some() {
-        writeln!(
-            out,
-            "from rack peers (bytes): {} since start, {} last 5 min",
-            percent(status.served.peer_share),
-            percent(status.served_recent.peer_share)
-        )?;
+        share_line(&mut out, "from rack peers", all.peer_share, recent.peer_share)?;
     }
     writeln!(
         out,

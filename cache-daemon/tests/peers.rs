@@ -271,6 +271,12 @@ async fn nodes_without_a_rack_listed_without_one_share_the_model() {
     let status = rack.daemon(0).larder(&["status"]);
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("peer n1 (rack -, "), "{text}");
+    // The rack's share beside the hit rate: bytes from members are not hits.
+    assert!(text.contains("from rack peers (bytes): "), "{text}");
+    let share = rack.daemon(0).status()["served"]["peer_share"]
+        .as_f64()
+        .unwrap_or(0.0);
+    assert!(share > 0.0, "no share from the rack in n0's status");
 }
 
 /// Member `i`'s peer requests that ended with `result`, by its metrics.
