@@ -288,7 +288,8 @@ impl fmt::Debug for Origin {
 
 /// The HTTP status of a generic store error, where it has one. object_store keeps the status
 /// in a type it does not export (its retry error), so the message it gives is read: `... status
-/// code: 403 Forbidden ...` (`Server returned non-2xx status code: 400 Bad Request: ...`).
+/// code: 400 Bad Request ...` (`Server returned non-2xx status code: ...`), or, in the messages
+/// of other paths (listings), `403 Forbidden` and `401 Unauthorized` anywhere.
 fn http_status(error: &object_store::Error) -> Option<u16> {
     const MARK: &str = "status code: ";
     let mut source: Option<&dyn std::error::Error> = Some(error);
@@ -298,6 +299,11 @@ fn http_status(error: &object_store::Error) -> Option<u16> {
             && let Some(status) = text[at + MARK.len()..].get(..3).and_then(|s| s.parse().ok())
         {
             return Some(status);
+        }
+        for (status, said) in [(403, "403 Forbidden"), (401, "401 Unauthorized")] {
+            if text.contains(said) {
+                return Some(status);
+            }
         }
         source = e.source();
     }
@@ -1047,6 +1053,28 @@ impl Origin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_of_a_store_error_is_read_from_its_message() {
+        let error = |text: &str| object_store::Error::Generic {
+            store: "S3",
+            source: text.to_owned().into(),
+        };
+        let status = |text: &str| http_status(&error(text));
+        assert_eq!(
+            status(
+                "Error performing GET http://x/b/k in 1ms - Server returned non-2xx status code: 400 Bad Request: <Error>"
+            ),
+            Some(400)
+        );
+        assert_eq!(
+            status("Client error with status 403 Forbidden: AccessDenied"),
+            Some(403)
+        );
+        assert_eq!(status("error sending request: connection reset"), None);
+        assert!(refused_as_sent(400) && refused_as_sent(404) && !refused_as_sent(429));
+        assert!(!refused_as_sent(408) && !refused_as_sent(500) && !refused_as_sent(503));
+    }
 
     #[test]
     fn a_changed_object_without_a_known_etag_reads_sensibly() {
