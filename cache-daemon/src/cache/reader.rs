@@ -45,7 +45,7 @@ pub struct Reader {
     cache: Cache,
     object: Arc<OpenObject>,
     /// The store's generation when the file was opened: blocks stored after it were fetched
-    /// for this open (see [`Reader::attribute`]).
+    /// for this open (see [`Span::assemble`]).
     opened: u64,
     state: Mutex<ReaderState>,
 }
@@ -97,23 +97,7 @@ impl Reader {
                 .blocks
                 .retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
         }
-        let blocks = self.attribute(result?);
-        Ok(span.assemble(&blocks, &self.cache.inner.stats))
-    }
-
-    /// The blocks of a read with each one's source as this reader counts it: a block read from
-    /// disk that was fetched after this reader opened its file (by its readahead, most often)
-    /// counts where it was fetched from; only bytes on the node before are hits.
-    fn attribute(&self, mut blocks: Vec<Block>) -> Vec<Block> {
-        for block in &mut blocks {
-            if let Some(written) = block.written.filter(|w| w.generation > self.opened) {
-                block.source = match written.from {
-                    Fetched::Origin => Source::Origin,
-                    Fetched::Peer => Source::Peer,
-                };
-            }
-        }
-        blocks
+        Ok(span.assemble(&result?, &self.cache.inner.stats, self.opened))
     }
 
     /// Reads up to `len` bytes at `offset` on the calling thread, if that can be done at
@@ -145,8 +129,7 @@ impl Reader {
                 self.cache.lookup_now(&self.object, span.first, part)?
             }
         };
-        let blocks = self.attribute(vec![block]);
-        let bytes = span.assemble(&blocks, &self.cache.inner.stats);
+        let bytes = span.assemble(&[block], &self.cache.inner.stats, self.opened);
         self.plan_steps(&mut self.state.lock(), &span);
         Some(bytes)
     }
@@ -273,15 +256,20 @@ impl Span {
     /// The requested bytes out of the blocks `first..=last`, each whole or the part the read
     /// covers (a slice when one block holds them all, one copy otherwise); counts the bytes
     /// served by source.
-    fn assemble(&self, blocks: &[Block], stats: &Stats) -> Bytes {
+    ///
+    /// A block read from disk that this process stored after the reader's file was opened (at
+    /// the store's generation `opened`; readahead's, most often) counts where it was fetched
+    /// from: only bytes on the node before the open are hits.
+    fn assemble(&self, blocks: &[Block], stats: &Stats, opened: u64) -> Bytes {
         let slice = |block: &Block| {
             let from = self.offset.saturating_sub(block.start) as usize;
             let to = ((self.end - block.start) as usize).min(block.bytes.len());
             let bytes = block.bytes.slice(from.min(to)..to);
-            let counter = match block.source {
-                Source::Nvme => &stats.served_nvme_bytes,
-                Source::Origin => &stats.served_origin_bytes,
-                Source::Peer => &stats.served_peer_bytes,
+            let fetched = block.written.filter(|w| w.generation > opened).map(|w| w.from);
+            let counter = match (block.source, fetched) {
+                (_, Some(Fetched::Origin)) | (Source::Origin, None) => &stats.served_origin_bytes,
+                (_, Some(Fetched::Peer)) | (Source::Peer, None) => &stats.served_peer_bytes,
+                (Source::Nvme, None) => &stats.served_nvme_bytes,
             };
             add(counter, bytes.len() as u64);
             bytes
