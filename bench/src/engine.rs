@@ -6,15 +6,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
-use larder_cache_daemon::engine;
-use larder_cache_daemon::object::ObjectVersion;
-use larder_cache_daemon::origin::Origin;
 use larder_cache_daemon::prefetch::{JobState, Jobs, PREFETCH_PARTS};
-use larder_cache_daemon::stats::Stats;
-use larder_cache_daemon::store::format::{Entry, RecordHeader};
-use larder_cache_daemon::store::{self, BlockStore, Lookup};
 use larder_config::{ByteSize, CacheConfig, IoEngineKind, OriginConfig};
+use larder_engine as engine;
+use larder_object::ObjectVersion;
+use larder_origin::Origin;
+use larder_read_path::{Cache, OpenObject, Reader};
+use larder_stats::Stats;
+use larder_store::format::{Entry, RecordHeader};
+use larder_store::{self as store, BlockStore, Lookup};
+use larder_tests::seaweed::Seaweed;
 use object_store::ObjectStore;
 use object_store::path::Path as StorePath;
 
@@ -22,7 +23,6 @@ use crate::EngineArgs;
 use crate::common::{
     drop_page_cache, machine, peak_rss_mib, raw_download, reset_peak_rss, summary, upload_with_retries,
 };
-use larder_tests::seaweed::Seaweed;
 
 const BUCKET: &str = "larder-bench";
 const KEY: &str = "bench/model.safetensors";

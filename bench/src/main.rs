@@ -174,7 +174,7 @@ pub(crate) struct FleetArgs {
     /// (`round-R-{alone,peers}-nI.log`).
     #[arg(long)]
     keep_logs: Option<PathBuf>,
-    /// The daemons' log filter (`LARDER_LOG`), e.g. `info,larder_cache_daemon::peer=debug`.
+    /// The daemons' log filter (`LARDER_LOG`), e.g. `info,larder_peers=debug`.
     #[arg(long, default_value = "info")]
     daemon_log: String,
 }

@@ -1,5 +1,5 @@
 //! `larder prefetch`, `unpin`, `seal` and `status`: clients of the daemon's control socket. They speak
-//! the wire types of [`crate::control_api`] and nothing else of the daemon.
+//! the wire types of [`larder_control_api`] and nothing else of the daemon.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
@@ -13,12 +13,11 @@ use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
-use serde::de::DeserializeOwned;
-
-use crate::control_api::{
-    self, ErrorBody, JobReport, JobState, MemberHealth, Peers, Plan, SealReport, SealRequest, SealState,
-    Status, TargetsRequest, Unpinned,
+use larder_control_api::{
+    self as control_api, self, ErrorBody, JobReport, JobState, MemberHealth, Peers, Plan, SealReport,
+    SealRequest, SealState, Status, TargetsRequest, Unpinned,
 };
+use serde::de::DeserializeOwned;
 
 /// Where the daemon listens for control requests unless told otherwise.
 pub const DEFAULT_SOCKET: &str = larder_config::DEFAULT_CONTROL_SOCKET;

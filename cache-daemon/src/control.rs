@@ -1,6 +1,6 @@
 //! The control API's server: HTTP/JSON on a Unix socket (mode 0600) for `larder prefetch`,
-//! `unpin`, `seal` and `status`, served by [`crate::http::serve`] under [`LIMITS`]. The routes and
-//! their bodies are in [`crate::control_api`].
+//! `unpin`, `seal` and `status`, served by [`larder_http::serve`] under [`LIMITS`]. The routes and
+//! their bodies are in [`larder_control_api`].
 
 use std::collections::VecDeque;
 use std::io;
@@ -11,22 +11,21 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
+use larder_config::Redacted;
+use larder_control_api::{
+    Lookups, OriginErrors, Peers, SealRequest, Served, Settings, Status, TargetsRequest, Unpinned,
+};
+use larder_http::{self as http, Body, Limits};
+use larder_peers::members::Membership;
+use larder_registry::MirrorError;
+use larder_stats::{Stats, StatsSnapshot};
+use larder_store::BlockStore;
 use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::net::UnixListener;
 
-use larder_config::Redacted;
-
-use crate::control_api::{
-    Lookups, OriginErrors, Peers, SealRequest, Served, Settings, Status, TargetsRequest, Unpinned,
-};
-use crate::http::{self, Body, Limits};
-use crate::members::Membership;
 use crate::prefetch::{Jobs, PrefetchError};
-use crate::registry::MirrorError;
 use crate::seal::{SealError, Sealer};
-use crate::stats::{Stats, StatsSnapshot};
-use crate::store::BlockStore;
 
 /// The limits of the control socket. Its one client is this node (the socket is 0600); starting
 /// a prefetch lists and HEADs every object of the plan before it answers, hence the long
@@ -241,7 +240,7 @@ impl Control {
     }
 }
 
-/// The service answering the control API, for [`crate::http::serve`].
+/// The service answering the control API, for [`larder_http::serve`].
 pub fn service(control: Arc<Control>) -> impl http::Service {
     move |request: Request<Bytes>| {
         let control = control.clone();

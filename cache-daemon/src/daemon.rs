@@ -25,34 +25,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use larder_config::{Config, ConfigArgs, ConfigError, PeerConfig};
+use larder_control_api::{Plan, Settings};
+use larder_engine as engine;
 use larder_fuse_mount::{Detached, MountOptions, detach};
+use larder_http as http;
+use larder_origin::{Origin, OriginError};
 use larder_peer_proto::auth::{ClusterKey, Verifier};
 use larder_peer_proto::client::Client;
 use larder_peer_proto::tls::{self, Connector, TlsError};
 use larder_peer_proto::wire::Hello;
+use larder_peers::listener::PeerListener;
+use larder_peers::manifest::Manifests;
+use larder_peers::members::Membership;
+use larder_peers::{self as peer, AskWho, PeerSetupError, PeerSource};
+use larder_read_path::Cache;
+use larder_read_path::fill::PeerTier;
+use larder_registry::{self as registry, Mirror};
+use larder_stats::Stats;
+use larder_store::{BlockStore, StoreError};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::Cache;
-use crate::cache::fill::PeerTier;
 use crate::control::{self, Control};
-use crate::control_api::{Plan, Settings};
-use crate::engine;
-use crate::http;
 use crate::kube::{KubeError, NodeClient};
-use crate::manifest::Manifests;
-use crate::members::Membership;
 use crate::metrics::{self, Phase, Snapshot};
 use crate::namespace::{Namespace, Source};
-use crate::origin::{Origin, OriginError};
-use crate::peer::listener::PeerListener;
-use crate::peer::{self, AskWho, PeerSetupError, PeerSource};
 use crate::prefetch::Jobs;
-use crate::registry::{self, Mirror};
 use crate::seal::Sealer;
-use crate::stats::Stats;
-use crate::store::{BlockStore, StoreError};
 use crate::warm::Warm;
 
 /// Arguments of `larder daemon`.
@@ -200,7 +200,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             manifests.clone(),
             stats.clone(),
         )),
-        members,
+        members: Arc::new(members) as _,
     });
     // The members' DNS resolution, the hellos to members listed without a rack, and the
     // warm-node tasks.

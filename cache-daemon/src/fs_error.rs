@@ -8,10 +8,9 @@
 use std::sync::Arc;
 
 use larder_fuse_mount::{FsError, FsErrorKind};
+use larder_origin::OriginError;
+use larder_read_path::ReadError;
 use tracing::Level;
-
-use crate::cache::ReadError;
-use crate::origin::OriginError;
 
 /// What the origin was asked about when it failed.
 #[derive(Debug, Clone, Copy)]
@@ -43,27 +42,24 @@ fn classify(error: &OriginError, asked: Asked) -> (FsErrorKind, Level) {
     }
 }
 
-impl From<OriginError> for FsError {
-    fn from(error: OriginError) -> Self {
-        let (kind, level) = classify(&error, Asked::Name);
-        FsError::new(kind, error).with_level(level)
-    }
+/// An origin's error when asked about a name (a lookup, an open, a listing).
+pub fn of_origin(error: OriginError) -> FsError {
+    let (kind, level) = classify(&error, Asked::Name);
+    FsError::new(kind, error).with_level(level)
 }
 
-/// A read of an open handle's pinned version.
-impl From<ReadError> for FsError {
-    fn from(error: ReadError) -> Self {
-        match error {
-            ReadError::Origin(origin) => {
-                let (kind, level) = classify(&origin, Asked::PinnedVersion);
-                FsError::new(kind, Arc::clone(&origin)).with_level(level)
-            }
-            error @ (ReadError::Abandoned | ReadError::Peer(_) | ReadError::PeerLate(_)) => {
-                FsError::new(FsErrorKind::Io, error)
-            }
-            // Reads are served when a block cannot be stored; a fill job reports it itself.
-            error @ ReadError::NotStored(_) => FsError::new(FsErrorKind::Io, error),
+/// An error of a read of an open handle's pinned version.
+pub fn of_read(error: ReadError) -> FsError {
+    match error {
+        ReadError::Origin(origin) => {
+            let (kind, level) = classify(&origin, Asked::PinnedVersion);
+            FsError::new(kind, Arc::clone(&origin)).with_level(level)
         }
+        error @ (ReadError::Abandoned | ReadError::Peer(_) | ReadError::PeerLate(_)) => {
+            FsError::new(FsErrorKind::Io, error)
+        }
+        // Reads are served when a block cannot be stored; a fill job reports it itself.
+        error @ ReadError::NotStored(_) => FsError::new(FsErrorKind::Io, error),
     }
 }
 
@@ -71,8 +67,9 @@ impl From<ReadError> for FsError {
 mod tests {
     use std::time::Duration;
 
+    use larder_origin::TransientError;
+
     use super::*;
-    use crate::origin::TransientError;
 
     fn store_error() -> object_store::Error {
         object_store::Error::Generic {
@@ -156,7 +153,7 @@ mod tests {
     fn origin_errors_map_to_errno_and_level_with_their_cause() {
         for (error, errno, level) in origin_errors() {
             let text = error.to_string();
-            let mapped = FsError::from(error);
+            let mapped = of_origin(error);
             assert_eq!((mapped.errno(), mapped.level()), (errno, level), "{text}");
             assert!(
                 mapped.cause_chain().starts_with(&text),
@@ -174,7 +171,7 @@ mod tests {
                 _ => (errno, level),
             };
             let text = error.to_string();
-            let mapped = FsError::from(ReadError::Origin(Arc::new(error)));
+            let mapped = of_read(ReadError::Origin(Arc::new(error)));
             assert_eq!((mapped.errno(), mapped.level()), (errno, level), "{text}");
             assert!(
                 mapped.cause_chain().starts_with(&text),
@@ -184,7 +181,7 @@ mod tests {
         }
         for error in [ReadError::Abandoned, ReadError::NotStored("no room".into())] {
             let text = error.to_string();
-            let mapped = FsError::from(error);
+            let mapped = of_read(error);
             assert_eq!(
                 (mapped.errno(), mapped.level()),
                 (libc::EIO, Level::WARN),

@@ -4,8 +4,8 @@ use std::io::Write as _;
 
 use clap::{Parser, Subcommand};
 use larder_cache_daemon::cli::{self, PrefetchArgs, SealArgs, StatusArgs, UnpinArgs};
+use larder_cache_daemon::containerd::{self, ContainerdConfigArgs};
 use larder_cache_daemon::daemon::{self, DaemonArgs};
-use larder_cache_daemon::registry::containerd::{self, ContainerdConfigArgs};
 use larder_config::Redacted;
 
 /// Larder: a node-local cache for GPU clusters.

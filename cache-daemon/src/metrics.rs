@@ -1,6 +1,6 @@
 //! The Prometheus endpoint: [`render`] of a [`Snapshot`] (the daemon's counters, the block
 //! store's usage and the rack's members) in the text exposition format (version 0.0.4), and
-//! the [`service`] answering `GET /metrics`, served by [`crate::http::serve`] under
+//! the [`service`] answering `GET /metrics`, served by [`larder_http::serve`] under
 //! [`LIMITS`].
 //!
 //! The same listener answers the health checks of an orchestrator (Kubernetes probes):
@@ -22,11 +22,10 @@ use bytes::Bytes;
 use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use larder_fuse_mount::Operation;
-
-use crate::http::{self, Body, Limits};
-use crate::members::{MemberHealth, MemberState};
-use crate::stats::{HistogramSnapshot, StatsSnapshot};
-use crate::store::Usage;
+use larder_http::{self as http, Body, Limits};
+use larder_peers::members::{MemberHealth, MemberState};
+use larder_stats::{HistogramSnapshot, StatsSnapshot};
+use larder_store::Usage;
 
 /// The limits of the metrics listener: scrapes are small and quick; a client (an IP address)
 /// holds at most 16 connections, and idle ones make room for a scrape.
@@ -522,8 +521,9 @@ fn plain(status: StatusCode, body: &'static str) -> Response<Body> {
 }
 #[cfg(test)]
 mod tests {
+    use larder_stats::Stats;
+
     use super::*;
-    use crate::stats::Stats;
 
     fn usage() -> Usage {
         Usage {
@@ -554,19 +554,19 @@ mod tests {
     #[test]
     fn render_writes_every_family_with_help_type_and_values() {
         let stats = Stats::default();
-        crate::stats::add(&stats.served_nvme_bytes, 10);
-        crate::stats::add(&stats.served_origin_bytes, 32);
-        crate::stats::add(&stats.lookup_joined, 4);
-        crate::stats::add(&stats.origin_errors_version_changed, 5);
-        crate::stats::add(&stats.prefetch_done_bytes, 6);
-        crate::stats::add(&stats.passthrough_opens, 2);
-        crate::stats::add(&stats.passthrough_open_bytes, 7);
-        crate::stats::add(&stats.served_peer_bytes, 9);
-        crate::stats::add(&stats.peer_requests_bad_data, 3);
-        crate::stats::add(&stats.peer_fetched_bytes, 11);
-        crate::stats::add(&stats.peer_sent_bytes, 12);
-        crate::stats::add(&stats.peer_served_refused, 13);
-        crate::stats::add(&stats.origin_checks_mismatch, 14);
+        larder_stats::add(&stats.served_nvme_bytes, 10);
+        larder_stats::add(&stats.served_origin_bytes, 32);
+        larder_stats::add(&stats.lookup_joined, 4);
+        larder_stats::add(&stats.origin_errors_version_changed, 5);
+        larder_stats::add(&stats.prefetch_done_bytes, 6);
+        larder_stats::add(&stats.passthrough_opens, 2);
+        larder_stats::add(&stats.passthrough_open_bytes, 7);
+        larder_stats::add(&stats.served_peer_bytes, 9);
+        larder_stats::add(&stats.peer_requests_bad_data, 3);
+        larder_stats::add(&stats.peer_fetched_bytes, 11);
+        larder_stats::add(&stats.peer_sent_bytes, 12);
+        larder_stats::add(&stats.peer_served_refused, 13);
+        larder_stats::add(&stats.origin_checks_mismatch, 14);
         stats.latency.fill_origin.observe(Duration::from_millis(20));
         stats.latency.fill_peer.observe(Duration::from_millis(3));
         stats

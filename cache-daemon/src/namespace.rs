@@ -12,7 +12,7 @@
 //! are skipped, and every key is parsed (never joined as text), so nothing outside a
 //! source's prefix is reachable. Names that are not UTF-8 are not found (keys are UTF-8).
 //! The directory of seal manifests at a source's root (`.larder-seal`, see
-//! [`crate::manifest`]) is neither listed nor found: it is Larder's, not the data's.
+//! [`larder_peers::manifest`]) is neither listed nor found: it is Larder's, not the data's.
 //!
 //! Inodes. An inode number is a hash of the source and the path, so a listing can number its
 //! entries without remembering them. The table keeps only the nodes the kernel holds, with
@@ -38,15 +38,16 @@ use futures::future::Either;
 use larder_fuse_mount::{
     Attr, DirEntry, FileTree, FsError, FsErrorKind, FsStats, NodeKind, Opened, ROOT_INO,
 };
+use larder_object::{ObjectId, ObjectVersion};
+use larder_origin::{ListEntry, Origin, OriginError, PageToken};
+use larder_peers::manifest::is_seal_key;
+use larder_read_path::{Cache, OpenObject, ReadError, Reader};
+use larder_stats::add;
+use larder_store::Lease;
 use object_store::path::PathPart;
 use parking_lot::Mutex;
 
-use crate::cache::{Cache, OpenObject, ReadError, Reader};
-use crate::manifest::is_seal_key;
-use crate::object::{ObjectId, ObjectVersion};
-use crate::origin::{ListEntry, Origin, OriginError, PageToken};
-use crate::stats::add;
-use crate::store::Lease;
+use crate::fs_error;
 
 /// Longest name a directory entry may have.
 const NAME_MAX: usize = 255;
@@ -358,7 +359,7 @@ impl Namespace {
             (Ok(true), _) => Some(Entry::Dir),
             (Ok(false), Some(Ok(version))) => Some(Entry::File(version, Some(Instant::now()))),
             (Ok(false), Some(Err(OriginError::NotFound { .. })) | None) => None,
-            (Err(error), _) | (_, Some(Err(error))) => return Err(error.into()),
+            (Err(error), _) | (_, Some(Err(error))) => return Err(fs_error::of_origin(error)),
         };
         self.remember_name(source, path, entry.clone());
         Ok(entry)
@@ -378,7 +379,7 @@ impl Namespace {
             .origin
             .list_page(dir, key.2.as_ref())
             .await
-            .map_err(FsError::from)?;
+            .map_err(fs_error::of_origin)?;
         let prefixes: HashSet<&str> = listing
             .entries
             .iter()
@@ -580,7 +581,7 @@ impl FileTree for Namespace {
         let (version, checked) = match (&node.version, node.checked) {
             (Some(version), Some(checked)) if self.fresh(source, checked) => (version.clone(), checked),
             _ => {
-                let version = origin.head(&node.path).await.map_err(FsError::from)?;
+                let version = origin.head(&node.path).await.map_err(fs_error::of_origin)?;
                 let checked = Instant::now();
                 let entry = Entry::File(version.clone(), Some(checked));
                 self.remember_name(source, node.path.clone(), Some(entry));
@@ -645,7 +646,7 @@ impl FileTree for Namespace {
         {
             self.forget_version(fh, matches!(**origin, OriginError::NotFound { .. }));
         }
-        Err(error.into())
+        Err(fs_error::of_read(error))
     }
 
     fn passed_through(&self, fh: u64) {

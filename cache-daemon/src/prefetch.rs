@@ -12,7 +12,7 @@
 //! them all (a cancelled job starts no more fills and ends `cancelled`) and waits for their
 //! tasks, which the daemon does on SIGTERM before it unmounts.
 //!
-//! Seal manifests (`.larder-seal/` at a source's root, see [`crate::manifest`]) are never part
+//! Seal manifests (`.larder-seal/` at a source's root, see [`larder_peers::manifest`]) are never part
 //! of a plan, whatever the target names.
 //!
 //! A job is idempotent: blocks already cached count as done at once, so a second run of the
@@ -26,18 +26,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+pub use larder_control_api::{JobCounts, JobReport, JobState};
+use larder_object::ObjectVersion;
+use larder_origin::{Origin, OriginError};
+use larder_peers::manifest::is_seal_key;
+use larder_read_path::{Cache, Checked, OpenObject, OriginCheckError, ReadError};
+use larder_registry::reference::ImageRef;
+use larder_registry::{Mirror, MirrorError, node_platform};
+use larder_stats::{Stats, add};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-use crate::cache::{Cache, Checked, OpenObject, OriginCheckError, ReadError};
-pub use crate::control_api::{JobCounts, JobReport, JobState};
-use crate::manifest::is_seal_key;
-use crate::object::ObjectVersion;
-use crate::origin::{Origin, OriginError};
-use crate::registry::reference::ImageRef;
-use crate::registry::{Mirror, MirrorError, node_platform};
-use crate::stats::{Stats, add};
 
 /// Origin parts a job keeps in flight.
 pub const PREFETCH_PARTS: u32 = 4;
@@ -320,7 +319,7 @@ impl Targets {
     }
 
     /// Every object a target names: everything under it as a prefix, else the object itself;
-    /// never a seal manifest (a key under [`SEAL_DIR`](crate::manifest::SEAL_DIR)).
+    /// never a seal manifest (a key under [`SEAL_DIR`](larder_peers::manifest::SEAL_DIR)).
     async fn resolve(&self, target: &str) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
         let (source, path) = self.parse(target)?;
         let (name, origin) = &self.sources[source];

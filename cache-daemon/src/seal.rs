@@ -23,14 +23,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
+use larder_control_api::{JobState, SealReport, SealState, SealedObject};
+use larder_object::ObjectVersion;
+use larder_origin::{Origin, OriginError};
+use larder_peers::manifest::{BlockHasher, Manifest, ManifestError, Manifests, manifest_key};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::control_api::{JobState, SealReport, SealState, SealedObject};
-use crate::manifest::{BlockHasher, Manifest, ManifestError, Manifests, manifest_key};
-use crate::object::ObjectVersion;
-use crate::origin::{Origin, OriginError};
 use crate::prefetch::{KEEP_FINISHED_JOBS, MAX_KEY_LEN, PrefetchError, Targets};
 
 /// Objects a seal job reads at a time.

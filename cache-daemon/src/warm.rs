@@ -23,11 +23,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use larder_control_api::{JobState, Plan};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::control_api::{JobState, Plan};
 use crate::kube::NodeClient;
 use crate::prefetch::{Jobs, PlanCheck};
 

@@ -7,12 +7,12 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use larder_cache_daemon::engine::fault::{Fault, Op};
 use larder_cache_daemon::namespace::{Namespace, Source};
-use larder_cache_daemon::origin::Origin;
-use larder_cache_daemon::stats::Stats;
 use larder_config::IoEngineKind;
+use larder_engine::fault::{Fault, Op};
 use larder_fuse_mount::MountOptions;
+use larder_origin::Origin;
+use larder_stats::Stats;
 use larder_tests::fixture::{CacheFixture, test_config};
 use larder_tests::{FaultPlan, S3Server, content, s3_client_with_secret, seed};
 use tracing::field::{Field, Visit};
@@ -190,10 +190,7 @@ async fn a_denied_origin_is_named_in_one_warning() {
     for _ in 0..3 {
         let error = origin.head("a.bin").await.expect_err("denied");
         assert!(
-            matches!(
-                error,
-                larder_cache_daemon::origin::OriginError::PermissionDenied { .. }
-            ),
+            matches!(error, larder_origin::OriginError::PermissionDenied { .. }),
             "{error}"
         );
     }

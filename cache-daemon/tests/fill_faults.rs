@@ -54,7 +54,7 @@ async fn a_buffered_read_of_a_stalled_origin_fails_within_the_read_deadline() {
     .expect("join");
 
     proxy.set_fault(Fault::PassThrough);
-    tokio::time::sleep(larder_cache_daemon::cache::FAILED_FILL_MEMORY + Duration::from_millis(500)).await;
+    tokio::time::sleep(larder_read_path::FAILED_FILL_MEMORY + Duration::from_millis(500)).await;
     let bytes = tokio::task::spawn_blocking(move || {
         drop(file);
         std::fs::read(path).expect("a read once the origin is back")

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use larder_cache_daemon::control_api::Plan;
 use larder_config::Config;
+use larder_control_api::Plan;
 use larder_tests::kube::{ApiServer, manifest_dir, manifests, venv_bin};
 use larder_tests::seaweed::Seaweed;
 use larder_tests::{content, seed, upload};

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use larder_cache_daemon::members::{Hello, MemberHealth, Membership, Peer};
 use larder_config::PeerConfig;
 use larder_peer_proto::owner::Run;
+use larder_peers::members::{Hello, MemberHealth, Membership, Peer};
 use larder_tests::dns::DnsServer;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;

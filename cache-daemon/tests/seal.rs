@@ -8,10 +8,9 @@ use std::path::Path;
 use std::process::Output;
 use std::time::SystemTime;
 
-use larder_cache_daemon::object::{ObjectVersion, canonical_source_url};
-use larder_cache_daemon::store::format::replay;
-use larder_cache_daemon::store::object_paths;
-
+use larder_object::{ObjectVersion, canonical_source_url};
+use larder_store::format::replay;
+use larder_store::object_paths;
 use larder_tests::daemon::DaemonProcess;
 use larder_tests::seaweed::Seaweed;
 use larder_tests::{content, seed, upload};

@@ -778,8 +778,9 @@ fn raise_read_ahead(mountpoint: &Path, kb: u32) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::time::SystemTime;
+
+    use super::*;
 
     #[test]
     fn attributes_are_read_only() {

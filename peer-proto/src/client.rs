@@ -28,11 +28,10 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::header::HOST;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use larder_block_tree::{BadGroup, CV_LEN, GroupCheck, groups_in};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, timeout_at};
-
-use larder_block_tree::{BadGroup, CV_LEN, GroupCheck, groups_in};
 
 use crate::auth::{ClusterKey, RequestHead, header};
 use crate::tls::Connector;

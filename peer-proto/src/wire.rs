@@ -280,8 +280,9 @@ impl FrameHeader {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use proptest::prelude::*;
+
+    use super::*;
 
     fn request() -> RunRequest {
         RunRequest {

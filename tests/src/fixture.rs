@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use larder_cache_daemon::cache::{Cache, OpenObject, ReadError, Reader};
-use larder_cache_daemon::engine;
-use larder_cache_daemon::engine::fault::FaultyEngine;
-use larder_cache_daemon::origin::Origin;
-use larder_cache_daemon::stats::Stats;
-use larder_cache_daemon::store::{self, BlockStore};
 use larder_config::{ByteSize, CacheConfig, Config, IoEngineKind, OriginConfig, SourceConfig};
+use larder_engine as engine;
+use larder_engine::fault::FaultyEngine;
+use larder_origin::Origin;
+use larder_read_path::{Cache, OpenObject, ReadError, Reader};
+use larder_stats::Stats;
+use larder_store::{self as store, BlockStore};
 use object_store::ObjectStore;
 
 use crate::{FaultStore, S3Server};

@@ -305,7 +305,7 @@ impl Rack {
             args.extend_from_slice(discovery);
             args.extend_from_slice(extra);
             // Failed peer requests are logged at debug: the log says why a run went elsewhere.
-            let log = [("LARDER_LOG", "info,larder_cache_daemon::peer=debug")];
+            let log = [("LARDER_LOG", "info,larder_peers=debug")];
             daemons.push(Some(DaemonProcess::start_with_env(
                 bin, bucket, &dir, &args, &log,
             )?));

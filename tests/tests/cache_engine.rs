@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use larder_block_tree::{CV_LEN, GROUP};
-use larder_cache_daemon::cache::{OpenObject, ReadError, Reader};
-use larder_cache_daemon::engine::fault::{Fault, Op};
-use larder_cache_daemon::origin::{Origin, OriginError};
-use larder_cache_daemon::store::{Lookup, VALUES_EXTENSION};
 use larder_config::{ByteSize, IoEngineKind};
+use larder_engine::fault::{Fault, Op};
+use larder_origin::{Origin, OriginError};
+use larder_read_path::{OpenObject, ReadError, Reader};
+use larder_store::{Lookup, VALUES_EXTENSION};
 use larder_tests::fixture::{CacheFixture, allocated_bytes, files_with_extension, test_config};
 use larder_tests::{FaultPlan, S3Server, content, seed};
 use proptest::prelude::*;
@@ -376,7 +376,7 @@ fn recorded_blocks(dir: &std::path::Path) -> usize {
     files_with_extension(dir, "rec")
         .iter()
         .filter_map(|path| std::fs::read(path).ok())
-        .filter_map(|bytes| larder_cache_daemon::store::format::replay(&bytes).ok())
+        .filter_map(|bytes| larder_store::format::replay(&bytes).ok())
         .map(|replayed| replayed.blocks.len())
         .sum()
 }

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
-use larder_cache_daemon::engine;
-use larder_cache_daemon::origin::{ListEntry, Origin, OriginError};
-use larder_cache_daemon::stats::Stats;
-use larder_cache_daemon::store::BlockStore;
 use larder_config::{IoEngineKind, OriginConfig, SourceConfig};
+use larder_engine as engine;
+use larder_origin::{ListEntry, Origin, OriginError};
+use larder_read_path::{Cache, OpenObject, Reader};
+use larder_stats::Stats;
+use larder_store::BlockStore;
 use larder_tests::fixture::test_config;
 use larder_tests::{FaultPlan, FaultStore, RequestKind, S3Server, content, seed};
 use object_store::memory::InMemory;

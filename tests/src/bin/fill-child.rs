@@ -8,12 +8,12 @@ use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::Context;
-use larder_cache_daemon::cache::{Cache, OpenObject, Reader};
-use larder_cache_daemon::engine;
-use larder_cache_daemon::origin::Origin;
-use larder_cache_daemon::stats::Stats;
-use larder_cache_daemon::store::BlockStore;
 use larder_config::IoEngineKind;
+use larder_engine as engine;
+use larder_origin::Origin;
+use larder_read_path::{Cache, OpenObject, Reader};
+use larder_stats::Stats;
+use larder_store::BlockStore;
 use larder_tests::fixture::test_config;
 
 #[tokio::main]

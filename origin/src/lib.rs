@@ -1,0 +1,1147 @@
+//! Origins: the object stores behind each source.
+//!
+//! An [`Origin`] wraps an `object_store::ObjectStore` built from the source's URL and adds what a
+//! cache needs from it: keys relative to the source's prefix, ranged GETs pinned to the version
+//! seen at open (`If-Match`, and the response's ETag checked as well), per-attempt deadlines,
+//! jittered exponential backoff under a shared retry budget, and errors typed by what the caller
+//! must do about them.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod published;
+
+use std::fmt;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use larder_config::{OriginConfig, Redacted, SourceConfig, SourceUrl};
+use larder_object::{Identity, ObjectVersion};
+use larder_stats::{Stats, add};
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::path::Path;
+use object_store::signer::Signer;
+use object_store::{
+    BackoffConfig, ClientConfigKey, GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt,
+    ObjectStoreScheme, RetryConfig,
+};
+use parking_lot::Mutex;
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::published::{Convention, Published, PublishedChecksums};
+
+/// Why an origin request failed, sorted by what the caller does about it.
+#[derive(Debug, thiserror::Error)]
+pub enum OriginError {
+    /// The object (or prefix) does not exist.
+    #[error("{key:?} was not found in source {source_name}")]
+    NotFound {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+    },
+    /// The origin refused our credentials or denied access.
+    #[error("source {source_name} denied access to {key:?}: {source}")]
+    PermissionDenied {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// What the store said.
+        source: object_store::Error,
+    },
+    /// The object changed since the version was pinned.
+    #[error("{key:?} in source {source_name} changed since it was opened ({})", gone(.expected))]
+    VersionChanged {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// The pinned ETag, where the version has one.
+        expected: Option<String>,
+    },
+    /// Transient failures persisted past the attempt limit or the retry budget.
+    #[error("{key:?} in source {source_name}: gave up after {attempts} attempt(s): {source}")]
+    RetriesExhausted {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last failure.
+        source: TransientError,
+    },
+    /// The whole operation, retries included, ran past its deadline.
+    #[error("{key:?} in source {source_name}: {}", deadline_passed(*.deadline, *.received))]
+    DeadlineExceeded {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// The deadline that passed.
+        deadline: Duration,
+        /// Bytes of the body that had arrived when it passed.
+        received: u64,
+    },
+    /// A request the origin will never accept (invalid key, unsupported operation).
+    #[error("{key:?} in source {source_name}: {source}")]
+    Rejected {
+        /// Name of the source.
+        source_name: String,
+        /// Key relative to the source.
+        key: String,
+        /// What the store said.
+        source: object_store::Error,
+    },
+    /// The source cannot be built from its configuration.
+    #[error("source {source_name} ({url}): {message}")]
+    Config {
+        /// Name of the source.
+        source_name: String,
+        /// The configured URL.
+        url: SourceUrl,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// What is gone when a pinned version changed.
+fn gone(etag: &Option<String>) -> String {
+    match etag {
+        Some(etag) => format!("ETag {etag} is gone"),
+        None => "the version it was opened at is gone".to_owned(),
+    }
+}
+
+/// What happened when the deadline of a whole operation passed.
+fn deadline_passed(deadline: Duration, received: u64) -> String {
+    if received == 0 {
+        format!("no data within the {deadline:?} deadline of the whole request, retries included")
+    } else {
+        format!(
+            "not complete within the {deadline:?} deadline of the whole request, retries included \
+             ({received} bytes had arrived)"
+        )
+    }
+}
+
+/// A failure worth retrying.
+#[derive(Debug, thiserror::Error)]
+pub enum TransientError {
+    /// A 5xx, a throttle, a reset connection: anything the store reports as generic.
+    #[error(transparent)]
+    Store(object_store::Error),
+    /// No response (or no body progress) within the per-request deadline.
+    #[error("nothing arrived for {0:?} (no response, or the body stalled)")]
+    Timeout(Duration),
+    /// The body ended before the requested range did.
+    #[error("the body ended {missing} bytes short of the requested range")]
+    ShortBody {
+        /// Bytes that never came.
+        missing: u64,
+    },
+}
+
+/// How one failed attempt is classified.
+enum Failure {
+    Transient(TransientError),
+    Final(OriginError),
+}
+
+/// Retry timing: attempt limit and jittered exponential backoff.
+#[derive(Debug, Clone)]
+struct Backoff {
+    max_attempts: u32,
+    base: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// "Full jitter": a uniform delay up to `base * 2^retry`, capped at `max`.
+    fn delay(&self, retry: u32) -> Duration {
+        let ceiling = self.base.saturating_mul(1 << retry.min(16)).min(self.max);
+        ceiling.mul_f64(rand::rng().random::<f64>())
+    }
+}
+
+/// A token bucket that keeps retries to a fraction of requests, so a failing origin sees at
+/// most `1 + ratio` times the normal load instead of `max_attempts` times.
+///
+/// Every first attempt deposits `ratio` tokens; every retry withdraws one. A trickle of
+/// `MIN_PER_SEC` tokens a second lets an idle daemon retry its first requests.
+#[derive(Debug)]
+pub struct RetryBudget {
+    ratio: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RetryBudget {
+    const MIN_PER_SEC: f64 = 10.0;
+    const CAP: f64 = 1000.0;
+
+    /// A budget allowing `ratio` retries per request.
+    pub fn new(ratio: f64) -> Self {
+        Self {
+            ratio,
+            state: Mutex::new((Self::MIN_PER_SEC, Instant::now())),
+        }
+    }
+
+    /// Called once per operation, before its first attempt.
+    fn deposit(&self) {
+        let mut state = self.state.lock();
+        state.0 = (state.0 + self.ratio).min(Self::CAP);
+    }
+
+    /// Called before each retry: whether the budget allows it.
+    fn withdraw(&self) -> bool {
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let refill = now.duration_since(state.1).as_secs_f64() * Self::MIN_PER_SEC;
+        *state = ((state.0 + refill).min(Self::CAP), now);
+        if state.0 >= 1.0 {
+            state.0 -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// One entry of a delimited listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListEntry {
+    /// A common prefix ("directory"), relative to the source, without the trailing slash.
+    Prefix(String),
+    /// An object, relative to the source.
+    Object(ObjectVersion),
+}
+
+/// Most entries asked for in one listing request (S3's own limit).
+const PAGE_KEYS: usize = 1000;
+
+/// One page of a delimited listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The entries, in the store's order.
+    pub entries: Vec<ListEntry>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<PageToken>,
+}
+
+/// Where a listing resumes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PageToken {
+    /// The store's continuation token.
+    Continue(String),
+    /// After this store key: used to step over a key that cannot be a path.
+    After(String),
+}
+
+/// The key in a listing that object_store could not turn into a path, if that is why it failed.
+fn unparsable_key(error: &OriginError) -> Option<&str> {
+    use object_store::path::Error as PathError;
+    match error {
+        OriginError::Rejected {
+            source:
+                object_store::Error::InvalidPath {
+                    source: PathError::EmptySegment { path } | PathError::BadSegment { path, .. },
+                },
+            ..
+        } => Some(path),
+        _ => None,
+    }
+}
+
+/// A source's object store plus Larder's request discipline.
+pub struct Origin {
+    name: String,
+    url: SourceUrl,
+    /// The URL's canonical spelling, made once: what the versions it gives are named by.
+    identity_url: String,
+    store: Arc<dyn ObjectStore>,
+    /// Paged listings, where the store has them (S3, GCS, Azure); others list a directory whole.
+    pager: Option<Arc<dyn PaginatedListStore>>,
+    prefix: Path,
+    backoff: Backoff,
+    budget: RetryBudget,
+    request_timeout: Duration,
+    deadline: Duration,
+    stats: Arc<Stats>,
+    /// Whether the first denied request was logged: later ones only reach the debug log.
+    denied_logged: AtomicBool,
+    /// Asks the store for the checksums it publishes (S3 and GCS only).
+    published: Option<PublishedChecksums>,
+    /// How a key and size name the object's content, where keys are content addresses (the
+    /// registry mirror's blobs): the same content then has one id whatever the key.
+    content_names: Option<ContentNames>,
+}
+
+/// How an origin whose keys are content addresses names the content of the object at a key
+/// of a given size: `None` for a key that is not one.
+pub type ContentNames = fn(&str, u64) -> Option<Identity>;
+
+impl fmt::Debug for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Origin")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The HTTP status of a generic store error, where it has one. object_store keeps the status
+/// in a type it does not export (its retry error), so the message it gives is read: `... status
+/// code: 400 Bad Request ...` (`Server returned non-2xx status code: ...`), or, in the messages
+/// of other paths (listings), `403 Forbidden` and `401 Unauthorized` anywhere.
+fn http_status(error: &object_store::Error) -> Option<u16> {
+    const MARK: &str = "status code: ";
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = source {
+        let text = e.to_string();
+        if let Some(at) = text.find(MARK)
+            && let Some(status) = text[at + MARK.len()..].get(..3).and_then(|s| s.parse().ok())
+        {
+            return Some(status);
+        }
+        for (status, said) in [(403, "403 Forbidden"), (401, "401 Unauthorized")] {
+            if text.contains(said) {
+                return Some(status);
+            }
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// Whether an HTTP status says the request itself is refused, so that sending it again gets
+/// the same: 4xx, but for a timeout (408) and throttling (429).
+fn refused_as_sent(status: u16) -> bool {
+    (400..500).contains(&status) && status != 408 && status != 429
+}
+
+/// Installs the process-wide TLS crypto provider once (the `ring` backend).
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // An error means another provider was installed first, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl Origin {
+    /// Builds the origin for a configured source. S3, GCS and Azure credentials, endpoints and
+    /// regions come from their standard environment variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`).
+    pub fn from_config(
+        source: &SourceConfig,
+        config: &OriginConfig,
+        stats: Arc<Stats>,
+    ) -> Result<Self, OriginError> {
+        install_crypto_provider();
+        // object_store's messages may quote the URL: its secrets are hidden there too.
+        let config_error = |message: String| OriginError::Config {
+            source_name: source.name.clone(),
+            url: source.url.clone(),
+            message: Redacted(&message).to_string(),
+        };
+        let url =
+            url::Url::parse(source.url.as_str()).map_err(|e| config_error(format!("not a URL: {e}")))?;
+        let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| config_error(e.to_string()))?;
+        // Set key by key: replacing the builder's ClientOptions would drop what the
+        // environment set (AWS_ALLOW_HTTP, proxies). Larder bounds attempts itself; the
+        // client's own timeout only backs it up.
+        let client = [
+            (
+                ClientConfigKey::ConnectTimeout,
+                humantime::format_duration(config.connect_timeout).to_string(),
+            ),
+            (
+                ClientConfigKey::Timeout,
+                humantime::format_duration(config.read_deadline).to_string(),
+            ),
+        ];
+        // Larder retries itself, under its budget; the store must not multiply attempts.
+        let no_retries = RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 0,
+            retry_timeout: config.read_deadline,
+        };
+        // The cloud stores also page their listings.
+        fn paged<S: ObjectStore + PaginatedListStore>(
+            store: Arc<S>,
+        ) -> (Arc<dyn ObjectStore>, Option<Arc<dyn PaginatedListStore>>) {
+            (store.clone(), Some(store))
+        }
+        let mut published = None;
+        let (store, pager) = match scheme {
+            ObjectStoreScheme::Local => {
+                let root = url
+                    .to_file_path()
+                    .map_err(|()| config_error("not a local path".into()))?;
+                let store: Arc<dyn ObjectStore> = Arc::new(
+                    object_store::local::LocalFileSystem::new_with_prefix(&root)
+                        .map_err(|e| config_error(e.to_string()))?,
+                );
+                (store, None)
+            }
+            ObjectStoreScheme::AmazonS3 => {
+                let s3 = Arc::new(
+                    client
+                        .iter()
+                        .fold(object_store::aws::AmazonS3Builder::from_env(), |b, (k, v)| {
+                            b.with_config(object_store::aws::AmazonS3ConfigKey::Client(*k), v)
+                        })
+                        .with_url(url.as_str())
+                        .with_retry(no_retries)
+                        .build()
+                        .map_err(|e| config_error(e.to_string()))?,
+                );
+                published = Some((s3.clone() as Arc<dyn Signer>, Convention::S3));
+                paged(s3)
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                let gcs = Arc::new(
+                    client
+                        .iter()
+                        .fold(
+                            object_store::gcp::GoogleCloudStorageBuilder::from_env(),
+                            |b, (k, v)| b.with_config(object_store::gcp::GoogleConfigKey::Client(*k), v),
+                        )
+                        .with_url(url.as_str())
+                        .with_retry(no_retries)
+                        .build()
+                        .map_err(|e| config_error(e.to_string()))?,
+                );
+                published = Some((gcs.clone() as Arc<dyn Signer>, Convention::Gcs));
+                paged(gcs)
+            }
+            ObjectStoreScheme::MicrosoftAzure => paged(Arc::new(
+                client
+                    .iter()
+                    .fold(
+                        object_store::azure::MicrosoftAzureBuilder::from_env(),
+                        |b, (k, v)| b.with_config(object_store::azure::AzureConfigKey::Client(*k), v),
+                    )
+                    .with_url(url.as_str())
+                    .with_retry(no_retries)
+                    .build()
+                    .map_err(|e| config_error(e.to_string()))?,
+            )),
+            ObjectStoreScheme::Http => {
+                let mut base = url.clone();
+                base.set_path("");
+                let store: Arc<dyn ObjectStore> = Arc::new(
+                    client
+                        .iter()
+                        .fold(object_store::http::HttpBuilder::new(), |b, (k, v)| {
+                            b.with_config(*k, v)
+                        })
+                        .with_url(base.as_str())
+                        .with_retry(no_retries)
+                        .build()
+                        .map_err(|e| config_error(e.to_string()))?,
+                );
+                (store, None)
+            }
+            other => return Err(config_error(format!("{other:?} stores are not supported"))),
+        };
+        let local_prefix = if matches!(scheme, ObjectStoreScheme::Local) {
+            Path::default()
+        } else {
+            prefix
+        };
+        let origin = Self::new(
+            &source.name,
+            source.url.as_str(),
+            store,
+            local_prefix,
+            config,
+            stats,
+        );
+        let origin = match pager {
+            Some(pager) => origin.with_pager(pager),
+            None => origin,
+        };
+        Ok(match published {
+            Some((signer, convention)) => {
+                let checksums = PublishedChecksums::new(signer, convention, config.request_timeout)
+                    .map_err(|e| config_error(format!("cannot build an HTTP client: {e}")))?;
+                origin.with_published_checksums(checksums)
+            }
+            None => origin,
+        })
+    }
+
+    /// The source's configured URL.
+    pub fn url(&self) -> &SourceUrl {
+        &self.url
+    }
+
+    /// The source's name in the config.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The canonical spelling of the source's URL, which the versions it gives carry.
+    pub fn identity_url(&self) -> &str {
+        &self.identity_url
+    }
+
+    /// The counters it adds to.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// Lists directories page by page through `pager` (the same store as the origin's).
+    pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> Self {
+        self.pager = Some(pager);
+        self
+    }
+
+    /// Names the content of its objects with `names` (see [`ContentNames`]).
+    pub fn with_content_names(mut self, names: ContentNames) -> Self {
+        self.content_names = Some(names);
+        self
+    }
+
+    /// The content the object at `key` of `size` bytes is named by, where keys are content
+    /// addresses.
+    pub fn content_at(&self, key: &str, size: u64) -> Option<Identity> {
+        self.content_names.and_then(|names| names(key, size))
+    }
+
+    /// Asks the store for the checksums it publishes through `checksums`.
+    pub fn with_published_checksums(mut self, checksums: PublishedChecksums) -> Self {
+        self.published = Some(checksums);
+        self
+    }
+
+    /// What the store publishes about `version` beyond its ETag (`multipart`: whether the ETag
+    /// is a multipart upload's). Nothing where it publishes nothing or cannot be asked, which
+    /// is logged at debug: the caller falls back to the ETag.
+    pub async fn published(&self, version: &ObjectVersion, multipart: bool) -> Published {
+        let Some(checksums) = &self.published else {
+            return Published::default();
+        };
+        let Ok(location) = self.location(&version.key) else {
+            return Published::default();
+        };
+        match checksums
+            .describe(&location, version.etag.as_deref(), multipart)
+            .await
+        {
+            Ok(published) => published,
+            Err(error) => {
+                tracing::debug!(source = %self.name, key = %version.key, %error, "the store's published checksums could not be had");
+                Published::default()
+            }
+        }
+    }
+
+    /// An origin over an already built store; keys are resolved under `prefix`. Tests use this
+    /// to put fault-injecting wrappers around real stores.
+    pub fn new(
+        name: &str,
+        url: &str,
+        store: Arc<dyn ObjectStore>,
+        prefix: Path,
+        config: &OriginConfig,
+        stats: Arc<Stats>,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            url: url.into(),
+            identity_url: larder_object::canonical_source_url(url),
+            store,
+            pager: None,
+            prefix,
+            backoff: Backoff {
+                max_attempts: config.max_attempts.max(1),
+                base: config.backoff_base,
+                max: config.backoff_max,
+            },
+            budget: RetryBudget::new(config.retry_budget_ratio),
+            request_timeout: config.request_timeout,
+            deadline: config.read_deadline,
+            stats,
+            denied_logged: AtomicBool::new(false),
+            published: None,
+            content_names: None,
+        }
+    }
+
+    /// The store location of a key relative to the source. Keys are parsed, never concatenated:
+    /// `..`, empty segments and the like are rejected, so no key escapes the prefix.
+    fn location(&self, key: &str) -> Result<Path, OriginError> {
+        let parsed = match key {
+            "" => Err(object_store::path::Error::EmptySegment { path: String::new() }),
+            key => Path::parse(key),
+        };
+        let relative = parsed.map_err(|e| OriginError::Rejected {
+            source_name: self.name.clone(),
+            key: key.to_owned(),
+            source: e.into(),
+        })?;
+        Ok(self.prefix.parts().chain(relative.parts()).collect())
+    }
+
+    /// The key relative to the source of a location the store returned.
+    fn relative_key(&self, location: &Path) -> Option<String> {
+        let parts: Vec<_> = location.prefix_match(&self.prefix)?.collect();
+        Some(Path::from_iter(parts).to_string())
+    }
+
+    fn version_of(&self, key: String, meta: &object_store::ObjectMeta) -> ObjectVersion {
+        ObjectVersion {
+            origin_url: self.identity_url.clone(),
+            key,
+            etag: meta.e_tag.clone(),
+            version: meta.version.clone(),
+            size: meta.size,
+            modified: meta.last_modified.into(),
+            content: None,
+        }
+    }
+
+    /// The current version of `key`.
+    pub async fn head(&self, key: &str) -> Result<ObjectVersion, OriginError> {
+        let location = self.location(key)?;
+        let meta = self
+            .with_retries(key, || {
+                add(&self.stats.origin_head_requests, 1);
+                self.store.head(&location)
+            })
+            .await?;
+        Ok(self.version_of(key.to_owned(), &meta))
+    }
+
+    /// The whole of the current version of `key` if it is at most `max` bytes long; `None`
+    /// (its body not read) if it is longer. For small objects of Larder's own (manifests).
+    pub async fn get_at_most(&self, key: &str, max: u64) -> Result<Option<Bytes>, OriginError> {
+        let location = self.location(key)?;
+        self.with_retries(key, || async {
+            add(&self.stats.origin_get_requests, 1);
+            let response = self.store.get(&location).await?;
+            if response.meta.size > max {
+                return Ok(None);
+            }
+            let bytes = response.bytes().await?;
+            add(&self.stats.origin_bytes, bytes.len() as u64);
+            Ok(Some(bytes))
+        })
+        .await
+    }
+
+    /// Writes `bytes` as the whole of `key`, replacing what is there (retried: a whole-object
+    /// PUT is idempotent). For objects of Larder's own (manifests); the sources' data is never
+    /// written.
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), OriginError> {
+        let location = self.location(key)?;
+        self.with_retries(key, || {
+            add(&self.stats.origin_put_requests, 1);
+            self.store.put(&location, bytes.clone().into())
+        })
+        .await
+        .map(drop)
+    }
+
+    fn dir_location(&self, dir: &str) -> Result<Path, OriginError> {
+        if dir.is_empty() {
+            Ok(self.prefix.clone())
+        } else {
+            self.location(dir)
+        }
+    }
+
+    fn entries(&self, listing: ListResult) -> Vec<ListEntry> {
+        let prefixes = listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| self.relative_key(p))
+            .map(ListEntry::Prefix);
+        let objects = listing.objects.iter().filter_map(|meta| {
+            Some(ListEntry::Object(
+                self.version_of(self.relative_key(&meta.location)?, meta),
+            ))
+        });
+        prefixes.chain(objects).collect()
+    }
+
+    /// One page of the level of the tree under `dir` (relative to the source; `""` is its
+    /// root), from `from` (`None`: the first page).
+    ///
+    /// A key object_store cannot turn into a path (an empty segment, `.`, a control character)
+    /// would fail its whole page: the page is narrowed until the key comes first, and the key
+    /// is stepped over and logged. Stores without paged listings return the whole level at once.
+    pub async fn list_page(&self, dir: &str, from: Option<&PageToken>) -> Result<ListPage, OriginError> {
+        let location = self.dir_location(dir)?;
+        let Some(pager) = &self.pager else {
+            let listing = self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    self.store.list_with_delimiter(Some(&location))
+                })
+                .await?;
+            return Ok(ListPage {
+                entries: self.entries(listing),
+                next: None,
+            });
+        };
+        let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
+        let mut from = from.cloned();
+        let mut max_keys = PAGE_KEYS;
+        let mut skipped: Option<String> = None;
+        loop {
+            let options = || PaginatedListOptions {
+                delimiter: Some("/".into()),
+                max_keys: Some(max_keys),
+                page_token: match &from {
+                    Some(PageToken::Continue(token)) => Some(token.clone()),
+                    _ => None,
+                },
+                offset: match &from {
+                    Some(PageToken::After(key)) => Some(key.clone()),
+                    _ => None,
+                },
+                ..PaginatedListOptions::default()
+            };
+            let error = match self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    pager.list_paginated(prefix.as_deref(), options())
+                })
+                .await
+            {
+                Ok(page) => {
+                    return Ok(ListPage {
+                        entries: self.entries(page.result),
+                        next: page.page_token.map(PageToken::Continue),
+                    });
+                }
+                Err(error) => error,
+            };
+            let Some(bad) = unparsable_key(&error) else {
+                return Err(error);
+            };
+            if max_keys > 1 {
+                max_keys /= 2;
+                continue;
+            }
+            // The bad key comes first. A store that ignores start-after would return it again.
+            if skipped.as_deref() == Some(bad) {
+                return Err(error);
+            }
+            tracing::warn!(source = %self.name, key = bad.escape_debug().to_string(), "skipping a listed key that cannot be a path");
+            // A common prefix ends with the delimiter: step over every key under it as well.
+            let after = if bad.ends_with('/') {
+                format!("{bad}{}", char::MAX)
+            } else {
+                bad.to_owned()
+            };
+            skipped = Some(bad.to_owned());
+            from = Some(PageToken::After(after));
+            max_keys = PAGE_KEYS;
+        }
+    }
+
+    /// Every object under `dir/`, at any depth (`""`: the whole source).
+    pub async fn list_all(&self, dir: &str) -> Result<Vec<ObjectVersion>, OriginError> {
+        let location = self.dir_location(dir)?;
+        let metas: Vec<object_store::ObjectMeta> = self
+            .with_retries(dir, || {
+                add(&self.stats.origin_list_requests, 1);
+                futures::TryStreamExt::try_collect(self.store.list(Some(&location)))
+            })
+            .await?;
+        Ok(metas
+            .iter()
+            .filter_map(|meta| Some(self.version_of(self.relative_key(&meta.location)?, meta)))
+            .collect())
+    }
+
+    /// Whether any key lies under `dir/`, which makes `dir` a directory.
+    pub async fn is_dir(&self, dir: &str) -> Result<bool, OriginError> {
+        let location = self.location(dir)?;
+        let found = match &self.pager {
+            Some(pager) => {
+                let prefix = format!("{location}/");
+                self.with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    let options = PaginatedListOptions {
+                        max_keys: Some(1),
+                        ..PaginatedListOptions::default()
+                    };
+                    pager.list_paginated(Some(&prefix), options)
+                })
+                .await
+                .map(|page| !page.result.objects.is_empty() || !page.result.common_prefixes.is_empty())
+            }
+            None => {
+                self.with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    let mut keys = self.store.list(Some(&location));
+                    async move { keys.next().await.transpose().map(|first| first.is_some()) }
+                })
+                .await
+            }
+        };
+        match found {
+            // Something is there, even if it cannot be a path.
+            Err(error) if unparsable_key(&error).is_some() => Ok(true),
+            found => found,
+        }
+    }
+
+    /// The deadline of a whole read, retries included (`origin.read_deadline`).
+    pub fn read_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Streams `range` of the pinned `version` into `sink`, in order, each byte exactly once.
+    ///
+    /// A failed attempt is retried from the first byte not yet delivered. Every attempt carries
+    /// `If-Match` with the pinned ETag and checks the ETag of the response: bytes of another
+    /// version are never delivered. The read fails once a whole read deadline passes without a
+    /// byte, counted from `started` (when the caller began waiting for its turn, if it had to)
+    /// until the first byte, then from the last byte received: over a slow link shared by a
+    /// scale-up a read takes longer; only one that stops getting bytes fails.
+    pub async fn read_range(
+        &self,
+        version: &ObjectVersion,
+        range: Range<u64>,
+        started: Instant,
+        sink: &mut (dyn FnMut(Bytes) + Send),
+    ) -> Result<(), OriginError> {
+        let location = self.location(&version.key)?;
+        // The deadline runs from the last byte received (from `started` until the first): a
+        // read behind a slow, shared link goes on while bytes come, one that gets none fails.
+        // The time of the last byte is kept as nanoseconds after `started`.
+        let (last_byte, received) = (AtomicU64::new(0), AtomicU64::new(0));
+        let last_byte_at = || started + Duration::from_nanos(last_byte.load(Ordering::Relaxed));
+        let mut counted = |chunk: Bytes| {
+            let since = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+            last_byte.store(since, Ordering::Relaxed);
+            received.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            sink(chunk);
+        };
+        self.budget.deposit();
+        let attempts = async {
+            let (mut attempt, mut next) = (0, range.start);
+            loop {
+                let failure = match self
+                    .read_attempt(&location, version, next..range.end, &mut counted)
+                    .await
+                {
+                    Ok(()) => return Ok(()),
+                    Err((delivered, failure)) => {
+                        next += delivered;
+                        failure
+                    }
+                };
+                attempt = self.after_failure(&version.key, attempt, failure).await?;
+            }
+        };
+        tokio::pin!(attempts);
+        loop {
+            tokio::select! {
+                result = &mut attempts => return result,
+                () = tokio::time::sleep_until(last_byte_at() + self.deadline) => {
+                    if last_byte_at() + self.deadline <= Instant::now() {
+                        return Err(self.deadline_exceeded(&version.key, received.load(Ordering::Relaxed)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One GET of `range`; on failure, how many bytes it delivered before failing.
+    async fn read_attempt(
+        &self,
+        location: &Path,
+        version: &ObjectVersion,
+        range: Range<u64>,
+        sink: &mut (dyn FnMut(Bytes) + Send),
+    ) -> Result<(), (u64, Failure)> {
+        add(&self.stats.origin_get_requests, 1);
+        let options = GetOptions {
+            if_match: version.etag.clone(),
+            version: version.version.clone(),
+            range: Some(GetRange::Bounded(range.clone())),
+            ..GetOptions::default()
+        };
+        let response =
+            match tokio::time::timeout(self.request_timeout, self.store.get_opts(location, options)).await {
+                Err(_) => {
+                    return Err((
+                        0,
+                        Failure::Transient(TransientError::Timeout(self.request_timeout)),
+                    ));
+                }
+                Ok(Err(e)) => return Err((0, self.classify(&version.key, e))),
+                Ok(Ok(response)) => response,
+            };
+        if let Some(expected) = &version.etag
+            && response.meta.e_tag.as_ref() != Some(expected)
+        {
+            return Err((0, Failure::Final(self.version_changed(version))));
+        }
+        let mut stream = response.into_stream();
+        let want = range.end - range.start;
+        let mut delivered = 0u64;
+        while delivered < want {
+            let chunk = match tokio::time::timeout(self.request_timeout, stream.next()).await {
+                Err(_) => {
+                    return Err((
+                        delivered,
+                        Failure::Transient(TransientError::Timeout(self.request_timeout)),
+                    ));
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err((delivered, self.classify(&version.key, e))),
+                Ok(Some(Ok(chunk))) => chunk,
+            };
+            let chunk = chunk.slice(..chunk.len().min((want - delivered) as usize));
+            add(&self.stats.origin_bytes, chunk.len() as u64);
+            delivered += chunk.len() as u64;
+            sink(chunk);
+        }
+        if delivered < want {
+            let missing = want - delivered;
+            return Err((
+                delivered,
+                Failure::Transient(TransientError::ShortBody { missing }),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs a request-response operation with retries, under the deadline.
+    async fn with_retries<T, F, Fut>(&self, key: &str, mut op: F) -> Result<T, OriginError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = object_store::Result<T>>,
+    {
+        self.budget.deposit();
+        let attempts = async {
+            let mut attempt = 0;
+            loop {
+                let failure = match tokio::time::timeout(self.request_timeout, op()).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(e)) => self.classify(key, e),
+                    Err(_) => Failure::Transient(TransientError::Timeout(self.request_timeout)),
+                };
+                attempt = self.after_failure(key, attempt, failure).await?;
+            }
+        };
+        self.within_deadline(key, attempts).await
+    }
+
+    async fn within_deadline<T>(
+        &self,
+        key: &str,
+        work: impl Future<Output = Result<T, OriginError>>,
+    ) -> Result<T, OriginError> {
+        tokio::time::timeout(self.deadline, work)
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_exceeded(key, 0)))
+    }
+
+    /// The deadline of a whole operation on `key` passed after `received` bytes of the body.
+    pub fn deadline_exceeded(&self, key: &str, received: u64) -> OriginError {
+        OriginError::DeadlineExceeded {
+            source_name: self.name.clone(),
+            key: key.to_owned(),
+            deadline: self.deadline,
+            received,
+        }
+    }
+
+    /// Decides whether to try again after attempt number `attempt` (0-based) failed; sleeps the
+    /// backoff and returns the next attempt's number, or the final error.
+    async fn after_failure(&self, key: &str, attempt: u32, failure: Failure) -> Result<u32, OriginError> {
+        let error = match failure {
+            Failure::Final(error) => return Err(error),
+            Failure::Transient(error) => {
+                add(&self.stats.origin_errors_transient, 1);
+                error
+            }
+        };
+        let attempts = attempt + 1;
+        if attempts >= self.backoff.max_attempts || !self.budget.withdraw() {
+            return Err(OriginError::RetriesExhausted {
+                source_name: self.name.clone(),
+                key: key.to_owned(),
+                attempts,
+                source: error,
+            });
+        }
+        let delay = self.backoff.delay(attempt);
+        tracing::debug!(source = %self.name, key, attempt = attempts, ?delay, %error, "retrying origin request");
+        add(&self.stats.origin_retries, 1);
+        tokio::time::sleep(delay).await;
+        Ok(attempts)
+    }
+
+    fn version_changed(&self, version: &ObjectVersion) -> OriginError {
+        add(&self.stats.origin_errors_version_changed, 1);
+        OriginError::VersionChanged {
+            source_name: self.name.clone(),
+            key: version.key.clone(),
+            expected: version.etag.clone(),
+        }
+    }
+
+    /// Warns, once per source, that the origin denied access: without it a reader sees only
+    /// `EACCES` (each denied request is also logged at debug where the mount answers it). The
+    /// credentials themselves are never logged.
+    fn denied(&self, key: &str) {
+        if !self.denied_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                source = %self.name,
+                key,
+                "the origin denied access (HTTP 401/403): check the credentials it is given \
+                 (AWS_*, GOOGLE_*, AZURE_*) and its access policy; reads of this source fail with \
+                 EACCES meanwhile (logged once per source)"
+            );
+        }
+    }
+
+    fn classify(&self, key: &str, error: object_store::Error) -> Failure {
+        let source_name = self.name.clone();
+        let key = key.to_owned();
+        let stats = &self.stats;
+        match error {
+            object_store::Error::NotFound { .. } => {
+                add(&stats.origin_errors_not_found, 1);
+                Failure::Final(OriginError::NotFound { source_name, key })
+            }
+            object_store::Error::Precondition { .. } | object_store::Error::NotModified { .. } => {
+                add(&stats.origin_errors_version_changed, 1);
+                Failure::Final(OriginError::VersionChanged {
+                    source_name,
+                    key,
+                    expected: None,
+                })
+            }
+            error @ (object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }) => {
+                add(&stats.origin_errors_permission, 1);
+                self.denied(&key);
+                Failure::Final(OriginError::PermissionDenied {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+            error @ object_store::Error::Generic { .. } if matches!(http_status(&error), Some(401 | 403)) => {
+                add(&stats.origin_errors_permission, 1);
+                self.denied(&key);
+                Failure::Final(OriginError::PermissionDenied {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+            error @ object_store::Error::Generic { .. }
+                if http_status(&error).is_some_and(refused_as_sent) =>
+            {
+                add(&stats.origin_errors_other, 1);
+                Failure::Final(OriginError::Rejected {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+            error @ (object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }) => {
+                Failure::Transient(TransientError::Store(error))
+            }
+            error => {
+                add(&stats.origin_errors_other, 1);
+                Failure::Final(OriginError::Rejected {
+                    source_name,
+                    key,
+                    source: error,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_of_a_store_error_is_read_from_its_message() {
+        let error = |text: &str| object_store::Error::Generic {
+            store: "S3",
+            source: text.to_owned().into(),
+        };
+        let status = |text: &str| http_status(&error(text));
+        assert_eq!(
+            status(
+                "Error performing GET http://x/b/k in 1ms - Server returned non-2xx status code: 400 Bad Request: <Error>"
+            ),
+            Some(400)
+        );
+        assert_eq!(
+            status("Client error with status 403 Forbidden: AccessDenied"),
+            Some(403)
+        );
+        assert_eq!(status("error sending request: connection reset"), None);
+        assert!(refused_as_sent(400) && refused_as_sent(404) && !refused_as_sent(429));
+        assert!(!refused_as_sent(408) && !refused_as_sent(500) && !refused_as_sent(503));
+    }
+
+    #[test]
+    fn a_changed_object_without_a_known_etag_reads_sensibly() {
+        let changed = |expected: Option<&str>| {
+            OriginError::VersionChanged {
+                source_name: "models".into(),
+                key: "a.bin".into(),
+                expected: expected.map(str::to_owned),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            changed(None),
+            "\"a.bin\" in source models changed since it was opened (the version it was opened at is gone)"
+        );
+        assert_eq!(
+            changed(Some("\"e1\"")),
+            "\"a.bin\" in source models changed since it was opened (ETag \"e1\" is gone)"
+        );
+    }
+
+    #[test]
+    fn a_deadline_that_passes_while_bytes_arrive_does_not_say_no_answer() {
+        let passed = |received| {
+            OriginError::DeadlineExceeded {
+                source_name: "models".into(),
+                key: "a.bin".into(),
+                deadline: Duration::from_secs(30),
+                received,
+            }
+            .to_string()
+        };
+        let flowing = passed(5 << 20);
+        assert!(
+            !flowing.contains("no answer") && !flowing.contains("no data"),
+            "{flowing}"
+        );
+        assert!(
+            flowing.contains("not complete within the 30s deadline of the whole request")
+                && flowing.contains("5242880 bytes had arrived"),
+            "{flowing}"
+        );
+        let silent = passed(0);
+        assert!(silent.contains("no data within the 30s deadline"), "{silent}");
+    }
+}

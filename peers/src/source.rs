@@ -1,0 +1,180 @@
+//! The peer tier of the fill path: ask the run's owner before the origin.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use larder_engine::AlignedBuf;
+use larder_object::ObjectVersion;
+use larder_peer_proto::client::{BlockBuf, Client, PeerError};
+use larder_peer_proto::owner::Run as OwnedRun;
+use larder_peer_proto::wire::RunRequest;
+use larder_read_path::fill::{BlockSource, Run};
+use larder_read_path::{OpenObject, ReadError, Source};
+use larder_stats::{Stats, add};
+
+use crate::manifest::Manifests;
+use crate::members::Membership;
+
+/// Asks rack peers for runs.
+#[derive(Debug)]
+pub struct PeerSource {
+    client: Client,
+    members: Membership,
+    manifests: Manifests,
+    stats: Arc<Stats>,
+}
+
+impl PeerSource {
+    /// A peer tier asking `members` with `client`, checking blocks against the sealed
+    /// manifests `manifests` finds.
+    pub fn new(client: Client, members: Membership, manifests: Manifests, stats: Arc<Stats>) -> Self {
+        Self {
+            client,
+            members,
+            manifests,
+            stats,
+        }
+    }
+
+    /// Counts a failed request by its result, and opens the member's circuit: at once when it
+    /// is unreachable or misbehaved, after a few in a row when it was only slow (a timeout, an
+    /// answer that broke off), never when it only declined.
+    fn failed(&self, member: &str, error: &PeerError) {
+        let stats = &self.stats;
+        let counter = match error {
+            PeerError::Declined(_) => &stats.peer_requests_miss,
+            PeerError::Connect { .. } | PeerError::Broken(_) => &stats.peer_requests_refused,
+            PeerError::Timeout(_) => &stats.peer_requests_timeout,
+            PeerError::Unauthorized(_) | PeerError::BadTag(_) => &stats.peer_requests_unauthorized,
+            PeerError::BadData { .. } => &stats.peer_requests_bad_data,
+        };
+        add(counter, 1);
+        match error {
+            PeerError::Declined(_) => {}
+            PeerError::Timeout(_) | PeerError::Broken(_) => self.members.slow(member),
+            _ => self.members.failed(member),
+        }
+        match error {
+            PeerError::Unauthorized(_) | PeerError::BadTag(_) | PeerError::BadData { .. } => {
+                tracing::warn!(peer = member, %error, "rack peer failed; its runs go elsewhere for a while");
+            }
+            _ => tracing::debug!(peer = member, %error, "rack peer failed"),
+        }
+    }
+}
+
+/// A block from a peer, received into the aligned buffer the block store writes from.
+struct PeerBuf(AlignedBuf);
+
+impl AsRef<[u8]> for PeerBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_ref()
+    }
+}
+
+impl BlockBuf for PeerBuf {
+    fn with_room(len: usize) -> Self {
+        Self(AlignedBuf::new(len))
+    }
+
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+}
+
+/// The version as a request names it: `e:` and the ETag, `v:` and the version id, or `-`.
+pub(crate) fn version_tag(version: &ObjectVersion) -> String {
+    match (&version.etag, &version.version) {
+        (Some(etag), _) => format!("e:{etag}"),
+        (None, Some(id)) => format!("v:{id}"),
+        (None, None) => "-".to_owned(),
+    }
+}
+
+impl BlockSource for PeerSource {
+    fn kind(&self) -> Source {
+        Source::Peer
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        object: &'a OpenObject,
+        range: Range<u64>,
+        run: &'a mut Run<'_>,
+    ) -> BoxFuture<'a, Result<(), ReadError>> {
+        async move {
+            let block_size = run.block_size();
+            let first = (range.start / block_size) as u32;
+            let owned = OwnedRun {
+                object: object.id().0,
+                part: u64::from(first / run.part_blocks()),
+            };
+            // Only the owner is asked. A fallback member would have to fill the run from the
+            // origin too, a second copy of it; a member whose circuit is open is left out of
+            // the ranking, so the next one becomes the owner of its runs for everyone.
+            let Some(peer) = self.members.owners(&owned).into_iter().next() else {
+                return Err(ReadError::Peer("no members".into()));
+            };
+            if peer.id == self.members.self_id() {
+                return Err(ReadError::Peer("this node owns the run".into()));
+            }
+            let version = object.version();
+            // Looked up once per version and kept: where the version is sealed, every block
+            // must match the manifest, which a peer cannot forge.
+            let sealed = self
+                .manifests
+                .for_version(object.origin(), version, block_size)
+                .await;
+            let request = RunRequest {
+                object: object.id().0,
+                source: object.origin().name().to_owned(),
+                key: version.key.clone(),
+                version: version_tag(version),
+                size: version.size,
+                block_size,
+                first: run.next_block(),
+                count: run.blocks_left(),
+            };
+            let started = Instant::now();
+            let member: Arc<str> = peer.id.as_str().into();
+            let mut received = 0;
+            let answer = self
+                .client
+                .fetch_run(&peer.address, &peer.id, &request, |head, PeerBuf(buf), check| {
+                    let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
+                    let len = buf.len() as u64;
+                    run.push_from_peer(&member, head.index, (buf, check), head.hash, expected)?;
+                    received += len;
+                    Ok(())
+                })
+                .await;
+            add(&self.stats.peer_fetched_bytes, received);
+            self.members.received(&peer.id, received);
+            match answer {
+                Ok(answer) => {
+                    let counter = if answer.hit {
+                        &self.stats.peer_requests_hit
+                    } else {
+                        &self.stats.peer_requests_filled
+                    };
+                    add(counter, 1);
+                    self.stats.latency.fill_peer.observe(started.elapsed());
+                    self.members.succeeded(&peer.id);
+                    Ok(())
+                }
+                Err(error) => {
+                    self.failed(&peer.id, &error);
+                    let message = format!("{}: {error}", peer.id).into();
+                    Err(match error {
+                        PeerError::Timeout(_) => ReadError::PeerLate(message),
+                        _ => ReadError::Peer(message),
+                    })
+                }
+            }
+        }
+        .boxed()
+    }
+}

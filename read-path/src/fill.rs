@@ -1,0 +1,491 @@
+//! Fills: fetching a run of missing blocks from the tiers behind the block store, handing each
+//! block to its waiters as it completes, and writing it to the store in the background.
+//!
+//! A run is registered in the in-flight map before its task starts, one shared future per
+//! block, so every reader of a block in the run joins it (single-flight). The task asks each
+//! [`BlockSource`] in turn for what is still missing of the run: a source that fails part-way
+//! leaves the rest to the next one, from the first block it did not complete. The last
+//! source's error is every remaining waiter's.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use larder_engine::AlignedBuf;
+use larder_object::crc::BlockCrcs;
+use larder_origin::OriginError;
+use larder_store::{Fetched, GroupCheck, GroupHasher, StoreError, VerifiedBlock};
+use tokio::sync::oneshot;
+
+use super::budget::{Charge, charged};
+use super::slots::Slots;
+use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
+
+/// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
+/// that owns the run, then the origin. Bytes go into the [`Run`], in order from the first byte
+/// of `range`; an error says why the source could not supply the rest.
+pub trait BlockSource: Send + Sync + std::fmt::Debug {
+    /// What the bytes it supplies count as.
+    fn kind(&self) -> Source;
+
+    /// Fetches `range` (block-aligned at its start) of `object` into `run`.
+    fn fetch<'a>(
+        &'a self,
+        object: &'a OpenObject,
+        range: Range<u64>,
+        run: &'a mut Run<'_>,
+    ) -> BoxFuture<'a, Result<(), ReadError>>;
+}
+
+/// The rack peer tier of a cache: the source that asks the members, and the members, whose
+/// circuit a block that fails the origin check opens.
+#[derive(Debug)]
+pub struct PeerTier {
+    /// Asks the run's owner.
+    pub source: Arc<dyn BlockSource>,
+    /// The members it asks.
+    pub members: Arc<dyn Members>,
+}
+
+/// What the read path tells the rack peer tier of its members, whom it knows only by id.
+pub trait Members: Send + Sync + std::fmt::Debug {
+    /// Blocks member `id` sent, and vouched for, proved not to be the origin's.
+    fn sent_wrong_blocks(&self, id: &str);
+}
+
+/// Whom a fill is for. This node's readers and jobs are served by every tier; a rack peer's
+/// request only by this node's origin, so that a run asked of its owner is never passed on
+/// (no request loops between nodes whose member lists disagree for a moment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillFor {
+    /// This node's readers.
+    Node,
+    /// This node's prefetch jobs: like `Node`, but no reader is expected to follow, so the
+    /// blocks fetched are not kept in memory for one.
+    Job,
+    /// A rack peer that asked this node.
+    Peer,
+}
+
+/// The object store, through the object's own origin: ranged GETs pinned to its version, as
+/// many fills at a time as the adaptive [`Slots`] allow, each failing only once a whole read
+/// deadline passes in which it received no byte. A fill waiting for a slot waits as long as the
+/// fills ahead of it receive bytes, and fails once a whole read deadline passes in which none
+/// did: a slow origin (a link shared by a whole scale-up) makes reads slow, a stalled one makes
+/// them fail.
+#[derive(Debug)]
+pub struct OriginSource {
+    slots: Slots,
+    /// Chunks received by this tier's fills, all origins together.
+    progress: AtomicU64,
+}
+
+impl OriginSource {
+    /// An origin tier with fill slots `slots`.
+    pub fn new(slots: Slots) -> Self {
+        Self {
+            slots,
+            progress: AtomicU64::new(0),
+        }
+    }
+}
+
+impl BlockSource for OriginSource {
+    fn kind(&self) -> Source {
+        Source::Origin
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        object: &'a OpenObject,
+        range: Range<u64>,
+        run: &'a mut Run<'_>,
+    ) -> BoxFuture<'a, Result<(), ReadError>> {
+        async move {
+            // The read deadline counts from the wait for a slot, restarted whenever the fills
+            // ahead are seen receiving bytes: a read behind stalled fills fails when its
+            // deadline passes, not a deadline after they do; one behind fills that move waits
+            // its turn. One acquire throughout, so that the fill keeps its place in the queue.
+            let origin = &object.origin;
+            let deadline = origin.read_deadline();
+            let look = (deadline / 4).max(Duration::from_millis(10));
+            let acquire = self.slots.permit();
+            tokio::pin!(acquire);
+            let now = tokio::time::Instant::now;
+            let (mut started, mut seen) = (now(), self.progress.load(Ordering::Relaxed));
+            let permit = loop {
+                let waited = tokio::time::timeout(look, &mut acquire).await;
+                let progress = self.progress.load(Ordering::Relaxed);
+                if progress != seen {
+                    (started, seen) = (now(), progress);
+                }
+                match waited {
+                    Ok(permit) => break permit.map_err(|_| ReadError::Abandoned)?,
+                    Err(_) if started.elapsed() >= deadline => {
+                        let error = origin.deadline_exceeded(&object.version.key, 0);
+                        return Err(ReadError::Origin(Arc::new(error)));
+                    }
+                    Err(_) => {}
+                }
+            };
+            let slot = self.slots.slot(permit);
+            let mut sink = |chunk: Bytes| {
+                self.progress.fetch_add(1, Ordering::Relaxed);
+                run.push_from_origin(chunk);
+            };
+            let read = origin
+                .read_range(&object.version, range, started, &mut sink)
+                .await;
+            // Only what congestion causes counts against the slots.
+            let starved = matches!(
+                read,
+                Err(OriginError::DeadlineExceeded { .. } | OriginError::RetriesExhausted { .. })
+            );
+            slot.end(!starved);
+            read.map_err(|e| ReadError::Origin(Arc::new(e)))
+        }
+        .boxed()
+    }
+}
+
+/// How long a fill for a waiting reader waits for room in the memory budget before it takes
+/// its block's memory anyway: the bound that keeps readers from deadlocking on memory held by
+/// other waiting readers, long enough for fills in flight to finish and return theirs.
+const MEMORY_PATIENCE: Duration = Duration::from_secs(1);
+
+/// The blocks of a fill still to come: the bytes of the block being assembled, and the waiters
+/// and memory charges of the blocks not yet complete.
+#[derive(Debug)]
+pub struct Run<'a> {
+    cache: &'a Cache,
+    object: &'a Arc<OpenObject>,
+    /// The block being assembled.
+    next: u32,
+    buf: Option<(AlignedBuf, GroupHasher)>,
+    waiters: std::vec::IntoIter<oneshot::Sender<FillResult>>,
+    /// Whom the fill is for.
+    fill_for: FillFor,
+    /// A block's worth of memory for each block not yet complete, taken when the fill was
+    /// started (see [`Cache::start_fill`]): a fill never takes memory it was not admitted
+    /// with.
+    charge: Charge,
+}
+
+impl Run<'_> {
+    /// Bytes this node fetched from the origin: hashed here, each 16 KiB group as it completes;
+    /// each block they complete is delivered and written.
+    fn push_from_origin(&mut self, mut chunk: Bytes) {
+        let store = &self.cache.inner.store;
+        while !chunk.is_empty() && !self.waiters.as_slice().is_empty() {
+            let block_len = store.block_len(self.object.version.size, self.next) as usize;
+            let (block, groups) = self
+                .buf
+                .get_or_insert_with(|| (AlignedBuf::new(block_len), GroupHasher::default()));
+            let take = (block_len - block.len()).min(chunk.len());
+            block.extend_from_slice(&chunk.split_to(take));
+            groups.update(block.as_ref());
+            if block.len() == block_len
+                && let Some((full, groups)) = self.buf.take()
+            {
+                let block = VerifiedBlock::hashed_here(Arc::new(full), groups);
+                self.deliver(block, Source::Origin, None);
+            }
+        }
+    }
+
+    /// Block `index` from rack member `member`, whose answer said it hashes to `hash`, its
+    /// bytes in `buf` and all but their last group checked by `check`: accepted only if it is
+    /// the next block of the run, `hash` is `sealed` (the hash a sealed manifest gives, where
+    /// there is one) and the check passes. Then delivered and written like a block from the
+    /// origin; without a manifest, the cache remembers the member until the object's origin
+    /// check.
+    pub fn push_from_peer(
+        &mut self,
+        member: &Arc<str>,
+        index: u32,
+        (buf, check): (AlignedBuf, GroupCheck),
+        hash: [u8; 32],
+        sealed: Option<[u8; 32]>,
+    ) -> Result<(), String> {
+        if index != self.next || self.waiters.as_slice().is_empty() {
+            return Err(format!(
+                "block {index} is not the next of the run ({})",
+                self.next
+            ));
+        }
+        if sealed.is_some_and(|sealed| sealed != hash) {
+            return Err("the block's hash is not the sealed manifest's".into());
+        }
+        let block = VerifiedBlock::checked_on_arrival(Arc::new(buf), check)
+            .map_err(|_| "the bytes do not hash to the block's hash".to_owned())?;
+        let unchecked = sealed.is_none().then(|| member.clone());
+        self.deliver(block, Source::Peer, unchecked);
+        Ok(())
+    }
+
+    /// Hands the run's next block, now complete, to its waiter, then writes it to disk in the
+    /// background. The block's memory charge goes with its bytes (to the waiters and the
+    /// write), and counts as waiting for the write until the write is done. `peer`: the member
+    /// that supplied it, when the origin check is still to vouch for it.
+    fn deliver(&mut self, block: VerifiedBlock, source: Source, peer: Option<Arc<str>>) {
+        let (cache, object, index) = (self.cache, self.object, self.next);
+        let waiter = self.waiters.next();
+        let charge = Arc::new(self.charge.split(cache.inner.store.block_size()));
+        let writing = charge.writing();
+        self.next += 1;
+        // Whether a reader is waiting for the block (the in-flight map holds one handle of its
+        // fill, each waiting reader another), or it was fetched ahead of any reader.
+        let served = cache
+            .inner
+            .inflight
+            .lock()
+            .get(&(object.id, index))
+            .and_then(Shared::strong_count)
+            .is_some_and(|handles| handles > 1);
+        let fetched = Block {
+            bytes: charged(block.bytes(), charge),
+            start: cache.block_start(index),
+            source,
+            written: None,
+        };
+        if !served && self.fill_for == FillFor::Node {
+            cache.keep((object.id, index), &fetched);
+        }
+        let fetched_from = match source {
+            Source::Peer => Fetched::Peer,
+            Source::Origin | Source::Nvme => Fetched::Origin,
+        };
+        if let Some(tx) = waiter {
+            let _ = tx.send(Ok(fetched));
+        }
+        let (cache, object) = (cache.clone(), object.clone());
+        self.cache.spawn(async move {
+            let _writing = writing;
+            // Kept for the origin check of blocks from rack peers, which then combines them.
+            let crcs = cache
+                .inner
+                .members
+                .is_some()
+                .then(|| BlockCrcs::of(&block.bytes()));
+            let written = cache
+                .inner
+                .store
+                .write_block(&object.version, index, &block, (served, fetched_from), peer, crcs)
+                .await;
+            if let Err(error) = &written {
+                cache.remember_unstored((object.id, index), error);
+                let stats = &cache.inner.stats;
+                match error {
+                    // Lasts until pins go or space is freed: said once, then only counted.
+                    StoreError::NoSpace { .. } => {
+                        larder_stats::add(&stats.cache_writes_skipped, 1);
+                        if !cache.inner.no_space_said.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(
+                                %error,
+                                "a block was served but not cached; later skips are only counted \
+                                 (larder_cache_writes_skipped_total)"
+                            );
+                        }
+                    }
+                    // Said once, when the dir was found gone.
+                    StoreError::DirLost(_) => larder_stats::add(&stats.cache_writes_skipped, 1),
+                    // A failing disk fails every write: said once a minute, counted each time.
+                    _ => {
+                        larder_stats::add(&stats.cache_write_failures, 1);
+                        if let Some(unsaid) = cache.inner.write_failures_said.again() {
+                            tracing::warn!(
+                                %error,
+                                unsaid,
+                                "cache write failed; the block was served from memory (said at \
+                                 most once a minute, with the failures unsaid since; every one is \
+                                 counted in larder_cache_write_failures_total)"
+                            );
+                        }
+                    }
+                }
+            }
+            // Queued before the block leaves the in-flight map, so whoever waited for the write
+            // finds the check queued.
+            if written.is_ok() {
+                cache.queue_check(&object);
+            }
+            cache.inner.inflight.lock().remove(&(object.id, index));
+            cache.inner.written.notify_waiters();
+        });
+    }
+
+    /// The block the run waits for next.
+    pub fn next_block(&self) -> u32 {
+        self.next
+    }
+
+    /// Blocks of the run not yet supplied.
+    pub fn blocks_left(&self) -> u32 {
+        self.waiters.len() as u32
+    }
+
+    /// The cache's block size.
+    pub fn block_size(&self) -> u64 {
+        self.cache.inner.store.block_size()
+    }
+
+    /// Blocks in one origin part: the unit runs are owned by.
+    pub fn part_blocks(&self) -> u32 {
+        self.cache.inner.part_blocks
+    }
+
+    /// The bytes still missing, from the start of the first incomplete block.
+    fn remaining(&self) -> Range<u64> {
+        let block_size = self.cache.inner.store.block_size();
+        let start = u64::from(self.next) * block_size;
+        let end = (start + self.waiters.len() as u64 * block_size).min(self.object.version.size);
+        start..end
+    }
+}
+
+impl Cache {
+    /// Registers and spawns a fill from block `first` to the end of its origin part, stopping
+    /// before any block already present or in flight, and where the memory budget stops it.
+    /// `charge` is the first block's memory, taken by the caller as the budget allows (the
+    /// readahead: if it fits; a job: once it fits; a reader waiting: if it fits, else `None`,
+    /// and the fill task waits for room, a bounded time, before it fetches); each further block
+    /// of the run is charged here only if it fits. Returns the blocks it covers.
+    pub(crate) fn start_fill(
+        &self,
+        object: &Arc<OpenObject>,
+        first: u32,
+        inflight: &mut HashMap<BlockKey, SharedFill>,
+        fill_for: FillFor,
+        charge: Option<Charge>,
+    ) -> Range<u32> {
+        let wait_for_room = charge.is_none();
+        let mut charge = charge.unwrap_or_else(|| self.inner.budget.charge(0));
+        let block_size = self.inner.store.block_size();
+        let part_blocks = self.inner.part_blocks;
+        let part_end = ((first / part_blocks + 1) * part_blocks).min(self.block_count(object));
+        let mut end = first + 1;
+        // A fill that waits for room for its first block takes no more.
+        while !wait_for_room
+            && end < part_end
+            && !inflight.contains_key(&(object.id, end))
+            && !self.inner.store.contains(object.id, end)
+        {
+            let Some(more) = self.inner.budget.try_charge(block_size) else {
+                larder_stats::add(&self.inner.stats.readahead_held_back, 1);
+                break;
+            };
+            charge.merge(more);
+            end += 1;
+        }
+        let mut waiters = Vec::with_capacity((end - first) as usize);
+        for index in first..end {
+            let (tx, rx) = oneshot::channel::<FillResult>();
+            let fill = rx
+                .map(|r| r.unwrap_or(Err(ReadError::Abandoned)))
+                .boxed()
+                .shared();
+            inflight.insert((object.id, index), fill);
+            waiters.push(tx);
+        }
+        let cache = self.clone();
+        let object = object.clone();
+        self.spawn(async move {
+            let mut charge = charge;
+            if wait_for_room {
+                let budget = &cache.inner.budget;
+                charge.merge(budget.charge_soon(block_size, MEMORY_PATIENCE).await);
+            }
+            cache.run_fill(object, first, waiters, fill_for, charge).await;
+        });
+        first..end
+    }
+
+    /// The body of a fill task: the run from each source in turn until it is complete.
+    async fn run_fill(
+        self,
+        object: Arc<OpenObject>,
+        first: u32,
+        waiters: Vec<oneshot::Sender<FillResult>>,
+        fill_for: FillFor,
+        charge: Charge,
+    ) {
+        let started = Instant::now();
+        // A slow disk holds fills back instead of piling up blocks waiting for their write.
+        self.inner.budget.writes_below_limit().await;
+        let mut result = Err(ReadError::Abandoned);
+        let (next, waiters) = {
+            let mut run = Run {
+                cache: &self,
+                object: &object,
+                next: first,
+                buf: None,
+                waiters: waiters.into_iter(),
+                fill_for,
+                charge,
+            };
+            let sources: Vec<_> = self
+                .inner
+                .sources
+                .iter()
+                .filter(|source| fill_for != FillFor::Peer || source.kind() != Source::Peer)
+                .collect();
+            let mut tier = 0;
+            while let Some(source) = sources.get(tier) {
+                let mut range = run.remaining();
+                if range.is_empty() {
+                    break;
+                }
+                // A late owner is most likely slow, not gone, and already filling the run from
+                // the origin: this node takes one block from the origin, so its reader moves
+                // on, and asks the owner again for the rest, rather than fetch the whole run a
+                // second time. Each late answer costs one block; an owner late three times in a
+                // row has its circuit opened, and the run's next candidate is asked instead.
+                let hedge = source.kind() == Source::Origin
+                    && matches!(result, Err(ReadError::PeerLate(_)))
+                    && range.end - range.start > run.block_size();
+                if hedge {
+                    range.end = range.start + run.block_size();
+                }
+                run.buf = None;
+                result = tokio::select! {
+                    biased;
+                    () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
+                    fetched = source.fetch(&object, range, &mut run) => fetched,
+                };
+                // A failure is not logged here: a reader's error is logged once, where the mount
+                // answers it; a job's, in the job's report.
+                match (&result, hedge) {
+                    (Ok(()), true) => {
+                        larder_stats::add(&self.inner.stats.peer_hedged_blocks, 1);
+                        tier = sources
+                            .iter()
+                            .position(|s| s.kind() == Source::Peer)
+                            .unwrap_or(tier);
+                    }
+                    (Ok(()), false) => {
+                        if source.kind() == Source::Origin {
+                            self.inner.stats.latency.fill_origin.observe(started.elapsed());
+                        }
+                        break;
+                    }
+                    (Err(_), _) => tier += 1,
+                }
+            }
+            (run.next, run.waiters)
+        };
+        // Blocks no source supplied: their waiters get the last error, and so do later reads
+        // for a short while (then they try again).
+        let error = result.err().unwrap_or(ReadError::Abandoned);
+        let mut inflight = self.inner.inflight.lock();
+        self.remember_failure(object.id, next..next + waiters.len() as u32, &error);
+        for (offset, tx) in waiters.enumerate() {
+            inflight.remove(&(object.id, next + offset as u32));
+            let _ = tx.send(Err(error.clone()));
+        }
+    }
+}

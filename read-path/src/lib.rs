@@ -1,0 +1,747 @@
+//! The read path below a file handle: a block of a pinned object version comes from the first
+//! tier that has it.
+//!
+//! 1. NVMe (the [`BlockStore`]) → serve. A lookup says hit, miss, lost race (evicted while
+//!    read: look again, a bounded number of times) or error (the disk failed or the block was
+//!    corrupt: the store dropped it, and the read goes on to the next tier at once).
+//! 2. Join the fill in flight for the block, if there is one (single-flight).
+//! 3. Otherwise start a fill ([`fill`]): a run from this block to the end of its origin part
+//!    (stopping at blocks already present or in flight), fetched from the [`fill::BlockSource`]s
+//!    in order (the rack peer that owns the run, next issue; then the origin), run as its own
+//!    task so it survives the cancellation of any reader.
+//! 4. Each block goes to its waiters as soon as its last byte arrives, then is written to the
+//!    block store in the background. A block stays joinable until its write has finished, so
+//!    no reader refetches a block that is on its way to disk. A failed write is counted and
+//!    logged; it never fails a read.
+//!
+//! [`Reader`] (one per file handle) adds the sequential detector ([`readahead`]) and holds the
+//! blocks around its position.
+//!
+//! A block whose fill failed fails again at once, with the same error, for
+//! [`FAILED_FILL_MEMORY`]: the kernel retries the failed page of a buffered read right away,
+//! and a new fill would make the read wait a second read deadline.
+//!
+//! Lock order, where two are held at once: a reader's state → [`Cache`]'s held-blocks map or
+//! its in-flight map → its failed-fills map or the block store's state. None is held across an
+//! `.await`.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod budget;
+mod check;
+pub mod fill;
+pub mod readahead;
+mod reader;
+pub mod slots;
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::{BoxFuture, Shared, WeakShared};
+use futures::{FutureExt, StreamExt};
+use larder_config::{ByteSize, OriginConfig};
+use larder_object::{ObjectId, ObjectVersion};
+use larder_origin::{Origin, OriginError};
+use larder_stats::said::Throttled;
+use larder_stats::{Stats, add};
+use larder_store::{BlockStore, Lookup, StoreError, Written};
+use parking_lot::Mutex;
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use budget::{Charge, MemoryBudget};
+pub use check::{Checked, OriginCheckError};
+use fill::{BlockSource, FillFor, OriginSource, PeerTier};
+pub use reader::Reader;
+use slots::Slots;
+
+/// Why a read failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The origin could not supply a missing block; shared by every waiter of the fill.
+    #[error(transparent)]
+    Origin(Arc<OriginError>),
+    /// The fill was dropped before it finished (the daemon is shutting down).
+    #[error("the fill was abandoned before it finished")]
+    Abandoned,
+    /// No rack peer supplied the run (this node owns it, or the owner failed). Only ever a
+    /// source's error on the way to the next one: the origin comes after the peers.
+    #[error("no rack peer supplied the blocks: {0}")]
+    Peer(Arc<str>),
+    /// The run's owner did not answer, or stopped sending, within its deadline: it may only be
+    /// slow (and already filling the run), so the origin supplies one block and the owner is
+    /// asked again for the rest. Only ever a source's error on the way to the next one.
+    #[error("the rack peer that owns the blocks was late: {0}")]
+    PeerLate(Arc<str>),
+    /// The block was fetched but is not in the cache: its write failed (no space that is not
+    /// pinned, or a disk error), or it was evicted at once. Only [`Cache::fill`] reports it;
+    /// reads are served anyway.
+    #[error("the block was fetched but could not be stored in the cache: {0}")]
+    NotStored(Arc<str>),
+}
+
+/// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
+/// least one block): the readahead window, a fill's run (the origin part) and the memory budget.
+/// Blocks fetched ahead must still be in the cache when their reader gets to them, or a cold
+/// read larger than the cache costs the origin its bytes several times over; the kernel's own
+/// readahead (16 MiB of requests at once) comes on top (a quarter still cost up to 1.11×).
+const AHEAD_SHARE_OF_CAPACITY: u64 = 8;
+
+/// How long a block whose fill failed keeps failing with the same error, without a new fill:
+/// the kernel retries a failed page of a buffered read at once, and must get the failure then,
+/// not a second full read deadline.
+pub const FAILED_FILL_MEMORY: Duration = Duration::from_secs(3);
+
+/// Disk lookups of one block that may find it evicted or replaced while being read before the
+/// read goes to a fill instead.
+const LOOKUP_ATTEMPTS: u32 = 3;
+
+/// What a fill hands its waiters: a block's bytes, and the tier they came from.
+type FillResult = Result<Block, ReadError>;
+type SharedFill = Shared<BoxFuture<'static, FillResult>>;
+type SharedBlock = Shared<BoxFuture<'static, Result<Block, ReadError>>>;
+
+/// Where bytes came from, for the bytes-served counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The node's block store.
+    Nvme,
+    /// The object store.
+    Origin,
+    /// A rack peer (its NVMe, or its own fill from the object store).
+    Peer,
+}
+
+/// Bytes of one block (the whole block, or the part a read wanted), where they start in the
+/// object, and their source.
+#[derive(Debug, Clone)]
+struct Block {
+    bytes: Bytes,
+    start: u64,
+    source: Source,
+    /// For a block read from disk that this process fetched: when and from where (a reader
+    /// that opened its file before counts its bytes as fetched for it, not as a hit).
+    written: Option<Written>,
+}
+type BlockKey = (ObjectId, u32);
+
+/// A pinned object version and the origin it comes from: what a file handle holds.
+#[derive(Debug)]
+pub struct OpenObject {
+    origin: Arc<Origin>,
+    version: ObjectVersion,
+    id: ObjectId,
+}
+
+impl OpenObject {
+    /// Pins `version` of an object of `origin`.
+    pub fn new(origin: Arc<Origin>, version: ObjectVersion) -> Arc<Self> {
+        let id = version.id();
+        Arc::new(Self { origin, version, id })
+    }
+
+    /// The pinned version.
+    pub fn version(&self) -> &ObjectVersion {
+        &self.version
+    }
+
+    /// The version's id.
+    pub fn id(&self) -> ObjectId {
+        self.id
+    }
+
+    /// The origin it comes from.
+    pub fn origin(&self) -> &Arc<Origin> {
+        &self.origin
+    }
+}
+
+/// The block cache's read API. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<BlockStore>,
+    /// The tiers a missing run is fetched from, in order.
+    sources: Vec<Arc<dyn BlockSource>>,
+    inflight: Mutex<HashMap<BlockKey, SharedFill>>,
+    /// Blocks whose fill failed lately, with the error.
+    failed: Lately<ReadError>,
+    /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
+    unstored: Lately<Arc<str>>,
+    /// The block bytes in memory: fills, blocks waiting for their write, blocks held.
+    budget: Arc<MemoryBudget>,
+    part_blocks: u32,
+    readahead: Range<u64>,
+    stats: Arc<Stats>,
+    /// The runtime the cache was made in, and its tasks on it.
+    runtime: Handle,
+    tasks: TaskTracker,
+    /// Cancelled at shutdown: fetches in flight stop, fills end abandoned.
+    stop: CancellationToken,
+    /// Woken after each cache write ends, written or not.
+    written: tokio::sync::Notify,
+    /// A write skipped for lack of room has been logged (see fill.rs).
+    no_space_said: AtomicBool,
+    /// Failed cache writes, said at most once a minute (see fill.rs).
+    write_failures_said: Throttled,
+    /// Blocks some reader holds: another reader of the same version near the same place
+    /// shares them instead of reading them again.
+    held: Mutex<HeldBlocks>,
+    /// Blocks fetched ahead of their reader, kept after their write for that reader.
+    kept: Mutex<Kept>,
+    /// Readers in a sequential run (a window open): they share [`reader::BLOCKS_AHEAD`].
+    runs: AtomicUsize,
+    /// The rack's members, when there is a peer tier: a failed origin check marks them.
+    members: Option<Arc<dyn fill::Members>>,
+    /// Origin checks of objects completed with blocks from peers ([`check`]).
+    checks: check::OriginChecks,
+}
+
+/// What happened to blocks lately: each entry is kept [`FAILED_FILL_MEMORY`], and entries
+/// older than that are swept whenever new ones are recorded.
+#[derive(Debug)]
+struct Lately<T>(Mutex<HashMap<BlockKey, (T, Instant)>>);
+
+impl<T> Default for Lately<T> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<T: Clone> Lately<T> {
+    /// Records `value` for each of `keys`.
+    fn record(&self, keys: impl IntoIterator<Item = BlockKey>, value: &T) {
+        let now = Instant::now();
+        let mut map = self.0.lock();
+        map.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
+        for key in keys {
+            map.insert(key, (value.clone(), now));
+        }
+    }
+
+    /// The value recorded for `key` less than [`FAILED_FILL_MEMORY`] ago.
+    fn get(&self, key: BlockKey) -> Option<T> {
+        let map = self.0.lock();
+        let (value, at) = map.get(&key)?;
+        (at.elapsed() < FAILED_FILL_MEMORY).then(|| value.clone())
+    }
+
+    /// Removes and returns the value recorded for `key`, however old.
+    fn take(&self, key: BlockKey) -> Option<T> {
+        self.0.lock().remove(&key).map(|(value, _)| value)
+    }
+}
+
+/// Weak references to the blocks readers hold, swept of dead entries as the map grows.
+#[derive(Debug)]
+struct HeldBlocks {
+    blocks: HashMap<BlockKey, WeakShared<BoxFuture<'static, Result<Block, ReadError>>>>,
+    sweep_at: usize,
+}
+
+/// Blocks fetched ahead of any reader (by the readahead, or as the rest of a part), kept in
+/// memory after their cache write until a reader takes them, within half the memory budget:
+/// the reader the readahead fetched them for gets them without a disk read and a second hash
+/// of all of the block (it was checked as it arrived, like any block a fill hands over).
+/// Blocks kept longer than [`KEPT_FOR`] go (their reader went elsewhere); a block that finds
+/// no room is not kept (it is the furthest ahead of its reader).
+#[derive(Debug, Default)]
+struct Kept {
+    /// Each block, and when it was kept.
+    blocks: HashMap<BlockKey, (Block, Instant)>,
+    /// Keys in the order they were kept; entries of blocks taken since are skipped.
+    order: std::collections::VecDeque<(BlockKey, Instant)>,
+    bytes: u64,
+}
+
+/// How long a block fetched ahead is kept for its reader at most.
+const KEPT_FOR: Duration = Duration::from_secs(5);
+
+/// Size of the held-blocks map at which dead entries are first swept.
+const HELD_SWEEP_MIN: usize = 1024;
+
+impl Cache {
+    /// A cache over `store`, fetching with the origin settings of `config`, asking `peers`
+    /// (the rack peer tier, if any) before the origin, keeping about `memory_limit` bytes of
+    /// blocks in memory at most (see [`budget`]). Called within a Tokio runtime: its fills
+    /// run there, also those a read answered on a thread of its own starts.
+    pub fn new(
+        store: Arc<BlockStore>,
+        config: &OriginConfig,
+        memory_limit: ByteSize,
+        stats: Arc<Stats>,
+        peers: Option<PeerTier>,
+    ) -> Self {
+        let block_size = store.block_size();
+        let ahead = (store.capacity() / AHEAD_SHARE_OF_CAPACITY).max(block_size);
+        let part_blocks = (config.part_size.as_u64().min(ahead) / block_size).max(1) as u32;
+        let readahead_max = config.readahead_max.as_u64().min(ahead);
+        // Blocks in memory are mostly blocks fetched ahead, which must still be on disk when
+        // their reader gets to them: a small cache gets a smaller budget (two parts at least).
+        let part_bytes = u64::from(part_blocks) * block_size;
+        let memory_limit = memory_limit.as_u64().min(ahead.max(2 * part_bytes));
+        // The readahead fetches no further than what can be kept in memory for its reader
+        // (see [`Kept`]): a block fetched further ahead would be read back from disk.
+        let readahead_max = readahead_max.min(memory_limit / 2).max(block_size);
+        let slots = Slots::new(config.concurrency, config.read_deadline / 4, stats.clone());
+        let origin = OriginSource::new(slots);
+        let (peer_source, members) = peers.map(|p| (p.source, p.members)).unzip();
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                sources: peer_source.into_iter().chain([Arc::new(origin) as _]).collect(),
+                inflight: Mutex::new(HashMap::new()),
+                failed: Lately::default(),
+                unstored: Lately::default(),
+                budget: MemoryBudget::new(memory_limit, stats.clone()),
+                part_blocks,
+                readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
+                stats,
+                runtime: Handle::current(),
+                tasks: TaskTracker::new(),
+                stop: CancellationToken::new(),
+                written: tokio::sync::Notify::new(),
+                no_space_said: AtomicBool::new(false),
+                write_failures_said: Throttled::default(),
+                kept: Mutex::new(Kept::default()),
+                held: Mutex::new(HeldBlocks {
+                    blocks: HashMap::new(),
+                    sweep_at: HELD_SWEEP_MIN,
+                }),
+                runs: AtomicUsize::new(0),
+                members,
+                checks: check::OriginChecks::new(),
+            }),
+        }
+    }
+
+    /// The block store underneath.
+    pub fn store(&self) -> &Arc<BlockStore> {
+        &self.inner.store
+    }
+
+    /// The counters it adds to.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.inner.stats
+    }
+
+    /// The memory budget of its blocks.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.inner.budget
+    }
+
+    /// Blocks in one origin part.
+    pub fn part_blocks(&self) -> u32 {
+        self.inner.part_blocks
+    }
+
+    /// Blocks with a fill or a cache write in flight.
+    pub fn in_flight(&self) -> usize {
+        self.inner.inflight.lock().len()
+    }
+
+    /// Stops every fetch of a fill, now and from now on: their waiters get
+    /// [`ReadError::Abandoned`]; blocks already received are still written (shutdown).
+    pub fn stop_fills(&self) {
+        self.inner.stop.cancel();
+    }
+
+    /// Runs `task` on the cache's runtime, whatever thread asks (a FUSE thread answering a
+    /// read may start fills), tracked for [`Cache::flush`].
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.inner.tasks.spawn_on(task, &self.inner.runtime);
+    }
+
+    /// Waits for every fill and cache write started so far (shutdown, tests).
+    pub async fn flush(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        self.inner.tasks.reopen();
+    }
+
+    /// Where block `index` starts in its object.
+    fn block_start(&self, index: u32) -> u64 {
+        u64::from(index) * self.inner.store.block_size()
+    }
+
+    fn block_count(&self, object: &OpenObject) -> u32 {
+        object.version.size.div_ceil(self.inner.store.block_size()) as u32
+    }
+
+    /// Block `index`, fetched by a task of its own so that it proceeds whether or not anyone
+    /// is polling yet; the result can be awaited by several callers. While any reader holds
+    /// it, other readers of the version get the same block rather than a read of their own.
+    fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedBlock {
+        let key = (object.id, index);
+        let mut held = self.inner.held.lock();
+        if let Some(block) = held
+            .blocks
+            .get(&key)
+            .and_then(WeakShared::upgrade)
+            .filter(|block| !matches!(block.peek(), Some(Err(_))))
+        {
+            return block;
+        }
+        let (cache, object) = (self.clone(), object.clone());
+        let runtime = &self.inner.runtime;
+        let block = runtime
+            .spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
+            .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
+            .boxed()
+            .shared();
+        if held.blocks.len() >= held.sweep_at {
+            held.blocks.retain(|_, weak| weak.upgrade().is_some());
+            held.sweep_at = (2 * held.blocks.len()).max(HELD_SWEEP_MIN);
+        }
+        if let Some(weak) = block.downgrade() {
+            held.blocks.insert(key, weak);
+        }
+        block
+    }
+
+    /// Starts fills for the missing blocks of `range` without waiting for them, as far as
+    /// they fit the memory budget.
+    pub fn prefetch(&self, object: &Arc<OpenObject>, range: Range<u64>) {
+        let end = object.version.size.min(range.end);
+        if range.start >= end {
+            return;
+        }
+        let block_size = self.inner.store.block_size();
+        let last = ((end - 1) / block_size) as u32;
+        let mut index = (range.start / block_size) as u32;
+        let mut inflight = self.inner.inflight.lock();
+        while index <= last {
+            if inflight.contains_key(&(object.id, index))
+                || self.inner.store.contains(object.id, index)
+                || self.failed_lately((object.id, index)).is_some()
+            {
+                index += 1;
+                continue;
+            }
+            let Some(charge) = self.inner.budget.try_charge(block_size) else {
+                add(&self.inner.stats.readahead_held_back, u64::from(last + 1 - index));
+                return;
+            };
+            let started = self.start_fill(object, index, &mut inflight, FillFor::Node, Some(charge));
+            add(&self.inner.stats.readahead_blocks, started.len() as u64);
+            index = started.end;
+        }
+    }
+
+    /// Keeps `block`, fetched ahead of any reader, for the reader to come (see [`Kept`]).
+    fn keep(&self, key: BlockKey, block: &Block) {
+        let room = self.inner.budget.limit() / 2;
+        let len = block.bytes.len() as u64;
+        let now = Instant::now();
+        let mut guard = self.inner.kept.lock();
+        let kept = &mut *guard;
+        // Drops what was taken or kept too long, from the oldest.
+        while let Some(&(oldest, at)) = kept.order.front() {
+            let current = kept
+                .blocks
+                .get(&oldest)
+                .is_some_and(|(_, kept_at)| *kept_at == at);
+            if current && now.duration_since(at) < KEPT_FOR {
+                break;
+            }
+            kept.order.pop_front();
+            if current && let Some((gone, _)) = kept.blocks.remove(&oldest) {
+                kept.bytes -= gone.bytes.len() as u64;
+            }
+        }
+        if kept.bytes + len > room {
+            return;
+        }
+        if let Some((old, _)) = kept.blocks.insert(key, (block.clone(), now)) {
+            kept.bytes -= old.bytes.len() as u64;
+        }
+        kept.bytes += len;
+        kept.order.push_back((key, now));
+    }
+
+    /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader. A read
+    /// that reaches the block's end takes it, so its memory goes once the reader is done with
+    /// it; a read of a part before that leaves it for the reads that follow (a reader reading
+    /// the block in pieces must not find the rest gone, and perhaps evicted from disk too).
+    fn take_kept(&self, key: BlockKey, part: Option<&Range<usize>>) -> Option<Block> {
+        let block = {
+            let mut kept = self.inner.kept.lock();
+            let (block, _) = kept.blocks.get(&key)?;
+            let len = block.bytes.len();
+            let block = block.clone();
+            if part.is_none_or(|part| part.end >= len) {
+                kept.blocks.remove(&key);
+                kept.bytes -= len as u64;
+            }
+            block
+        };
+        // Its first use, for the eviction policy: it was never read from disk.
+        self.inner.store.note_served(key.0, key.1);
+        add(&self.inner.stats.lookup_hit, 1);
+        Some(match part {
+            None => block,
+            Some(part) => Block {
+                bytes: block.bytes.slice(part.clone()),
+                start: block.start + part.start as u64,
+                source: block.source,
+                written: block.written,
+            },
+        })
+    }
+
+    /// Whether a block held ahead of a reader fits the memory budget now (counted as held
+    /// back if not).
+    fn room_to_hold(&self) -> bool {
+        let fits = self.inner.budget.room_for(self.inner.store.block_size());
+        if !fits {
+            add(&self.inner.stats.readahead_held_back, 1);
+        }
+        fits
+    }
+
+    /// Makes sure block `index` is in the block store and verified: a block present but not
+    /// yet checked by this process is read back and checked; a missing one (or one that fails
+    /// the check) is fetched, or its fill in flight joined, and waited for until its write has
+    /// landed. No bytes count as served: this is the prefetch path. Returns whether it was
+    /// fetched.
+    pub async fn fill(&self, object: &Arc<OpenObject>, index: u32) -> Result<bool, ReadError> {
+        let inner = &self.inner;
+        let key = (object.id, index);
+        if inner.store.contains(object.id, index) && !inner.store.verified(object.id, index) {
+            match inner.store.read_block(&object.version, object.id, index).await {
+                Ok(Lookup::Hit(..)) => return Ok(false),
+                Ok(Lookup::Miss | Lookup::LostRace) => {}
+                Err(error) => self.dropped(&error),
+            }
+        }
+        // A job's fill waits for room in the memory budget before it starts; nobody is waiting
+        // for its blocks.
+        let mut charge: Option<Charge> = None;
+        let fill = loop {
+            {
+                let mut inflight = inner.inflight.lock();
+                match inflight.get(&key) {
+                    Some(fill) => break fill.clone(),
+                    None if inner.store.contains(object.id, index) => return Ok(false),
+                    None => {
+                        if let Some(error) = self.failed_lately(key) {
+                            return Err(error);
+                        }
+                        if let Some(charge) = charge.take() {
+                            self.start_fill(object, index, &mut inflight, FillFor::Job, Some(charge));
+                            break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
+                        }
+                    }
+                }
+            }
+            charge = Some(inner.budget.charge_when_room(inner.store.block_size()).await);
+        };
+        fill.await?;
+        loop {
+            let written = inner.written.notified();
+            tokio::pin!(written);
+            // Registered before the checks, so a write ending between them still wakes us.
+            written.as_mut().enable();
+            if inner.store.contains(object.id, index) {
+                return Ok(true);
+            }
+            if !inner.inflight.lock().contains_key(&key) {
+                let why = inner.unstored.take(key);
+                let why = why.unwrap_or_else(|| "it was evicted as soon as it was written".into());
+                return Err(ReadError::NotStored(why));
+            }
+            written.await;
+        }
+    }
+
+    /// Fills every missing block of `objects`, `parts_at_once` origin parts at a time, the
+    /// blocks of a part in order (the first missing block's fill covers the rest of the part,
+    /// and the blocks after it join that fill). `each` hears every block's result (whether it
+    /// was fetched, as [`Cache::fill`] says) and answers whether to go on with its part: a
+    /// failed fill usually fails the rest of its part too.
+    pub async fn fill_objects(
+        &self,
+        objects: Vec<Arc<OpenObject>>,
+        parts_at_once: usize,
+        each: impl Fn(&OpenObject, u32, Result<bool, ReadError>) -> bool,
+    ) {
+        let block_size = self.inner.store.block_size();
+        let part_blocks = self.part_blocks();
+        let parts = objects.into_iter().flat_map(|object| {
+            let count = object.version.size.div_ceil(block_size) as u32;
+            (0..count)
+                .step_by(part_blocks as usize)
+                .map(move |first| (object.clone(), first..count.min(first + part_blocks)))
+        });
+        let each = &each;
+        futures::stream::iter(parts)
+            .map(|(object, blocks)| async move {
+                for index in blocks {
+                    let result = self.fill(&object, index).await;
+                    if !each(&object, index, result) {
+                        break;
+                    }
+                }
+            })
+            .buffer_unordered(parts_at_once)
+            .for_each(|()| futures::future::ready(()))
+            .await;
+    }
+
+    /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]
+    /// ago: a read of it fails at once instead of starting another fill.
+    fn failed_lately(&self, key: BlockKey) -> Option<ReadError> {
+        self.inner.failed.get(key)
+    }
+
+    /// Remembers that the fills of `blocks` of `object` failed with `error` (an origin's error:
+    /// an abandoned fill is not the block's fault), and forgets failures older than
+    /// [`FAILED_FILL_MEMORY`].
+    fn remember_failure(&self, object: ObjectId, blocks: Range<u32>, error: &ReadError) {
+        if !matches!(error, ReadError::Origin(_)) || blocks.is_empty() {
+            return;
+        }
+        let keys = blocks.map(|index| (object, index));
+        self.inner.failed.record(keys, error);
+    }
+
+    /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
+    /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
+    fn remember_unstored(&self, key: BlockKey, error: &StoreError) {
+        self.inner.unstored.record([key], &error.to_string().into());
+    }
+
+    /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or
+    /// `None` when the disk does not have it. A block evicted while being read is looked up
+    /// again, a bounded number of times; a disk error or a corrupt block (which the store has
+    /// dropped) is counted and logged here, and is a miss.
+    async fn lookup(&self, object: &OpenObject, index: u32, part: Option<Range<usize>>) -> Option<Block> {
+        let store = &self.inner.store;
+        let whole = 0..store.block_len(object.version.size, index) as usize;
+        let range = part.unwrap_or(whole);
+        let started = Instant::now();
+        for _ in 0..LOOKUP_ATTEMPTS {
+            match store.read(&object.version, object.id, index, range.clone()).await {
+                Ok(Lookup::Hit(bytes, written)) => {
+                    return Some(self.disk_hit(bytes, written, index, range.start, started));
+                }
+                Ok(Lookup::Miss) => return None,
+                Ok(Lookup::LostRace) => continue,
+                Err(error) => {
+                    self.dropped(&error);
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Bytes `part` of block `index` from disk, read and checked on the calling thread (see
+    /// [`BlockStore::read_now`]), or `None`.
+    fn lookup_now(&self, object: &OpenObject, index: u32, part: Range<usize>) -> Option<Block> {
+        if let Some(block) = self.take_kept((object.id, index), Some(&part)) {
+            return Some(block);
+        }
+        let started = Instant::now();
+        let store = &self.inner.store;
+        let (bytes, written) = store.read_now(object.id, object.version.size, index, part.clone())?;
+        Some(self.disk_hit(bytes, written, index, part.start, started))
+    }
+
+    /// Bytes of block `index` from `offset` in it, read from disk since `started`: counted,
+    /// and charged to the budget (read for a reader waiting now, or held ahead if it fitted).
+    /// `written`: when and from where this process fetched it, if it did (see
+    /// [`Block::written`]).
+    fn disk_hit(
+        &self,
+        bytes: Bytes,
+        written: Option<Written>,
+        index: u32,
+        offset: usize,
+        started: Instant,
+    ) -> Block {
+        let stats = &self.inner.stats;
+        stats.latency.fill_nvme.observe(started.elapsed());
+        add(&stats.lookup_hit, 1);
+        let charge = self.inner.budget.charge(bytes.len() as u64);
+        Block {
+            bytes: budget::charged(bytes, Arc::new(charge)),
+            start: self.block_start(index) + offset as u64,
+            source: Source::Nvme,
+            written,
+        }
+    }
+
+    /// Counts and logs a block the store dropped because its read failed: a miss, never a
+    /// failed read.
+    fn dropped(&self, error: &StoreError) {
+        let stats = &self.inner.stats;
+        match error {
+            StoreError::Corrupt { .. } => add(&stats.lookup_corrupt, 1),
+            StoreError::Io { .. }
+            | StoreError::Locked(_)
+            | StoreError::NoSpace { .. }
+            | StoreError::DirLost(_) => add(&stats.cache_read_errors, 1),
+        }
+        tracing::warn!(%error, "cached block dropped; fetching it again");
+    }
+
+    /// The whole of block `index` for a rack peer that asked this node for it: from disk, a
+    /// fill in flight, or a new fill from this node's origin (never from another peer).
+    /// Nothing counts as served here; the peer listener counts what it sends.
+    pub async fn block_for_peer(&self, object: &Arc<OpenObject>, index: u32) -> Result<Bytes, ReadError> {
+        Ok(self.block(object, index, None, FillFor::Peer).await?.bytes)
+    }
+
+    /// Bytes `part` of block `index` (the whole block with `None`): from disk, else from a
+    /// fill in flight or a new one for `fill_for` (which always fetch the whole block).
+    async fn block(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        part: Option<Range<usize>>,
+        fill_for: FillFor,
+    ) -> Result<Block, ReadError> {
+        let stats = &self.inner.stats;
+        let key = (object.id, index);
+        let mut attempts = 0;
+        if let Some(block) = self.take_kept(key, part.as_ref()) {
+            return Ok(block);
+        }
+        let fill = loop {
+            if let Some(block) = self.lookup(object, index, part.clone()).await {
+                return Ok(block);
+            }
+            attempts += 1;
+            let mut inflight = self.inner.inflight.lock();
+            if let Some(fill) = inflight.get(&key) {
+                add(&stats.lookup_joined, 1);
+                break fill.clone();
+            }
+            // Written since the lookup: read it from disk rather than fetch it again, unless
+            // the disk keeps losing it.
+            if attempts < LOOKUP_ATTEMPTS && self.inner.store.contains(object.id, index) {
+                continue;
+            }
+            if let Some(error) = self.failed_lately(key) {
+                return Err(error);
+            }
+            add(&stats.lookup_miss, 1);
+            // A reader waits for this block: charged now if it fits, else once it fits, or
+            // after MEMORY_PATIENCE whatever the budget says.
+            let charge = self.inner.budget.try_charge(self.inner.store.block_size());
+            self.start_fill(object, index, &mut inflight, fill_for, charge);
+            break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
+        };
+        fill.await
+    }
+}

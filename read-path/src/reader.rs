@@ -1,0 +1,286 @@
+//! A reader of one open object (one file handle): what a read waits for, given what the
+//! sequential detector says of it.
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use larder_stats::{Stats, add};
+use larder_store::BlockHold;
+use larder_store::Fetched;
+use parking_lot::Mutex;
+
+use super::fill::FillFor;
+use super::readahead::{Readahead, Step};
+use super::{Block, Cache, OpenObject, ReadError, SharedBlock, Source};
+
+/// Whole blocks the sequential readers keep fetched ahead of themselves, in memory, shared
+/// among them (at least one each): this is what keeps several disk reads in flight on a warm
+/// read (cold blocks are covered by the fills the readahead window starts), without many
+/// readers each holding as many.
+pub(crate) const BLOCKS_AHEAD: u32 = 8;
+
+/// Whole blocks a reader keeps behind its position, for reads that arrive a little out of
+/// order.
+const BLOCKS_BEHIND: u32 = 2;
+
+type BlockFuture = BoxFuture<'static, Result<Block, ReadError>>;
+
+/// A reader of one open object: keeps a growing readahead window of fills in flight ahead of
+/// it while reads are sequential, and holds the blocks around its position so that small
+/// reads inside one block cost one block read, as far as the memory budget allows. A read that
+/// is not sequential reads only the 16 KiB groups it wants of a block on disk; so does a
+/// sequential one that finds the budget full, which then holds the block on disk instead (see
+/// [`larder_store::BlockStore::hold`]), so that its next reads cannot find it evicted.
+///
+/// Reads may come concurrently and slightly out of order (the kernel's readahead sends several
+/// at once); the reader's state is locked only to plan a read, never while waiting for blocks.
+#[derive(Debug)]
+pub struct Reader {
+    cache: Cache,
+    object: Arc<OpenObject>,
+    /// The store's generation when the file was opened: blocks stored after it were fetched
+    /// for this open (see [`Span::assemble`]).
+    opened: u64,
+    state: Mutex<ReaderState>,
+}
+
+#[derive(Debug)]
+struct ReaderState {
+    readahead: Readahead,
+    blocks: BTreeMap<u32, SharedBlock>,
+    /// Blocks read in pieces from disk, held there while the reader is in them.
+    on_disk: BTreeMap<u32, BlockHold>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if self.state.get_mut().readahead.window() > 0 {
+            self.cache.inner.runs.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Reader {
+    /// A reader of `object` through `cache`.
+    pub fn new(cache: Cache, object: Arc<OpenObject>) -> Self {
+        let readahead = Readahead::new(cache.inner.readahead.clone());
+        Self {
+            opened: cache.inner.store.generation(),
+            cache,
+            object,
+            state: Mutex::new(ReaderState {
+                readahead,
+                blocks: BTreeMap::new(),
+                on_disk: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// Reads up to `len` bytes at `offset` of the pinned version; short only at its end.
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
+        let block_size = self.cache.inner.store.block_size();
+        let Some(span) = Span::new(&self.object, block_size, offset, len) else {
+            return Ok(Bytes::new());
+        };
+        let wanted = self.plan(&span);
+        let result = futures::future::try_join_all(wanted).await;
+        if result.is_err() {
+            // Do not keep failures: the next read tries again.
+            self.state
+                .lock()
+                .blocks
+                .retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
+        }
+        Ok(span.assemble(&result?, &self.cache.inner.stats, self.opened))
+    }
+
+    /// Reads up to `len` bytes at `offset` on the calling thread, if that can be done at
+    /// once: a small read inside one block that does not continue a sequential run, of a block
+    /// held in memory or of groups on disk (see [`larder_store::BlockStore::read_now`]). The
+    /// FUSE thread answers such reads itself, without a hop to the runtime and the I/O
+    /// engine. `None`: read with [`Reader::read`].
+    pub fn read_now(&self, offset: u64, len: usize) -> Option<Bytes> {
+        let block_size = self.cache.inner.store.block_size();
+        let span = Span::new(&self.object, block_size, offset, len)?;
+        if span.first != span.last || len > larder_store::READ_NOW_MAX {
+            return None;
+        }
+        let held = {
+            let state = self.state.lock();
+            if state.readahead.continues(offset) {
+                return None;
+            }
+            let held = state
+                .blocks
+                .get(&span.first)
+                .and_then(|block| block.peek().cloned());
+            held.and_then(Result::ok)
+        };
+        let block = match held {
+            Some(block) => block,
+            None => {
+                let part = span.within(span.first, block_size);
+                self.cache.lookup_now(&self.object, span.first, part)?
+            }
+        };
+        let bytes = span.assemble(&[block], &self.cache.inner.stats, self.opened);
+        self.plan_steps(&mut self.state.lock(), &span);
+        Some(bytes)
+    }
+
+    /// Feeds the sequential detector, starts readahead, and returns what to wait for, one
+    /// future per block of the read.
+    fn plan(&self, span: &Span) -> Vec<BlockFuture> {
+        let cache = &self.cache;
+        let block_size = cache.inner.store.block_size();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let step = self.plan_steps(state, span);
+        let runs = &cache.inner.runs;
+        let blocks_ahead = if step.sequential {
+            let share = BLOCKS_AHEAD / (runs.load(Ordering::Relaxed) as u32).max(1);
+            (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
+        } else {
+            0
+        };
+        let block_count = cache.block_count(&self.object);
+        // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
+        // Blocks behind only while the budget has room for them.
+        let behind = if cache.budget().room_for(block_size) {
+            BLOCKS_BEHIND
+        } else {
+            0
+        };
+        let low = span.first.saturating_sub(behind);
+        let high = span.last.saturating_add(2 * BLOCKS_AHEAD);
+        state.blocks.retain(|index, _| (low..=high).contains(index));
+        state.on_disk.retain(|index, _| (low..=high).contains(index));
+        // The read's own blocks, whole in a run while the budget has room (the next reads
+        // inside them need no disk read), then those ahead of it as far as the budget goes.
+        // Without room, a run reads the part it wants and holds the block on disk.
+        let wanted = span
+            .blocks()
+            .map(|index| {
+                if let Some(block) = state.blocks.get(&index) {
+                    return block.clone().boxed();
+                }
+                if !step.sequential || !cache.room_to_hold() {
+                    if step.sequential {
+                        let store = &cache.inner.store;
+                        let id = self.object.id;
+                        state
+                            .on_disk
+                            .entry(index)
+                            .or_insert_with(|| store.hold(id, index));
+                    }
+                    let (cache, object) = (cache.clone(), self.object.clone());
+                    let part = span.within(index, block_size);
+                    return async move { cache.block(&object, index, Some(part), FillFor::Node).await }
+                        .boxed();
+                }
+                let block = cache.spawn_block(&self.object, index);
+                state.blocks.insert(index, block.clone());
+                block.boxed()
+            })
+            .collect();
+        let ahead = span.last + 1..=(span.last + blocks_ahead).min(block_count - 1);
+        for index in ahead {
+            if let Entry::Vacant(entry) = state.blocks.entry(index) {
+                if !cache.room_to_hold() {
+                    break;
+                }
+                entry.insert(cache.spawn_block(&self.object, index));
+            }
+        }
+        wanted
+    }
+
+    /// Feeds the sequential detector with `span`, counts the runs it starts and ends, and
+    /// starts the readahead it asks for.
+    fn plan_steps(&self, state: &mut ReaderState, span: &Span) -> Step {
+        let cache = &self.cache;
+        let step = state
+            .readahead
+            .on_read(span.offset..span.end, self.object.version.size);
+        let runs = &cache.inner.runs;
+        if step.started {
+            runs.fetch_add(1, Ordering::Relaxed);
+        } else if step.ended {
+            runs.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(ahead) = step.prefetch.clone() {
+            cache.prefetch(&self.object, ahead);
+        }
+        step
+    }
+}
+
+/// The blocks a read covers, and how to cut the read out of them.
+struct Span {
+    offset: u64,
+    end: u64,
+    first: u32,
+    last: u32,
+}
+
+impl Span {
+    /// `None` when the read is empty or starts at or past the end of the object.
+    fn new(object: &OpenObject, block_size: u64, offset: u64, len: usize) -> Option<Self> {
+        let end = object.version.size.min(offset.saturating_add(len as u64));
+        (offset < end).then(|| Self {
+            offset,
+            end,
+            first: (offset / block_size) as u32,
+            last: ((end - 1) / block_size) as u32,
+        })
+    }
+
+    fn blocks(&self) -> std::ops::RangeInclusive<u32> {
+        self.first..=self.last
+    }
+
+    /// The part of block `index` (of `block_size` bytes) the read covers, as offsets within it.
+    fn within(&self, index: u32, block_size: u64) -> Range<usize> {
+        let block_start = u64::from(index) * block_size;
+        let from = self.offset.saturating_sub(block_start);
+        let to = (self.end - block_start).min(block_size);
+        from as usize..to as usize
+    }
+
+    /// The requested bytes out of the blocks `first..=last`, each whole or the part the read
+    /// covers (a slice when one block holds them all, one copy otherwise); counts the bytes
+    /// served by source.
+    ///
+    /// A block read from disk that this process stored after the reader's file was opened (at
+    /// the store's generation `opened`; readahead's, most often) counts where it was fetched
+    /// from: only bytes on the node before the open are hits.
+    fn assemble(&self, blocks: &[Block], stats: &Stats, opened: u64) -> Bytes {
+        let slice = |block: &Block| {
+            let from = self.offset.saturating_sub(block.start) as usize;
+            let to = ((self.end - block.start) as usize).min(block.bytes.len());
+            let bytes = block.bytes.slice(from.min(to)..to);
+            let fetched = block.written.filter(|w| w.generation > opened).map(|w| w.from);
+            let counter = match (block.source, fetched) {
+                (_, Some(Fetched::Origin)) | (Source::Origin, None) => &stats.served_origin_bytes,
+                (_, Some(Fetched::Peer)) | (Source::Peer, None) => &stats.served_peer_bytes,
+                (Source::Nvme, None) => &stats.served_nvme_bytes,
+            };
+            add(counter, bytes.len() as u64);
+            bytes
+        };
+        if let [block] = blocks {
+            return slice(block);
+        }
+        let mut out = BytesMut::with_capacity((self.end - self.offset) as usize);
+        for block in blocks {
+            out.extend_from_slice(&slice(block));
+        }
+        out.freeze()
+    }
+}

@@ -1,0 +1,702 @@
+//! The OCI registry mirror: the read-only pull API of the distribution spec, for containerd
+//! and CRI-O, served from the block cache.
+//!
+//! - Manifests and blobs by digest are content addressed: an object whose identity is the
+//!   digest and its size ([`Identity::Digest`](larder_object::Identity)), the same whichever
+//!   repository or registry it is pulled through. It is filled like any object (through an
+//!   [`Origin`] over the upstream, [`upstream::UpstreamStore`]: single-flight, deadlines,
+//!   write-behind, eviction) and checked against its digest before any byte of it is served:
+//!   [`Mirror::verified`] fills it whole, hashes it from the cache, and keeps each block's
+//!   BLAKE3; a blob that fails its digest is dropped from the cache, fetched once more, and
+//!   fails if it fails again. Every block served is checked against the BLAKE3 kept, so a block
+//!   refetched after an eviction cannot slip in unchecked.
+//! - Tags resolve upstream (`HEAD`), and the answer is trusted for `registry.tag_ttl`. Past it,
+//!   a tag whose upstream cannot be reached is served from the last answer, and the log says
+//!   so; a tag the upstream says is gone is gone.
+//! - Only configured upstreams are served: a request names its registry with containerd's
+//!   `?ns=` parameter, or as the first component of the repository, or is for the only
+//!   upstream configured. Anything else is refused: the mirror is not an open proxy.
+//! - What names content (tags, and the size of each digest) is kept in [`index::Index`], so
+//!   cached images pull while their upstream is down, after a restart too.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod reference;
+pub mod server;
+
+mod index;
+pub mod upstream;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use larder_config::{OriginConfig, RegistryConfig};
+use larder_object::{Identity, ObjectId, ObjectVersion};
+use larder_origin::Origin;
+use larder_read_path::{Cache, OpenObject, ReadError};
+use larder_stats::{Stats, add};
+use parking_lot::Mutex;
+use sha2::{Digest as _, Sha256};
+
+use self::index::{ContentEntry, Index};
+use self::reference::{Digest, ImageRef, Reference};
+use self::upstream::{Described, Upstream, UpstreamError, UpstreamStore};
+
+/// The names of the upstreams' origins begin so: `registry:nvcr.io`.
+pub const ORIGIN_PREFIX: &str = "registry:";
+
+/// Verified objects whose block hashes are kept (32 bytes a block); past it they are forgotten
+/// all at once and hashed again when next asked for.
+const VERIFIED_KEPT: usize = 16384;
+
+/// Origin parts of one blob filled at once when it is verified.
+const PARTS_AT_ONCE: usize = 4;
+
+/// The manifest types that list other manifests.
+const INDEX_TYPES: [&str; 2] = [
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+
+/// The `Accept` of a tag resolved for a client that takes no index: single manifests only.
+const SINGLE_ACCEPT: &str =
+    "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json";
+
+/// Why the mirror could not serve a request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MirrorError {
+    /// The registry asked for is not an upstream.
+    #[error("registry {0:?} is not configured upstream (registry.upstreams): the mirror serves only those")]
+    NotConfigured(String),
+    /// The request does not say which registry it is for, and several are configured.
+    #[error(
+        "say which registry with ?ns=HOST or a HOST/ first component of the name: several are configured"
+    )]
+    WhichRegistry,
+    /// The upstream failed or refused.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// The content could not be filled.
+    #[error("{digest}: {source}")]
+    Fill {
+        /// The content.
+        digest: Digest,
+        /// Why.
+        source: ReadError,
+    },
+    /// The content the upstream sent does not hash to its digest (twice): not served.
+    #[error("{0}: the upstream's bytes do not match the digest (fetched twice); nothing was served or kept")]
+    DigestMismatch(Digest),
+    /// A manifest is not one the mirror can read, or names no image for the platform.
+    #[error("{what}: {reason}")]
+    Manifest {
+        /// The manifest.
+        what: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// One upstream and the origin its content is filled through.
+#[derive(Debug)]
+struct Registry {
+    upstream: Arc<Upstream>,
+    origin: Arc<Origin>,
+}
+
+/// A verified object: the BLAKE3 of each of its blocks as hashed against the digest.
+type Verified = Arc<[[u8; 32]]>;
+type SharedCheck = Shared<BoxFuture<'static, Result<Verified, MirrorError>>>;
+
+/// The registry mirror.
+#[derive(Debug)]
+pub struct Mirror {
+    registries: BTreeMap<String, Registry>,
+    cache: Cache,
+    index: Arc<Index>,
+    tag_ttl: Duration,
+    stats: Arc<Stats>,
+    verified: Mutex<HashMap<ObjectId, Verified>>,
+    checks: Mutex<HashMap<ObjectId, SharedCheck>>,
+}
+
+/// What the configuration's credentials file holds: docker's `config.json`.
+#[derive(Debug, Default, serde::Deserialize)]
+struct DockerConfig {
+    #[serde(default)]
+    auths: HashMap<String, DockerAuth>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DockerAuth {
+    auth: Option<String>,
+}
+
+impl Mirror {
+    /// The mirror of `config`'s upstreams over `cache`, with its index in `cache_dir`.
+    pub fn new(
+        config: &RegistryConfig,
+        origin: &OriginConfig,
+        cache: Cache,
+        cache_dir: &Path,
+        stats: Arc<Stats>,
+    ) -> Result<Arc<Self>, String> {
+        let credentials = match &config.credentials {
+            Some(path) => {
+                let text = std::fs::read(path).map_err(|e| {
+                    format!(
+                        "registry credentials {} (registry.credentials): {e}",
+                        path.display()
+                    )
+                })?;
+                serde_json::from_slice::<DockerConfig>(&text).map_err(|e| {
+                    format!(
+                        "registry credentials {} (registry.credentials): not a docker config.json: {e}",
+                        path.display()
+                    )
+                })?
+            }
+            None => DockerConfig::default(),
+        };
+        let mut registries = BTreeMap::new();
+        for configured in &config.upstreams {
+            let base = url::Url::parse(&configured.url).map_err(|e| {
+                format!(
+                    "registry {}: {:?} is not a URL: {e}",
+                    configured.host, configured.url
+                )
+            })?;
+            let auth = credentials
+                .auths
+                .get(&configured.host)
+                .or_else(|| credentials.auths.get(&format!("https://{}", configured.host)))
+                .and_then(|a| a.auth.as_deref());
+            let upstream = Arc::new(Upstream::new(&configured.host, base, auth)?);
+            let store = Arc::new(UpstreamStore::new(upstream.clone()));
+            let origin = Arc::new(
+                Origin::new(
+                    &format!("{ORIGIN_PREFIX}{}", configured.host),
+                    &format!("oci://{}", configured.host),
+                    store,
+                    object_store::path::Path::default(),
+                    origin,
+                    stats.clone(),
+                )
+                .with_content_names(content_at),
+            );
+            registries.insert(configured.host.clone(), Registry { upstream, origin });
+        }
+        Ok(Arc::new(Self {
+            registries,
+            cache,
+            index: Index::open(cache_dir),
+            tag_ttl: config.tag_ttl,
+            stats,
+            verified: Mutex::new(HashMap::new()),
+            checks: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The upstreams, by the name image references give them, with the URL each is reached at.
+    pub fn upstreams(&self) -> impl Iterator<Item = (&str, &url::Url)> {
+        self.registries
+            .iter()
+            .map(|(host, registry)| (host.as_str(), registry.upstream.base()))
+    }
+
+    /// The registry a request is for, and the repository's name in it: `ns` (containerd's
+    /// parameter) if given, else the name's first component if it is a configured registry,
+    /// else the only one configured.
+    fn registry_for<'a>(&self, ns: Option<&str>, name: &'a str) -> Result<(&Registry, &'a str), MirrorError> {
+        if let Some(ns) = ns {
+            let registry = self
+                .registries
+                .get(ns)
+                .ok_or_else(|| MirrorError::NotConfigured(ns.to_owned()))?;
+            return Ok((registry, name));
+        }
+        if let Some((first, rest)) = name.split_once('/')
+            && let Some(registry) = self.registries.get(first)
+        {
+            return Ok((registry, rest));
+        }
+        match self.registries.values().next() {
+            Some(registry) if self.registries.len() == 1 => Ok((registry, name)),
+            _ => Err(MirrorError::WhichRegistry),
+        }
+    }
+
+    /// What manifest `reference` of `name` in `registry` is: a digest as the index knows it
+    /// (or as the upstream describes it), a tag as last resolved within the TTL, else as the
+    /// upstream resolves it now (or, when the upstream cannot answer, as last resolved).
+    /// `indexes` says whether the client takes image indexes and manifest lists.
+    async fn resolve(
+        &self,
+        registry: &Registry,
+        name: &str,
+        reference: &Reference,
+        indexes: bool,
+    ) -> Result<Described, MirrorError> {
+        let upstream = &registry.upstream;
+        let accept = if indexes {
+            upstream::MANIFEST_ACCEPT
+        } else {
+            SINGLE_ACCEPT
+        };
+        let tag = match reference {
+            Reference::Digest(digest) => {
+                if let Some(ContentEntry {
+                    size,
+                    media_type: Some(media_type),
+                }) = self.index.content(digest)
+                {
+                    return Ok(Described {
+                        digest: digest.clone(),
+                        media_type,
+                        size,
+                    });
+                }
+                let described = upstream
+                    .describe_manifest(name, &digest.to_string(), accept)
+                    .await?;
+                return Ok(self.learned(described).await);
+            }
+            Reference::Tag(tag) => tag,
+        };
+        let key = format!(
+            "{}/{name}:{tag}{}",
+            upstream.host(),
+            if indexes { "" } else { "#single" }
+        );
+        let last = self.index.tag(&key).and_then(|(entry, age)| {
+            let content = self.index.content(&entry.digest)?;
+            Some((entry.digest, content, age))
+        });
+        if let Some((digest, content, age)) = &last
+            && *age < self.tag_ttl
+            && let Some(media_type) = &content.media_type
+        {
+            return Ok(Described {
+                digest: digest.clone(),
+                media_type: media_type.clone(),
+                size: content.size,
+            });
+        }
+        match upstream.describe_manifest(name, tag, accept).await {
+            Ok(described) => {
+                let content = ContentEntry {
+                    size: described.size,
+                    media_type: Some(described.media_type.clone()),
+                };
+                self.index.resolved(&key, &described.digest, content).await;
+                Ok(described)
+            }
+            Err(error) if !error.is_not_found() => match last {
+                Some((digest, content, age)) => {
+                    add(&self.stats.registry_stale_tags, 1);
+                    tracing::warn!(
+                        tag = %key,
+                        %digest,
+                        age = %humantime::format_duration(Duration::from_secs(age.as_secs())),
+                        %error,
+                        "upstream unreachable: serving the tag as last resolved"
+                    );
+                    Ok(Described {
+                        digest,
+                        media_type: content.media_type.unwrap_or_default(),
+                        size: content.size,
+                    })
+                }
+                None => Err(error.into()),
+            },
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Records a manifest the upstream described, and gives it as resolved.
+    async fn learned(&self, described: Described) -> Described {
+        let content = ContentEntry {
+            size: described.size,
+            media_type: Some(described.media_type.clone()),
+        };
+        self.index.learned([(described.digest.clone(), content)]).await;
+        described
+    }
+
+    /// The size of blob `digest`: as the index knows it, else as the upstream says (`HEAD`).
+    async fn blob_size(&self, registry: &Registry, name: &str, digest: &Digest) -> Result<u64, MirrorError> {
+        if let Some(content) = self.index.content(digest) {
+            return Ok(content.size);
+        }
+        let size = registry.upstream.blob_size(name, digest).await?;
+        let content = ContentEntry {
+            size,
+            media_type: None,
+        };
+        self.index.learned([(digest.clone(), content)]).await;
+        Ok(size)
+    }
+
+    /// The object holding `digest`'s `size` bytes, fetched (when missing) from `name` in
+    /// `registry` as a blob or, with `manifest`, a manifest.
+    fn object(
+        &self,
+        registry: &Registry,
+        name: &str,
+        digest: &Digest,
+        size: u64,
+        manifest: bool,
+    ) -> Result<Arc<OpenObject>, MirrorError> {
+        let identity = digest.identity(size).map_err(|e| MirrorError::Manifest {
+            what: digest.to_string(),
+            reason: e.to_string(),
+        })?;
+        let kind = if manifest { "manifests" } else { "blobs" };
+        let version = ObjectVersion {
+            origin_url: registry.origin.identity_url().to_owned(),
+            key: format!("{name}/{kind}/{digest}"),
+            etag: None,
+            version: None,
+            size,
+            modified: SystemTime::UNIX_EPOCH,
+            content: Some(Box::new(identity)),
+        };
+        Ok(OpenObject::new(registry.origin.clone(), version))
+    }
+
+    /// The BLAKE3 of each block of `object` once its bytes, whole in the cache, hash to the
+    /// digest that names it: filled (or found) and hashed once however many ask at once.
+    pub async fn verified(self: &Arc<Self>, object: &Arc<OpenObject>) -> Result<Verified, MirrorError> {
+        let id = object.id();
+        if let Some(hashes) = self.verified.lock().get(&id) {
+            return Ok(hashes.clone());
+        }
+        // Checked before a restart, and the store holds the very blocks that were checked
+        // (each is checked against its hash again as it is sent).
+        let store = self.cache.store();
+        let block_size = store.block_size();
+        let blocks = object.version().size.div_ceil(block_size) as u32;
+        if let Some(digest) = digest_of(object)
+            && let Some(hashes) = store.block_hashes(id, blocks)
+            && self.index.verified(&digest, block_size, &hashes)
+        {
+            let hashes: Verified = hashes.into();
+            self.verified.lock().insert(id, hashes.clone());
+            return Ok(hashes);
+        }
+        let check = {
+            let mut checks = self.checks.lock();
+            checks
+                .entry(id)
+                .or_insert_with(|| {
+                    // A task of its own: a check runs to its end even when every request
+                    // waiting for it goes away, so that none is left half done for the next.
+                    let digest = digest_of(object);
+                    let (mirror, object) = (self.clone(), object.clone());
+                    let task = tokio::spawn(async move {
+                        let result = mirror.check(&object).await;
+                        mirror.checks.lock().remove(&object.id());
+                        result
+                    });
+                    async move {
+                        task.await.unwrap_or_else(|_| {
+                            Err(MirrorError::Manifest {
+                                what: digest.map(|d| d.to_string()).unwrap_or_default(),
+                                reason: "the check was abandoned".into(),
+                            })
+                        })
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
+        };
+        check.await
+    }
+
+    /// Fills `object` whole and hashes it against its digest; a mismatch drops it from the
+    /// cache and tries once more.
+    async fn check(&self, object: &Arc<OpenObject>) -> Result<Verified, MirrorError> {
+        let digest = digest_of(object).ok_or_else(|| MirrorError::Manifest {
+            what: object.version().key.clone(),
+            reason: "not content named by a digest".into(),
+        })?;
+        for _ in 0..2 {
+            let failed = Mutex::new(None);
+            self.cache
+                .fill_objects(vec![object.clone()], PARTS_AT_ONCE, |_, _, result| match result {
+                    Ok(_) => true,
+                    Err(error) => {
+                        failed.lock().get_or_insert(error);
+                        false
+                    }
+                })
+                .await;
+            if let Some(source) = failed.into_inner() {
+                return Err(MirrorError::Fill { digest, source });
+            }
+            add(&self.stats.registry_digest_checks, 1);
+            let (sha256, hashes) = self.hash(object, &digest).await?;
+            if sha256.as_slice() == hex::decode(digest.hex()).unwrap_or_default().as_slice() {
+                let hashes: Verified = hashes.into();
+                {
+                    let mut verified = self.verified.lock();
+                    // Bounded: past it, content is hashed again when next asked for.
+                    if verified.len() >= VERIFIED_KEPT {
+                        verified.clear();
+                    }
+                    verified.insert(object.id(), hashes.clone());
+                }
+                let block_size = self.cache.store().block_size();
+                self.index.record_verified(&digest, block_size, &hashes).await;
+                return Ok(hashes);
+            }
+            add(&self.stats.registry_digest_mismatches, 1);
+            tracing::warn!(
+                %digest,
+                key = %object.version().key,
+                "content from the upstream does not match its digest: dropped from the cache"
+            );
+            self.cache.store().drop_object(object.id()).await;
+        }
+        Err(MirrorError::DigestMismatch(digest))
+    }
+
+    /// The SHA-256 of `object` read from the cache block by block, and each block's BLAKE3,
+    /// hashed off the runtime's threads.
+    async fn hash(
+        &self,
+        object: &Arc<OpenObject>,
+        digest: &Digest,
+    ) -> Result<([u8; 32], Vec<[u8; 32]>), MirrorError> {
+        let count = object.version().size.div_ceil(self.cache.store().block_size()) as u32;
+        let mut sha = Sha256::new();
+        let mut hashes = Vec::with_capacity(count as usize);
+        for index in 0..count {
+            let bytes =
+                self.cache
+                    .block_for_peer(object, index)
+                    .await
+                    .map_err(|source| MirrorError::Fill {
+                        digest: digest.clone(),
+                        source,
+                    })?;
+            let (back, hash) = tokio::task::spawn_blocking(move || {
+                sha.update(&bytes);
+                (sha, *blake3::hash(&bytes).as_bytes())
+            })
+            .await
+            .map_err(|_| MirrorError::Fill {
+                digest: digest.clone(),
+                source: ReadError::Abandoned,
+            })?;
+            sha = back;
+            hashes.push(hash);
+        }
+        Ok((sha.finalize().into(), hashes))
+    }
+
+    /// Block `index` of a verified `object`, if it is still the block that was verified.
+    async fn verified_block(&self, object: &Arc<OpenObject>, hashes: &Verified, index: u32) -> Option<Bytes> {
+        let bytes = match self.cache.block_for_peer(object, index).await {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::warn!(key = %object.version().key, index, %error, "a block of verified content could not be read: the answer is cut");
+                return None;
+            }
+        };
+        if hashes.get(index as usize) == Some(blake3::hash(&bytes).as_bytes()) {
+            return Some(bytes);
+        }
+        // Refetched since it was verified, and not the same bytes: dropped, and the content
+        // fetched and checked again next time.
+        self.verified.lock().remove(&object.id());
+        if let Some(digest) = digest_of(object) {
+            self.index.forget_verified(&digest).await;
+        }
+        self.cache.store().drop_object(object.id()).await;
+        tracing::warn!(
+            key = %object.version().key,
+            index,
+            "a block of verified content changed in the cache: the answer is cut, the content dropped and checked again"
+        );
+        None
+    }
+
+    /// The whole of a verified manifest (at most 4 MiB: larger ones are refused upstream).
+    async fn read_manifest(self: &Arc<Self>, object: &Arc<OpenObject>) -> Result<Bytes, MirrorError> {
+        let hashes = self.verified(object).await?;
+        let mut bytes = Vec::with_capacity(object.version().size as usize);
+        for index in 0..hashes.len() as u32 {
+            let block =
+                self.verified_block(object, &hashes, index)
+                    .await
+                    .ok_or_else(|| MirrorError::Manifest {
+                        what: object.version().key.clone(),
+                        reason: "changed in the cache while read".into(),
+                    })?;
+            bytes.extend_from_slice(&block);
+        }
+        Ok(bytes.into())
+    }
+
+    /// Every object an image needs for `platform` (`os/architecture[/variant]`): its index (if
+    /// any), its manifest, config and layers, each checked against its digest as it is read;
+    /// the index's and the manifest's bytes are fetched here, to find the rest.
+    pub async fn image_plan(
+        self: &Arc<Self>,
+        image: &ImageRef,
+        platform: &str,
+    ) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, MirrorError> {
+        let (registry, name) = self.registry_for(Some(&image.host), &image.name)?;
+        let mut plan = Vec::new();
+        let mut resolved = self.resolve(registry, name, &image.reference, true).await?;
+        let mut depth = 0;
+        let manifest = loop {
+            let object = self.object(registry, name, &resolved.digest, resolved.size, true)?;
+            let bytes = self.read_manifest(&object).await?;
+            plan.push((registry.origin.clone(), object.version().clone()));
+            let parsed: ImageManifest =
+                serde_json::from_slice(&bytes).map_err(|e| MirrorError::Manifest {
+                    what: format!("{image} ({})", resolved.digest),
+                    reason: format!("not an image manifest or index: {e}"),
+                })?;
+            let media_type = parsed.media_type.clone().unwrap_or(resolved.media_type.clone());
+            if !INDEX_TYPES.contains(&media_type.as_str()) || depth > 0 {
+                break parsed;
+            }
+            depth += 1;
+            let chosen = parsed
+                .manifests
+                .iter()
+                .find(|m| m.platform.as_ref().is_some_and(|p| p.matches(platform)))
+                .ok_or_else(|| MirrorError::Manifest {
+                    what: image.to_string(),
+                    reason: format!("the index has no manifest for platform {platform}"),
+                })?;
+            let size = chosen.size;
+            let content = ContentEntry {
+                size,
+                media_type: chosen.media_type.clone(),
+            };
+            self.index.learned([(chosen.digest.clone(), content)]).await;
+            resolved = Described {
+                digest: chosen.digest.clone(),
+                media_type: chosen.media_type.clone().unwrap_or_default(),
+                size,
+            };
+        };
+        let blobs: Vec<&Descriptor> = manifest.config.iter().chain(&manifest.layers).collect();
+        for blob in &blobs {
+            let object = self.object(registry, name, &blob.digest, blob.size, false)?;
+            plan.push((registry.origin.clone(), object.version().clone()));
+        }
+        // Known at once, in one write: a blob is found after a restart by its size.
+        let contents = blobs.iter().map(|blob| {
+            let content = ContentEntry {
+                size: blob.size,
+                media_type: None,
+            };
+            (blob.digest.clone(), content)
+        });
+        self.index.learned(contents).await;
+        Ok(plan)
+    }
+
+    /// Checks a prefetched object against its digest, if it is content named by one.
+    pub async fn check_prefetched(self: &Arc<Self>, object: &Arc<OpenObject>) -> Result<(), MirrorError> {
+        if object.version().content.is_some() {
+            self.verified(object).await?;
+        }
+        Ok(())
+    }
+
+    /// The upstreams' origins by name, for the peer listener: a member asks for image content
+    /// by the registry's origin and the key the content was fetched at.
+    pub fn origins(&self) -> impl Iterator<Item = (String, Arc<Origin>)> + '_ {
+        self.registries
+            .values()
+            .map(|registry| (registry.origin.name().to_owned(), registry.origin.clone()))
+    }
+
+    /// Whether `host` is a configured upstream.
+    pub fn knows(&self, host: &str) -> bool {
+        self.registries.contains_key(host)
+    }
+}
+
+/// The identity of content of `size` bytes fetched from an upstream at `key`
+/// (`<repository>/blobs/<digest>` or `<repository>/manifests/<digest>`), as [`Mirror`] names
+/// it; `None` for a key of another shape.
+pub fn content_at(key: &str, size: u64) -> Option<Identity> {
+    let (_, digest) = key
+        .rsplit_once("/blobs/")
+        .or_else(|| key.rsplit_once("/manifests/"))?;
+    digest.parse::<Digest>().ok()?.identity(size).ok()
+}
+
+/// The digest naming `object`'s content, if it is content named by one.
+fn digest_of(object: &OpenObject) -> Option<Digest> {
+    match object.version().content.as_deref() {
+        Some(Identity::Digest { algorithm, hex, .. }) => format!("{}:{hex}", algorithm.name()).parse().ok(),
+        _ => None,
+    }
+}
+
+/// The parts of an image manifest or index the mirror reads.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageManifest {
+    media_type: Option<String>,
+    #[serde(default)]
+    manifests: Vec<Descriptor>,
+    config: Option<Descriptor>,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+}
+
+/// A content descriptor.
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: Option<String>,
+    digest: Digest,
+    size: u64,
+    platform: Option<Platform>,
+}
+
+/// The platform of an index's manifest.
+#[derive(Debug, serde::Deserialize)]
+struct Platform {
+    os: String,
+    architecture: String,
+    variant: Option<String>,
+}
+
+impl Platform {
+    /// Whether it is `wanted` (`os/architecture[/variant]`; no variant matches any).
+    fn matches(&self, wanted: &str) -> bool {
+        let mut parts = wanted.split('/');
+        let (os, architecture, variant) = (parts.next(), parts.next(), parts.next());
+        os == Some(self.os.as_str())
+            && architecture == Some(self.architecture.as_str())
+            && (variant.is_none() || variant == self.variant.as_deref())
+    }
+}
+
+/// This node's platform as an image index names it: `linux/amd64`, `linux/arm64`, ...
+pub fn node_platform() -> String {
+    let architecture = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    format!("{}/{architecture}", std::env::consts::OS)
+}

@@ -1,0 +1,356 @@
+//! The mirror's HTTP listener: `GET`/`HEAD` of `/v2/`, manifests and blobs, with `Range` on
+//! blobs, and errors in the distribution API's shape (`{"errors":[{"code","message"}]}`).
+//!
+//! A `GET` of content waits for it to be verified ([`Mirror::verified`]) up to
+//! [`HEADERS_WITHIN`]: what fails by then (an unknown blob, an upstream down) gets its error
+//! status. Past it, the headers go out (the length and digest are known) so that the client's
+//! wait for them does not run out while a large layer is fetched, and the body follows once the
+//! content is verified, or is cut short if it fails: the client's pull then fails, and no
+//! unverified byte is ever sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::header::{ACCEPT, ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, RANGE};
+use hyper::{Method, Request, Response, StatusCode};
+use larder_http::{self as http, Body, Limits};
+use larder_read_path::OpenObject;
+use larder_stats::add;
+use tokio::sync::mpsc;
+
+use super::reference::{Reference, Route, RouteError};
+use super::upstream::UpstreamError;
+use super::{INDEX_TYPES, Mirror, MirrorError};
+
+/// How long a `GET` waits for its content to be verified before its headers go out.
+pub const HEADERS_WITHIN: Duration = Duration::from_secs(5);
+
+/// The listener's limits. containerd on the node is one client with many connections (a
+/// layer each, and more for ranges); the deadline covers the answer's head, not its body.
+pub const LIMITS: Limits = Limits {
+    max_connections: 256,
+    max_per_client: 256,
+    read_timeout: Duration::from_secs(10),
+    request_deadline: Duration::from_secs(60),
+    max_body: 0,
+};
+
+/// The version header every answer carries.
+const API_VERSION: (&str, &str) = ("docker-distribution-api-version", "registry/2.0");
+
+/// The mirror as an HTTP service.
+pub fn service(mirror: Arc<Mirror>) -> impl http::Service {
+    move |request: Request<Bytes>| answer(mirror.clone(), request)
+}
+
+async fn answer(mirror: Arc<Mirror>, request: Request<Bytes>) -> Response<Body> {
+    let mut response = route(&mirror, &request).await;
+    response
+        .headers_mut()
+        .insert(API_VERSION.0, HeaderValue::from_static(API_VERSION.1));
+    response
+}
+
+async fn route(mirror: &Arc<Mirror>, request: &Request<Bytes>) -> Response<Body> {
+    let head = match *request.method() {
+        Method::GET => false,
+        Method::HEAD => true,
+        _ => {
+            return failure(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "UNSUPPORTED",
+                "the mirror serves pulls only (GET and HEAD)",
+            );
+        }
+    };
+    let route = match Route::parse(request.uri().path()) {
+        Ok(route) => route,
+        Err(error) => {
+            add(&mirror.stats.registry_refused, 1);
+            let status = match error {
+                RouteError::NotFound => StatusCode::NOT_FOUND,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            return failure(status, error.code(), &error.to_string());
+        }
+    };
+    let ns = request.uri().query().and_then(|query| {
+        url::form_urlencoded::parse(query.as_bytes())
+            .find(|(name, _)| name == "ns")
+            .map(|(_, value)| value.into_owned())
+    });
+    let result = match route {
+        Route::Base => return http::full(StatusCode::OK, "application/json", "{}"),
+        Route::Manifest { name, reference } => {
+            add(&mirror.stats.registry_manifest_requests, 1);
+            let indexes = takes_indexes(request.headers().get_all(ACCEPT));
+            manifest(mirror, ns.as_deref(), &name, &reference, indexes, head).await
+        }
+        Route::Blob { name, digest } => {
+            add(&mirror.stats.registry_blob_requests, 1);
+            let range = request.headers().get(RANGE).and_then(|v| v.to_str().ok());
+            blob(mirror, ns.as_deref(), &name, &digest, range, head).await
+        }
+    };
+    result.unwrap_or_else(|(error, blob)| {
+        if matches!(error, MirrorError::NotConfigured(_) | MirrorError::WhichRegistry) {
+            add(&mirror.stats.registry_refused, 1);
+        }
+        mirror_failure(&error, blob)
+    })
+}
+
+type Answer = Result<Response<Body>, (MirrorError, bool)>;
+
+/// Whether the `Accept` headers (a client may send several) take image indexes and manifest
+/// lists: none at all, `*/*`, or one of their types.
+fn takes_indexes(accept: hyper::header::GetAll<'_, HeaderValue>) -> bool {
+    let mut items = accept
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|item| item.split(';').next().unwrap_or_default().trim())
+        .peekable();
+    items.peek().is_none() || items.any(|media| media == "*/*" || INDEX_TYPES.contains(&media))
+}
+
+async fn manifest(
+    mirror: &Arc<Mirror>,
+    ns: Option<&str>,
+    name: &str,
+    reference: &Reference,
+    indexes: bool,
+    head: bool,
+) -> Answer {
+    let failed = |error| (error, false);
+    let (registry, name) = mirror.registry_for(ns, name).map_err(failed)?;
+    let resolved = mirror
+        .resolve(registry, name, reference, indexes)
+        .await
+        .map_err(failed)?;
+    let object = mirror
+        .object(registry, name, &resolved.digest, resolved.size, true)
+        .map_err(failed)?;
+    let content_type = HeaderValue::from_str(&resolved.media_type)
+        .unwrap_or_else(|_| HeaderValue::from_static("application/octet-stream"));
+    content(
+        mirror,
+        object,
+        &resolved.digest.to_string(),
+        content_type,
+        None,
+        head,
+    )
+    .await
+    .map_err(failed)
+}
+
+async fn blob(
+    mirror: &Arc<Mirror>,
+    ns: Option<&str>,
+    name: &str,
+    digest: &super::Digest,
+    range: Option<&str>,
+    head: bool,
+) -> Answer {
+    let failed = |error| (error, true);
+    let (registry, name) = mirror.registry_for(ns, name).map_err(failed)?;
+    let size = mirror.blob_size(registry, name, digest).await.map_err(failed)?;
+    let range = match range.map(|text| parse_range(text, size)) {
+        None => None,
+        Some(Some(range)) => Some(range),
+        Some(None) => {
+            let mut response = failure(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                "BLOB_UNKNOWN",
+                "the range is not one range within the blob",
+            );
+            if let Ok(value) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                response.headers_mut().insert(CONTENT_RANGE, value);
+            }
+            return Ok(response);
+        }
+    };
+    let object = mirror
+        .object(registry, name, digest, size, false)
+        .map_err(failed)?;
+    let content_type = HeaderValue::from_static("application/octet-stream");
+    content(mirror, object, &digest.to_string(), content_type, range, head)
+        .await
+        .map_err(failed)
+}
+
+/// A single `bytes=` range within `size` bytes, as start..end; `None` if it is not one.
+fn parse_range(text: &str, size: u64) -> Option<std::ops::Range<u64>> {
+    let spec = text.trim().strip_prefix("bytes=")?;
+    if spec.contains(',') {
+        return None;
+    }
+    let (start, end) = spec.split_once('-')?;
+    let range = match (start.trim(), end.trim()) {
+        ("", suffix) => {
+            let suffix: u64 = suffix.parse().ok()?;
+            size.saturating_sub(suffix)..size
+        }
+        (start, "") => start.parse().ok()?..size,
+        (start, end) => start.parse().ok()?..end.parse::<u64>().ok()?.saturating_add(1).min(size),
+    };
+    (range.start < range.end && range.start < size).then_some(range)
+}
+
+/// The answer for verified content `object`: headers, and (for a `GET`) its bytes, or those
+/// of `range`.
+async fn content(
+    mirror: &Arc<Mirror>,
+    object: Arc<OpenObject>,
+    digest: &str,
+    content_type: HeaderValue,
+    range: Option<std::ops::Range<u64>>,
+    head: bool,
+) -> Result<Response<Body>, MirrorError> {
+    let size = object.version().size;
+    let status = if range.is_some() {
+        StatusCode::PARTIAL_CONTENT
+    } else {
+        StatusCode::OK
+    };
+    let range = range.unwrap_or(0..size);
+    let mut response = if head {
+        http::full(status, "application/octet-stream", Bytes::new())
+    } else {
+        // What fails at once gets its status; what takes long gets its headers first.
+        let checked = tokio::time::timeout(HEADERS_WITHIN, mirror.verified(&object)).await;
+        if let Ok(Err(error)) = checked {
+            return Err(error);
+        }
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(send(mirror.clone(), object, range.clone(), tx));
+        let mut response = Response::new(http::channel_body(rx));
+        *response.status_mut() = status;
+        response
+    };
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, content_type);
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(range.end - range.start));
+    headers.insert(ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Ok(value) = HeaderValue::from_str(digest) {
+        headers.insert("docker-content-digest", value);
+    }
+    if status == StatusCode::PARTIAL_CONTENT
+        && let Ok(value) = HeaderValue::from_str(&format!("bytes {}-{}/{size}", range.start, range.end - 1))
+    {
+        headers.insert(CONTENT_RANGE, value);
+    }
+    Ok(response)
+}
+
+/// Sends `range` of `object` once it is verified, each block checked against the BLAKE3 it
+/// was verified with; stops (cutting the answer short) on any failure.
+async fn send(
+    mirror: Arc<Mirror>,
+    object: Arc<OpenObject>,
+    range: std::ops::Range<u64>,
+    tx: mpsc::Sender<Bytes>,
+) {
+    let hashes = match mirror.verified(&object).await {
+        Ok(hashes) => hashes,
+        Err(error) => {
+            tracing::warn!(key = %object.version().key, %error, "registry answer cut: the content could not be verified");
+            return;
+        }
+    };
+    let block_size = mirror.cache.store().block_size();
+    let mut at = range.start;
+    while at < range.end {
+        let index = (at / block_size) as u32;
+        let Some(block) = mirror.verified_block(&object, &hashes, index).await else {
+            return;
+        };
+        let start = (at - u64::from(index) * block_size) as usize;
+        let end = (range.end - u64::from(index) * block_size).min(block.len() as u64) as usize;
+        let chunk = block.slice(start..end);
+        at += chunk.len() as u64;
+        add(&mirror.stats.registry_sent_bytes, chunk.len() as u64);
+        if tx.send(chunk).await.is_err() {
+            tracing::debug!(key = %object.version().key, at, "the client went away");
+            return;
+        }
+    }
+}
+
+/// The distribution API's error answer.
+fn failure(status: StatusCode, code: &str, message: &str) -> Response<Body> {
+    let body = serde_json::json!({ "errors": [{ "code": code, "message": message }] }).to_string();
+    http::full(status, "application/json", body)
+}
+
+/// The answer for a failed manifest (`blob` false) or blob request.
+fn mirror_failure(error: &MirrorError, blob: bool) -> Response<Body> {
+    let unknown = if blob { "BLOB_UNKNOWN" } else { "MANIFEST_UNKNOWN" };
+    let (status, code) = match error {
+        MirrorError::NotConfigured(_) => (StatusCode::FORBIDDEN, "DENIED"),
+        MirrorError::WhichRegistry => (StatusCode::NOT_FOUND, "NAME_UNKNOWN"),
+        MirrorError::Upstream(UpstreamError::Status { status, .. }) => match *status {
+            StatusCode::NOT_FOUND => (StatusCode::NOT_FOUND, unknown),
+            StatusCode::UNAUTHORIZED => (StatusCode::UNAUTHORIZED, "UNAUTHORIZED"),
+            StatusCode::FORBIDDEN => (StatusCode::FORBIDDEN, "DENIED"),
+            StatusCode::TOO_MANY_REQUESTS => (StatusCode::TOO_MANY_REQUESTS, "TOOMANYREQUESTS"),
+            _ => (StatusCode::BAD_GATEWAY, "UNAVAILABLE"),
+        },
+        MirrorError::Upstream(UpstreamError::Unreachable { .. }) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+        }
+        MirrorError::Upstream(UpstreamError::BadAnswer { .. }) | MirrorError::Manifest { .. } => (
+            StatusCode::BAD_GATEWAY,
+            if blob { "BLOB_UNKNOWN" } else { "MANIFEST_INVALID" },
+        ),
+        MirrorError::DigestMismatch(_) => (StatusCode::BAD_GATEWAY, "DIGEST_INVALID"),
+        MirrorError::Fill { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+    };
+    tracing::debug!(%error, %status, "registry request failed");
+    failure(status, code, &error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_single_and_within_the_blob() {
+        assert_eq!(parse_range("bytes=0-9", 100), Some(0..10));
+        assert_eq!(parse_range("bytes=90-", 100), Some(90..100));
+        assert_eq!(parse_range("bytes=-10", 100), Some(90..100));
+        assert_eq!(parse_range("bytes=50-500", 100), Some(50..100));
+        for bad in [
+            "bytes=100-",
+            "bytes=5-1",
+            "bytes=0-1,4-5",
+            "items=0-1",
+            "bytes=x-1",
+        ] {
+            assert_eq!(parse_range(bad, 100), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn accept_headers_that_take_indexes() {
+        let takes = |values: &[&str]| {
+            let mut headers = hyper::HeaderMap::new();
+            for value in values {
+                headers.append(ACCEPT, HeaderValue::from_str(value).unwrap());
+            }
+            takes_indexes(headers.get_all(ACCEPT))
+        };
+        assert!(takes(&[]));
+        assert!(takes(&["*/*"]));
+        assert!(takes(&[
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.oci.image.index.v1+json"
+        ]));
+        assert!(takes(&[
+            "application/vnd.docker.distribution.manifest.v2+json",
+            "application/vnd.docker.distribution.manifest.list.v2+json"
+        ]));
+        assert!(!takes(&["application/vnd.docker.distribution.manifest.v2+json"]));
+    }
+}

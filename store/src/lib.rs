@@ -1,0 +1,1585 @@
+//! The NVMe block store: blocks of object versions in sparse data files, a crash-safe record
+//! of which blocks are present, capacity accounting and eviction.
+//!
+//! Layout under the cache dir (`0700` dirs, `0600` files, names are hashes, never keys):
+//!
+//! ```text
+//! <cache dir>/lock                                   flock: one daemon per cache dir
+//!                                                    (see home.rs for a dir deleted under it)
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.data        blocks at their natural offsets
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.rec         header + append-only entries (format.rs)
+//! <cache dir>/v1/objects/<id[0..2]>/<id>.values16k   each block's tree of 16 KiB groups (larder-block-tree)
+//! ```
+//!
+//! The values file's name says the group size its values are for. The release before kept
+//! values of 64 KiB groups in `<id>.values`: its files are removed at start like any other
+//! unknown file, and a block's values are written again by the first read of part of it
+//! (which checks the block whole).
+//!
+//! Invariants:
+//! - A block is recorded present only after its bytes are written; a block is removed from the
+//!   index and recorded removed before its hole is punched.
+//! - Bytes in use (present blocks plus reservations, each rounded up to 4 KiB) never exceed the
+//!   capacity, and a write never takes the filesystem below its minimum free fraction: space is
+//!   reserved, and victims evicted, before a byte is written.
+//! - A block read from disk is served only if the groups read, merged with the stored values
+//!   of the subtrees beside them, give the BLAKE3 in the record (unless verification is off),
+//!   and it was not evicted while being read. A block's tree is written before its `present`
+//!   entry; a missing one costs a whole-block check, which writes it.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod format;
+mod home;
+mod policy;
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use larder_block_tree::{self as tree, CV_LEN, GROUP, Tree};
+pub use larder_block_tree::{GroupCheck, GroupHasher};
+use larder_config::CacheConfig;
+use larder_engine::{ALIGN, AlignedBuf, IoEngine, align_up};
+use larder_object::crc::BlockCrcs;
+use larder_object::{ObjectId, ObjectVersion};
+use larder_stats::{Stats, add};
+use parking_lot::Mutex;
+use rustix::fs::{FallocateFlags, OFlags};
+use tokio::sync::OnceCell;
+
+use format::{Entry, RecordHeader};
+use home::{Home, Names};
+use policy::Slru;
+
+/// Errors of the block store. None of them ever fails a read: the fill path counts them and
+/// serves from the network.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A filesystem operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which file.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Another process holds the cache dir.
+    #[error("cache dir {0} is in use by another larder process")]
+    Locked(PathBuf),
+    /// The cache dir was deleted or replaced while the daemon ran: it writes nothing more.
+    #[error("cache dir {0} was deleted or replaced under the daemon; restart it to cache again")]
+    DirLost(PathBuf),
+    /// No room could be made without evicting pinned or in-use blocks.
+    #[error("no room for a {bytes}-byte block: {reason}")]
+    NoSpace {
+        /// The block's size on disk.
+        bytes: u64,
+        /// What is short: the capacity or the file system's free space.
+        reason: &'static str,
+    },
+    /// A block read back from disk was short or did not match its recorded BLAKE3.
+    #[error("block {index} of object {id} on disk is {reason}")]
+    Corrupt {
+        /// The object.
+        id: ObjectId,
+        /// The block.
+        index: u32,
+        /// What was wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// What a lookup of a block on disk found, when the disk answered.
+#[derive(Debug)]
+pub enum Lookup {
+    /// The bytes asked for, checked (or trusted: see [`BlockStore::read`]), and when and
+    /// from where this process fetched the block, if it did.
+    Hit(Bytes, Option<Written>),
+    /// The block is not in the store.
+    Miss,
+    /// The block was evicted or replaced while it was being read: look again.
+    LostRace,
+}
+
+/// The largest read [`BlockStore::read_now`] serves on the calling thread: a few groups, read
+/// and checked in tens of microseconds.
+pub const READ_NOW_MAX: usize = 128 << 10;
+
+/// The extension of an object's file of block trees: named for the group size
+/// ([`larder_block_tree::GROUP`]), so that values of another size are never read as these.
+pub const VALUES_EXTENSION: &str = "values16k";
+
+/// The bytes of a block together with their BLAKE3: the only way bytes enter the block store,
+/// so every stored block has a hash computed from exactly what is stored. How the hash was
+/// come by is in the constructor's name: bytes from anywhere but this node's own origin
+/// request must be checked against a hash known beforehand ([`VerifiedBlock::verify`],
+/// [`VerifiedBlock::checked_on_arrival`]). The
+/// buffer is aligned for O_DIRECT and shared with the readers it was handed to: no copy.
+#[derive(Debug, Clone)]
+pub struct VerifiedBlock {
+    buf: Arc<AlignedBuf>,
+    tree: Arc<Tree>,
+}
+
+/// Bytes that did not match the hash they were expected to have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the bytes do not match their expected BLAKE3")]
+pub struct HashMismatch;
+
+impl VerifiedBlock {
+    /// A block this node fetched from the origin itself, hashed here. Never for bytes from a
+    /// peer or a disk: those go through [`VerifiedBlock::verify`]. `groups` holds the groups
+    /// hashed as the bytes arrived (see [`GroupHasher`]), fed only the start of these very
+    /// bytes.
+    pub fn hashed_here(buf: Arc<AlignedBuf>, groups: GroupHasher) -> Self {
+        let tree = Arc::new(groups.finish(buf.as_ref().as_ref()));
+        Self { buf, tree }
+    }
+
+    /// Bytes from a rack peer, checked group by group as they arrived by `check` (see
+    /// [`GroupCheck`]), which is finished here on these very bytes: accepted only if it passes.
+    pub fn checked_on_arrival(buf: Arc<AlignedBuf>, check: GroupCheck) -> Result<Self, HashMismatch> {
+        let tree = check.finish(buf.as_ref().as_ref()).map_err(|_| HashMismatch)?;
+        Ok(Self {
+            buf,
+            tree: Arc::new(tree),
+        })
+    }
+
+    /// Bytes from elsewhere, accepted only if they hash to `expected`.
+    pub fn verify(buf: Arc<AlignedBuf>, expected: [u8; 32]) -> Result<Self, HashMismatch> {
+        let tree = Tree::of(buf.as_ref().as_ref());
+        if tree.root != expected {
+            return Err(HashMismatch);
+        }
+        Ok(Self {
+            buf,
+            tree: Arc::new(tree),
+        })
+    }
+
+    /// Length of the block.
+    pub(crate) fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The bytes, shared with the block (no copy).
+    pub fn bytes(&self) -> Bytes {
+        AlignedBuf::shared_bytes(&self.buf)
+    }
+}
+
+fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Space use, for status and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes of present blocks (each rounded up to 4 KiB).
+    pub used: u64,
+    /// Bytes reserved by writes in progress.
+    pub reserved: u64,
+    /// The configured capacity.
+    pub capacity: u64,
+    /// Objects with at least one block (or pinned).
+    pub objects: usize,
+    /// Blocks present.
+    pub blocks: usize,
+    /// Objects pinned (by prefetch jobs).
+    pub pinned: usize,
+    /// The cache dir was deleted or replaced under the daemon, which gave it up.
+    pub dir_lost: bool,
+    /// The cache disk is taken to be failing (an I/O error of a block read or write, or of
+    /// the probe before passthrough; [`BlockStore::disk_failure`] says which), until a block
+    /// write succeeds again.
+    pub disk_failing: bool,
+}
+
+type BlockKey = (ObjectId, u32);
+
+#[derive(Debug)]
+struct ObjectFiles {
+    data: Arc<File>,
+    record: File,
+    /// The tree of each block (see larder-block-tree), at fixed slots; read through the engine.
+    values: Arc<File>,
+}
+
+#[derive(Debug, Clone)]
+struct BlockMeta {
+    hash: [u8; 32],
+    /// Changes every time the block is (re)inserted, so a reader can tell whether the block it
+    /// read is still the one in the index.
+    generation: u64,
+    /// Written by this process, or read back and checked since it started: what passthrough
+    /// (which bypasses the checks on read) requires of every block of a file.
+    verified: bool,
+    /// Served to a reader since it was fetched (from memory before it was written, or from
+    /// disk): a disk read then counts as a use again. A block fetched ahead and not yet read is
+    /// not: its first disk read is its first use, and keeps it in probation.
+    served: bool,
+    /// Where this process fetched the block from (none for a replayed one).
+    fetched: Option<Fetched>,
+    /// The rack member that supplied the block, until the whole object is checked against the
+    /// origin's checksum (see `cache/check.rs`). The record keeps that the block came from a
+    /// member and is unchecked, not which member: a replayed one has [`UNKNOWN_MEMBER`].
+    peer: Option<Arc<str>>,
+    /// Its CRCs, where the cache keeps them for the origin check (it has rack peers). Memory
+    /// only, like `peer`.
+    crcs: Option<BlockCrcs>,
+}
+
+/// Where a block this process fetched came from. The hit rate counts bytes by where they
+/// came from when they were fetched for a read: a block fetched after a file was opened
+/// (readahead, most often) is the origin's (or a member's) bytes to that open, not a hit,
+/// though it is read from disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fetched {
+    /// From the object store.
+    Origin,
+    /// From a rack member.
+    Peer,
+}
+
+/// When (the store's generation, see [`BlockStore::generation`]) and from where this process
+/// fetched a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The generation the block was stored with.
+    pub generation: u64,
+    /// Where it came from.
+    pub from: Fetched,
+}
+
+/// Bytes of a data file read before it is handed to the kernel (the first page, or the whole
+/// file if it is smaller).
+const PROBE_LEN: usize = 4096;
+
+/// The member of a block from a rack member recorded before this process started: the record
+/// keeps that a member supplied it, not which.
+pub const UNKNOWN_MEMBER: &str = "";
+
+/// A block a rack member supplied that is not yet checked against the origin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerBlock {
+    /// Its index in the object.
+    pub index: u32,
+    /// The member that supplied it.
+    pub member: Arc<str>,
+    /// Its BLAKE3, as recorded.
+    pub hash: [u8; 32],
+    /// Which insertion of the block it is: a block replaced since is not this one.
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct ObjectState {
+    size: u64,
+    files: Arc<OnceCell<Arc<ObjectFiles>>>,
+    /// True when the files on disk belong to this state (replayed at start or created by it).
+    on_disk: bool,
+    blocks: HashMap<u32, BlockMeta>,
+    pinned: bool,
+    /// Open passthrough handles: the kernel reads the data file itself, so no block may go.
+    leases: u32,
+    /// Writes holding a reservation on this object: it is not deleted while any is running.
+    writers: u32,
+}
+
+impl ObjectState {
+    /// An object with nothing on disk yet.
+    fn new(size: u64) -> Self {
+        Self {
+            size,
+            files: Arc::default(),
+            on_disk: false,
+            blocks: HashMap::new(),
+            pinned: false,
+            leases: 0,
+            writers: 0,
+        }
+    }
+
+    /// Pinned or leased: its blocks are kept out of the eviction policy.
+    fn protected(&self) -> bool {
+        self.pinned || self.leases > 0
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    objects: HashMap<ObjectId, ObjectState>,
+    /// Unpinned present blocks and their sizes, in eviction order; not those held.
+    policy: Slru<BlockKey>,
+    /// Blocks held by readers reading them in pieces, and how many holds each has: present
+    /// or not yet, they stay out of the policy until the last hold goes.
+    held: HashMap<BlockKey, u32>,
+    used: u64,
+    reserved: u64,
+    next_generation: u64,
+    /// Present blocks, and pinned objects, kept as they change so that [`BlockStore::usage`]
+    /// (every scrape) does not walk the objects.
+    blocks: usize,
+    pinned: usize,
+    /// The cache dir is gone: the index is empty and stays so (see [`BlockStore::give_up`]).
+    dir_lost: bool,
+    /// See [`BlockStore::disk_failure`].
+    disk_failing: Option<String>,
+}
+
+impl State {
+    fn new(protected_limit: u64) -> Self {
+        Self {
+            objects: HashMap::new(),
+            policy: Slru::new(protected_limit),
+            held: HashMap::new(),
+            used: 0,
+            reserved: 0,
+            next_generation: 0,
+            blocks: 0,
+            pinned: 0,
+            dir_lost: false,
+            disk_failing: None,
+        }
+    }
+}
+
+/// A block chosen for eviction, to be recorded removed and punched outside the lock.
+struct Victim {
+    id: ObjectId,
+    index: u32,
+    files: Arc<OnceCell<Arc<ObjectFiles>>>,
+    /// The object has no block left and is deleted with its files.
+    delete_object: bool,
+}
+
+/// A hold on a complete object's blocks (see [`BlockStore::lease_complete`]).
+#[derive(Debug)]
+pub struct Lease {
+    store: Arc<BlockStore>,
+    id: ObjectId,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut guard = self.store.state.lock();
+        let state = &mut *guard;
+        if let Some(object) = state.objects.get_mut(&self.id) {
+            let was = object.protected();
+            object.leases -= 1;
+            self.store.reprotect(state, self.id, was);
+        }
+    }
+}
+
+/// A hold on one block (see [`BlockStore::hold`]).
+#[derive(Debug)]
+pub struct BlockHold {
+    store: Arc<BlockStore>,
+    key: BlockKey,
+}
+
+impl Drop for BlockHold {
+    fn drop(&mut self) {
+        let mut guard = self.store.state.lock();
+        let state = &mut *guard;
+        let Some(holds) = state.held.get_mut(&self.key) else {
+            return;
+        };
+        *holds -= 1;
+        if *holds > 0 {
+            return;
+        }
+        state.held.remove(&self.key);
+        self.store.admit(state, self.key);
+    }
+}
+
+/// The block store. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct BlockStore {
+    home: Arc<Home>,
+    engine: Arc<dyn IoEngine>,
+    block_size: u64,
+    capacity: u64,
+    min_free_fraction: f64,
+    verify: bool,
+    state: Mutex<State>,
+    stats: Arc<Stats>,
+}
+
+impl BlockStore {
+    /// Opens (or creates) the store in `config.dir` and replays its records. Reads only the
+    /// records, never the data files.
+    pub async fn open(
+        config: &CacheConfig,
+        engine: Arc<dyn IoEngine>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, StoreError> {
+        let config = config.clone();
+        let opened = tokio::task::spawn_blocking(move || Self::open_blocking(&config, engine, stats)).await;
+        opened.unwrap_or_else(|e| {
+            Err(StoreError::Io {
+                op: "open",
+                path: PathBuf::new(),
+                source: io::Error::other(e),
+            })
+        })
+    }
+
+    fn open_blocking(
+        config: &CacheConfig,
+        engine: Arc<dyn IoEngine>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, StoreError> {
+        let store = Self {
+            home: Arc::new(Home::lock(&config.dir)?),
+            engine,
+            block_size: config.block_size.as_u64(),
+            capacity: config.capacity.as_u64(),
+            min_free_fraction: config.min_free_fraction,
+            verify: config.verify_on_read,
+            // The protected segment may hold 80% of the capacity.
+            state: Mutex::new(State::new(config.capacity.as_u64() / 5 * 4)),
+            stats,
+        };
+        store.replay_all()?;
+        Ok(store)
+    }
+
+    /// Loads every record under the objects dir into the index. Damaged or foreign records are
+    /// deleted with their data files; leftover temporary files are removed. Runs right after
+    /// the lock is taken, so it reads records by path.
+    fn replay_all(&self) -> Result<(), StoreError> {
+        let mut state = self.state.lock();
+        let objects_path = self.home.objects_path();
+        let fanouts = fs::read_dir(objects_path).map_err(io_error("list", objects_path))?;
+        for fanout in fanouts.flatten() {
+            let Ok(entries) = fs::read_dir(fanout.path()) else {
+                continue;
+            };
+            let fanout = fanout.file_name().to_string_lossy().into_owned();
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let name = format!("{fanout}/{}", entry.file_name().to_string_lossy());
+                match path.extension().and_then(|e| e.to_str()) {
+                    Some("rec") => self.replay_one(&mut state, &name),
+                    Some("data" | VALUES_EXTENSION) if !path.with_extension("rec").exists() => {
+                        self.home.remove(&name)
+                    }
+                    Some("data" | VALUES_EXTENSION) => {}
+                    _ => self.home.remove(&name),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replays the record `rec` (a name under the objects dir).
+    fn replay_one(&self, state: &mut State, rec: &str) {
+        let names = Names::with_stem(rec.trim_end_matches(".rec"));
+        let (rec_path, data_path) = (self.home.path(&names.rec), self.home.path(&names.data));
+        let remove_all = || self.home.remove_all(&names);
+        let replayed = fs::read(&rec_path)
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| format::replay(&bytes).map_err(|e| e.to_string()));
+        let replayed = match replayed {
+            Ok(r) if u64::from(r.header.block_size) != self.block_size => {
+                Err(format!("written with block size {}", r.header.block_size))
+            }
+            Ok(r)
+                if rec_path.file_stem().and_then(|s| s.to_str())
+                    != Some(r.header.object_id.to_hex().as_str()) =>
+            {
+                Err("its file name is not its object id".to_owned())
+            }
+            Ok(r) if !data_path.exists() => Err(format!("data file missing for {} blocks", r.blocks.len())),
+            other => other,
+        };
+        let replayed = match replayed {
+            Ok(replayed) => replayed,
+            Err(reason) => {
+                tracing::warn!(record = %rec_path.display(), %reason, "dropping an unreadable cache record");
+                remove_all();
+                return;
+            }
+        };
+        if replayed.blocks.is_empty() {
+            remove_all();
+            return;
+        }
+        let compact = replayed.entries > 2 * replayed.blocks.len() + 16;
+        if let Err(error) = rewrite_record_if(&rec_path, &replayed, compact) {
+            tracing::warn!(record = %rec_path.display(), %error, "could not repair a cache record; dropping it");
+            remove_all();
+            return;
+        }
+        let id = replayed.header.object_id;
+        let size = replayed.header.object_size;
+        state.blocks += replayed.blocks.len();
+        let mut blocks = HashMap::with_capacity(replayed.blocks.len());
+        let unknown: Arc<str> = UNKNOWN_MEMBER.into();
+        for (index, hash) in replayed.blocks {
+            state.next_generation += 1;
+            blocks.insert(
+                index,
+                BlockMeta {
+                    hash,
+                    generation: state.next_generation,
+                    verified: false,
+                    served: true,
+                    fetched: None,
+                    peer: replayed.from_peers.contains(&index).then(|| unknown.clone()),
+                    crcs: None,
+                },
+            );
+            state.used += align_up(self.block_len(size, index));
+            state
+                .policy
+                .insert((id, index), align_up(self.block_len(size, index)));
+        }
+        state.objects.insert(
+            id,
+            ObjectState {
+                on_disk: true,
+                blocks,
+                ..ObjectState::new(size)
+            },
+        );
+    }
+
+    /// The configured block size.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// The configured capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Length of block `index` of an object of `size` bytes.
+    pub fn block_len(&self, size: u64, index: u32) -> u64 {
+        let start = u64::from(index) * self.block_size;
+        size.saturating_sub(start).min(self.block_size)
+    }
+
+    /// Whether block `index` of `id` is present.
+    pub fn contains(&self, id: ObjectId, index: u32) -> bool {
+        self.state
+            .lock()
+            .objects
+            .get(&id)
+            .is_some_and(|o| o.blocks.contains_key(&index))
+    }
+
+    /// Whether block `index` is present and verified in this process (always true of a
+    /// present block when verification is off).
+    pub fn verified(&self, id: ObjectId, index: u32) -> bool {
+        let state = self.state.lock();
+        let meta = state.objects.get(&id).and_then(|o| o.blocks.get(&index));
+        meta.is_some_and(|m| self.trusted(m))
+    }
+
+    /// Whether a block may be served without hashing it: checked in this process, or
+    /// verification is off.
+    fn trusted(&self, meta: &BlockMeta) -> bool {
+        meta.verified || !self.verify
+    }
+
+    /// Current space use.
+    pub fn usage(&self) -> Usage {
+        let state = self.state.lock();
+        Usage {
+            used: state.used,
+            reserved: state.reserved,
+            capacity: self.capacity,
+            objects: state.objects.len(),
+            blocks: state.blocks,
+            pinned: state.pinned,
+            dir_lost: state.dir_lost,
+            disk_failing: state.disk_failing.is_some(),
+        }
+    }
+
+    /// Why the cache disk is taken to be failing, if it is (see [`Usage::disk_failing`]).
+    pub fn disk_failure(&self) -> Option<String> {
+        self.state.lock().disk_failing.clone()
+    }
+
+    /// The disk failed `error` (an I/O error): no file is handed to the kernel from now on
+    /// (the kernel's reads of it would fail where the daemon's fall back to the origin), and
+    /// the daemon is not ready, until a block write succeeds again. Said once.
+    fn disk_failed(&self, error: &StoreError) {
+        let StoreError::Io { .. } = error else {
+            return;
+        };
+        let mut state = self.state.lock();
+        if state.disk_failing.is_none() {
+            tracing::error!(
+                dir = %self.home.dir().display(),
+                %error,
+                "the cache disk fails: no file is handed to the kernel (passthrough) and reads go \
+                 through the daemon, to the origin where the disk fails them, until a block \
+                 write succeeds again"
+            );
+        }
+        state.disk_failing = Some(error.to_string());
+    }
+
+    /// A block write succeeded: the disk works (again).
+    fn disk_works(&self) {
+        let mut state = self.state.lock();
+        if state.disk_failing.take().is_some() {
+            tracing::info!(dir = %self.home.dir().display(), "the cache disk takes writes again");
+        }
+    }
+
+    /// Pins or unpins an object version: pinned blocks are never evicted. Pinning an object
+    /// with no block yet keeps the pin for the blocks to come.
+    pub fn set_pinned(&self, version: &ObjectVersion, pinned: bool) {
+        let id = version.id();
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let object = state
+            .objects
+            .entry(id)
+            .or_insert_with(|| ObjectState::new(version.size));
+        let was = object.protected();
+        if object.pinned != pinned {
+            object.pinned = pinned;
+            if pinned {
+                state.pinned += 1;
+            } else {
+                state.pinned -= 1;
+            }
+        }
+        self.reprotect(state, id, was);
+        if let Some(object) = state.objects.get(&id)
+            && !object.protected()
+            && object.blocks.is_empty()
+            && object.writers == 0
+            && !object.on_disk
+        {
+            state.objects.remove(&id);
+        }
+    }
+
+    /// Moves an object's blocks out of the eviction policy, or back in, when whether it is
+    /// protected changed from `was`.
+    fn reprotect(&self, state: &mut State, id: ObjectId, was: bool) {
+        let Some(object) = state.objects.get(&id) else {
+            return;
+        };
+        if object.protected() == was {
+            return;
+        }
+        let indexes: Vec<u32> = object.blocks.keys().copied().collect();
+        for index in indexes {
+            if was {
+                self.admit(state, (id, index));
+            } else {
+                state.policy.remove(&(id, index));
+            }
+        }
+    }
+
+    /// Puts block `key` in the eviction policy if it may be evicted: present, its object
+    /// neither pinned nor leased, and not held by a reader. The one rule for what the policy
+    /// holds.
+    fn admit(&self, state: &mut State, key: BlockKey) {
+        let (id, index) = key;
+        let Some(object) = state.objects.get(&id) else {
+            return;
+        };
+        if object.protected() || state.held.contains_key(&key) || !object.blocks.contains_key(&index) {
+            return;
+        }
+        let bytes = align_up(self.block_len(object.size, index));
+        state.policy.insert(key, bytes);
+    }
+
+    /// Keeps block `index` of `id` from eviction until the hold is dropped: for a reader that
+    /// reads the block in pieces from disk, so that a small cache does not evict it between
+    /// them. The block need not be present yet; one written while held is evictable once the
+    /// last hold goes. Dropping the object's version (replaced, deleted, or failing its origin
+    /// check) still drops the block.
+    pub fn hold(self: &Arc<Self>, id: ObjectId, index: u32) -> BlockHold {
+        let key = (id, index);
+        let mut state = self.state.lock();
+        *state.held.entry(key).or_default() += 1;
+        state.policy.remove(&key);
+        BlockHold {
+            store: self.clone(),
+            key,
+        }
+    }
+
+    /// The data file of `version` when every block of it is present and verified (see
+    /// [`BlockMeta::verified`]), opened for plain reads, and a lease that keeps every block
+    /// in place until it is dropped: what FUSE passthrough hands the kernel.
+    pub fn lease_complete(self: &Arc<Self>, version: &ObjectVersion) -> Option<(File, Lease)> {
+        let id = version.id();
+        let count = version.size.div_ceil(self.block_size);
+        {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            let object = state.objects.get_mut(&id)?;
+            // A block from a peer waits for the origin check: once the kernel reads the data
+            // file itself, a block the check drops could not be taken back.
+            let complete = object.blocks.len() as u64 == count
+                && object
+                    .blocks
+                    .values()
+                    .all(|meta| self.trusted(meta) && meta.peer.is_none());
+            if !complete || count == 0 || state.disk_failing.is_some() {
+                return None;
+            }
+            let was = object.protected();
+            object.leases += 1;
+            self.reprotect(state, id, was);
+        }
+        let lease = Lease {
+            store: self.clone(),
+            id,
+        };
+        let names = Names::of(id);
+        let file = self.home.open(&names, &names.data, OFlags::RDONLY, false).ok()?;
+        // The kernel's reads of the file never reach the daemon, which could not fall back to
+        // the origin when they fail: a page read first, from the disk unless the page cache
+        // holds it (~60 µs an open).
+        let probe = &mut [0; PROBE_LEN][..version.size.min(PROBE_LEN as u64) as usize];
+        if let Err(source) = file.read_exact_at(probe, 0) {
+            self.disk_failed(&StoreError::Io {
+                op: "probe",
+                path: self.home.path(&names.data),
+                source,
+            });
+            return None;
+        }
+        Some((file, lease))
+    }
+
+    /// Reads block `index` of `version` whole (see [`BlockStore::read`]).
+    pub async fn read_block(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+    ) -> Result<Lookup, StoreError> {
+        let len = self.block_len(version.size, index) as usize;
+        self.read(version, id, index, 0..len).await
+    }
+
+    /// Reads bytes `range` of block `index` of `version` from disk. The block is read whole and
+    /// checked against its recorded BLAKE3 every time (unless verification is off, when only
+    /// the 4 KiB pages that hold `range` are read): bytes changed on disk after an earlier
+    /// check are never served through the daemon. A block that passed is marked verified in
+    /// this process, which is what passthrough asks of every block of a file.
+    ///
+    /// An error means the disk failed (`Io`) or gave bytes that are short or do not match the
+    /// record (`Corrupt`); the block has then been dropped from the store, so the caller
+    /// fetches it elsewhere and the next write replaces it.
+    pub async fn read(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+    ) -> Result<Lookup, StoreError> {
+        let (meta, files) = {
+            let state = self.state.lock();
+            let Some(object) = state.objects.get(&id) else {
+                return Ok(Lookup::Miss);
+            };
+            let Some(meta) = object.blocks.get(&index) else {
+                return Ok(Lookup::Miss);
+            };
+            (meta.clone(), object.files.clone())
+        };
+        let read = self.read_checked(version, id, index, range, &meta, &files).await;
+        let (bytes, checked_whole) = match read {
+            Ok(read) => read,
+            Err(error) => {
+                self.disk_failed(&error);
+                self.remove_block(id, index, meta.generation).await;
+                return Err(error);
+            }
+        };
+        match self.served(id, index, Some(meta.generation), checked_whole) {
+            Some(written) => Ok(Lookup::Hit(bytes, written)),
+            None => Ok(Lookup::LostRace),
+        }
+    }
+
+    /// Bytes `range` of block `index`, read and checked on the calling thread, for a small
+    /// read that should not wait for a thread hop: only a part of a block (at most
+    /// [`READ_NOW_MAX`]) whose files are open and whose tree is stored, checked as
+    /// [`BlockStore::read`] checks it. `None` for anything else, and for anything that went
+    /// wrong (the block is gone, the disk failed, the bytes do not check): the caller then
+    /// reads through [`BlockStore::read`], which reports and handles it.
+    pub fn read_now(
+        &self,
+        id: ObjectId,
+        size: u64,
+        index: u32,
+        range: Range<usize>,
+    ) -> Option<(Bytes, Option<Written>)> {
+        if range.len() > READ_NOW_MAX {
+            return None;
+        }
+        let (meta, files) = {
+            let state = self.state.lock();
+            let object = state.objects.get(&id)?;
+            (object.blocks.get(&index)?.clone(), object.files.get()?.clone())
+        };
+        let block_len = self.block_len(size, index) as usize;
+        let groups = tree::groups_in(block_len);
+        let Range { start: from, end: to } = tree::covering(&range, block_len);
+        if !self.verify || groups == 0 || to - from >= block_len {
+            return None;
+        }
+        let count = tree::nodes_in(block_len);
+        let slot = AlignedBuf::new(count * CV_LEN);
+        let read = larder_engine::read_at(&files.values, self.values_slot(index), slot);
+        let stored = values_read(read, count)?;
+        let offset = u64::from(index) * self.block_size + from as u64;
+        let (buf, read) = larder_engine::read_at(&files.data, offset, AlignedBuf::new(to - from));
+        if read.ok()? < to - from
+            || !tree::check_groups(buf.as_ref(), from / GROUP, &stored, block_len, &meta.hash)
+        {
+            return None;
+        }
+        let written = self.served(id, index, Some(meta.generation), false)?;
+        Some((
+            Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+            written,
+        ))
+    }
+
+    /// The generation the next block stored gets: blocks read later with a greater one were
+    /// stored after this call.
+    pub fn generation(&self) -> u64 {
+        self.state.lock().next_generation
+    }
+
+    /// Records that block `index` was handed to a reader from memory, where it was kept since
+    /// its fill: a use, for the eviction policy, as a read from disk would be.
+    pub fn note_served(&self, id: ObjectId, index: u32) {
+        self.served(id, index, None, false);
+    }
+
+    /// Records that block `index` of generation `generation` (any, with `None`) was read for a
+    /// reader (checked whole, or not), and says when and where this process fetched it, if it
+    /// did: `None` if it was evicted or replaced meanwhile.
+    fn served(
+        &self,
+        id: ObjectId,
+        index: u32,
+        generation: Option<u64>,
+        checked_whole: bool,
+    ) -> Option<Option<Written>> {
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        let current = state
+            .objects
+            .get_mut(&id)
+            .and_then(|o| o.blocks.get_mut(&index))
+            .filter(|m| generation.is_none_or(|g| m.generation == g));
+        let current = current?;
+        current.verified |= checked_whole;
+        let written = current.fetched.map(|from| Written {
+            generation: current.generation,
+            from,
+        });
+        // Only a read that served bytes counts as a use for the eviction policy; the first use
+        // of a block fetched ahead is not a second one.
+        if std::mem::replace(&mut current.served, true) {
+            state.policy.touch(&(id, index));
+        } else {
+            state.policy.refresh(&(id, index));
+        }
+        Some(written)
+    }
+
+    /// The disk read of [`BlockStore::read`] and its check: bytes `range` of the block, and
+    /// whether the whole block was checked. A read of the whole block is checked against the
+    /// recorded root directly. A read of part of it reads and checks only the groups it
+    /// touches, with the block's stored tree; without it (a block written before trees were
+    /// kept, or whose tree was lost) the block is read and checked whole, and its tree stored
+    /// for the next such read.
+    async fn read_checked(
+        &self,
+        version: &ObjectVersion,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+        meta: &BlockMeta,
+        files: &OnceCell<Arc<ObjectFiles>>,
+    ) -> Result<(Bytes, bool), StoreError> {
+        let files = self.files(version, files, false).await?;
+        let block_len = self.block_len(version.size, index) as usize;
+        let corrupt = |reason| StoreError::Corrupt { id, index, reason };
+        if !self.verify {
+            let from = range.start / ALIGN * ALIGN;
+            let buf = self.read_data(&files, id, index, from..range.end).await?;
+            return Ok((
+                Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+                false,
+            ));
+        }
+        let groups = tree::groups_in(block_len);
+        let Range { start: from, end: to } = tree::covering(&range, block_len);
+        // Part of a block is checked by its groups; a whole block against the root directly,
+        // with no values to read.
+        let partial = groups > 0 && to - from < block_len;
+        // The tree and the groups' bytes are read at once: one disk round trip.
+        let values_and_data = if partial {
+            let (values, data) = tokio::join!(
+                self.stored_values(&files, index, tree::nodes_in(block_len)),
+                self.read_data(&files, id, index, from..to)
+            );
+            values.map(|values| (values, data))
+        } else {
+            None
+        };
+        if let Some((stored, buf)) = values_and_data {
+            let buf = buf?;
+            if !tree::check_groups(buf.as_ref(), from / GROUP, &stored, block_len, &meta.hash) {
+                return Err(corrupt("not what its record's BLAKE3 names"));
+            }
+            return Ok((
+                Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+                false,
+            ));
+        }
+        let buf = self.read_data(&files, id, index, 0..block_len).await?;
+        let block = VerifiedBlock::verify(Arc::new(buf), meta.hash)
+            .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
+        // A part asked for without values: store them for the next such read.
+        if partial {
+            let (tree, slot) = (block.tree.clone(), self.values_slot(index));
+            let path = self.home.path(&Names::of(id).values);
+            let stored = blocking(move || write_values(&files.values, slot, &tree, block_len, &path)).await;
+            if let Err(error) = stored {
+                tracing::debug!(%error, "could not store a block's tree");
+            }
+        }
+        Ok((block.bytes().slice(range), true))
+    }
+
+    /// Bytes `range` of block `index` from the data file, all of them or an error.
+    async fn read_data(
+        &self,
+        files: &ObjectFiles,
+        id: ObjectId,
+        index: u32,
+        range: Range<usize>,
+    ) -> Result<AlignedBuf, StoreError> {
+        let offset = u64::from(index) * self.block_size + range.start as u64;
+        let (buf, result) = self
+            .engine
+            .read(files.data.clone(), offset, AlignedBuf::new(range.len()))
+            .await;
+        let done = result.map_err(io_error("read", &self.home.path(&Names::of(id).data)))?;
+        if done < range.len() {
+            return Err(StoreError::Corrupt {
+                id,
+                index,
+                reason: "shorter than recorded",
+            });
+        }
+        Ok(buf)
+    }
+
+    /// The stored tree of block `index` (`count` values), if there is one.
+    async fn stored_values(
+        &self,
+        files: &ObjectFiles,
+        index: u32,
+        count: usize,
+    ) -> Option<Vec<[u8; CV_LEN]>> {
+        if count == 0 {
+            return None;
+        }
+        let slot = AlignedBuf::new(count * CV_LEN);
+        let read = self
+            .engine
+            .read(files.values.clone(), self.values_slot(index), slot);
+        values_read(read.await, count)
+    }
+
+    /// Where block `index`'s tree starts in the values file: every block has room for a full
+    /// block's tree (2 values a group, 2 fewer used: 16 KiB a 4 MiB block).
+    fn values_slot(&self, index: u32) -> u64 {
+        u64::from(index) * 2 * (self.block_size / GROUP as u64) * CV_LEN as u64
+    }
+
+    /// Stores block `index` of `version`. Reserves room first (evicting least recently used
+    /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
+    /// the bytes (a block fetched ahead has not been read yet). `fetched`: where they came
+    /// from. `peer`: the rack member that
+    /// supplied them, if one did and no sealed manifest vouched for them. `crcs`: the block's
+    /// CRCs, kept for the origin check.
+    pub async fn write_block(
+        &self,
+        version: &ObjectVersion,
+        index: u32,
+        block: &VerifiedBlock,
+        (served, fetched): (bool, Fetched),
+        peer: Option<Arc<str>>,
+        crcs: Option<BlockCrcs>,
+    ) -> Result<(), StoreError> {
+        let id = version.id();
+        let alloc = align_up(block.len() as u64);
+        if !self.home.intact() {
+            self.give_up();
+        }
+        let free = self.home.free_space();
+        let (files_cell, victims) = {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            if state.dir_lost {
+                return Err(StoreError::DirLost(self.home.dir().to_owned()));
+            }
+            if state
+                .objects
+                .get(&id)
+                .is_some_and(|o| o.blocks.contains_key(&index))
+            {
+                return Ok(());
+            }
+            let victims = self.reserve(state, alloc, free, id)?;
+            let object = state
+                .objects
+                .entry(id)
+                .or_insert_with(|| ObjectState::new(version.size));
+            object.writers += 1;
+            (object.files.clone(), victims)
+        };
+        self.drop_victims(victims).await;
+        let from_peer = peer.is_some();
+        let written = self
+            .write_and_record(version, &files_cell, index, block, from_peer)
+            .await;
+        match &written {
+            Ok(()) => self.disk_works(),
+            Err(error) => self.disk_failed(error),
+        }
+        let mut guard = self.state.lock();
+        let state = &mut *guard;
+        state.reserved -= alloc;
+        let object = match state.objects.get_mut(&id) {
+            Some(object) => object,
+            None => return written,
+        };
+        object.writers -= 1;
+        if written.is_ok() {
+            object.on_disk = true;
+            state.next_generation += 1;
+            state.blocks += 1;
+            object.blocks.insert(
+                index,
+                BlockMeta {
+                    hash: block.tree.root,
+                    generation: state.next_generation,
+                    verified: true,
+                    served,
+                    fetched: Some(fetched),
+                    peer,
+                    crcs,
+                },
+            );
+            state.used += alloc;
+            self.admit(state, (id, index));
+            add(&self.stats.cache_write_bytes, block.len() as u64);
+        }
+        written
+    }
+
+    async fn write_and_record(
+        &self,
+        version: &ObjectVersion,
+        files: &OnceCell<Arc<ObjectFiles>>,
+        index: u32,
+        block: &VerifiedBlock,
+        from_peer: bool,
+    ) -> Result<(), StoreError> {
+        let files = self.files(version, files, true).await?;
+        let names = Names::of(version.id());
+        let (data_path, rec_path) = (self.home.path(&names.data), self.home.path(&names.rec));
+        let values_path = self.home.path(&names.values);
+        let (tree, slot, len) = (block.tree.clone(), self.values_slot(index), block.len());
+        let offset = u64::from(index) * self.block_size;
+        let is_last = offset + block.len() as u64 >= version.size;
+        let written = self
+            .engine
+            .write(files.data.clone(), offset, block.buf.clone())
+            .await;
+        written.map_err(io_error("write", &data_path))?;
+        let hash = block.tree.root;
+        let entry = if from_peer {
+            Entry::FromPeer { index, hash }
+        } else {
+            Entry::Present { index, hash }
+        }
+        .encode();
+        let size = version.size;
+        blocking(move || {
+            if is_last {
+                // The padded write may have grown the file past the object's end.
+                files
+                    .data
+                    .set_len(size)
+                    .map_err(io_error("truncate", &data_path))?;
+            }
+            write_values(&files.values, slot, &tree, len, &values_path)?;
+            (&files.record)
+                .write_all(&entry)
+                .map_err(io_error("append", &rec_path))
+        })
+        .await
+    }
+
+    /// Chooses victims until `alloc` more bytes fit within capacity and free space, and
+    /// reserves them. `id` is the object being written, whose files must not be deleted.
+    fn reserve(
+        &self,
+        state: &mut State,
+        alloc: u64,
+        free: Option<(u64, u64)>,
+        id: ObjectId,
+    ) -> Result<Vec<Victim>, StoreError> {
+        let over_capacity = (state.used + state.reserved + alloc).saturating_sub(self.capacity);
+        let over_free_space = free.map_or(0, |(available, total)| {
+            let keep = (total as f64 * self.min_free_fraction) as u64;
+            (keep + state.reserved + alloc).saturating_sub(available)
+        });
+        let mut need = over_capacity.max(over_free_space);
+        if need > state.policy.bytes() {
+            let reason = if over_free_space > over_capacity {
+                "the cache file system has less free space than cache.min_free_fraction keeps, \
+                 and evicting every unpinned block would not make enough"
+            } else {
+                "the rest of the cache is pinned or in use"
+            };
+            return Err(StoreError::NoSpace { bytes: alloc, reason });
+        }
+        let mut chosen = Vec::new();
+        while need > 0 {
+            let Some(((victim_id, index), bytes)) = state.policy.pop_victim() else {
+                break;
+            };
+            need = need.saturating_sub(bytes);
+            chosen.push(Victim {
+                id: victim_id,
+                index,
+                files: Arc::default(),
+                delete_object: false,
+            });
+        }
+        let mut victims = Vec::with_capacity(chosen.len());
+        for mut victim in chosen {
+            let Some(object) = state.objects.get_mut(&victim.id) else {
+                continue;
+            };
+            if object.blocks.remove(&victim.index).is_none() {
+                continue;
+            }
+            state.blocks -= 1;
+            let freed = align_up(self.block_len(object.size, victim.index));
+            state.used -= freed;
+            add(&self.stats.evicted_blocks, 1);
+            add(&self.stats.evicted_bytes, freed);
+            victim.files = object.files.clone();
+            if object.blocks.is_empty() && object.writers == 0 && !object.protected() && victim.id != id {
+                state.objects.remove(&victim.id);
+                victim.delete_object = true;
+            }
+            victims.push(victim);
+        }
+        state.reserved += alloc;
+        Ok(victims)
+    }
+
+    /// Records victims removed and frees their space: whole files for objects left empty,
+    /// punched holes otherwise.
+    async fn drop_victims(&self, victims: Vec<Victim>) {
+        if victims.is_empty() {
+            return;
+        }
+        let block_size = self.block_size;
+        let home = self.home.clone();
+        let result = blocking(move || {
+            for victim in victims {
+                let names = Names::of(victim.id);
+                if victim.delete_object {
+                    home.remove_all(&names);
+                    continue;
+                }
+                let files = match victim.files.get() {
+                    Some(files) => files.clone(),
+                    // Replayed at start and not opened since.
+                    None => Arc::new(open_object_files(&home, &names, None)?),
+                };
+                punch_block(&files, victim.index, block_size, &home.path(&names.rec))?;
+            }
+            Ok(())
+        })
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "could not free an evicted block's space");
+        }
+    }
+
+    /// Drops one block (found corrupt, or failing the origin check), if it is still the
+    /// generation that was read.
+    async fn remove_block(&self, id: ObjectId, index: u32, generation: u64) {
+        let victim = {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            let Some(object) = state.objects.get_mut(&id) else {
+                return;
+            };
+            if object
+                .blocks
+                .get(&index)
+                .is_none_or(|m| m.generation != generation)
+            {
+                return;
+            }
+            object.blocks.remove(&index);
+            state.blocks -= 1;
+            state.used -= align_up(self.block_len(object.size, index));
+            state.policy.remove(&(id, index));
+            Victim {
+                id,
+                index,
+                files: object.files.clone(),
+                delete_object: false,
+            }
+        };
+        self.drop_victims(vec![victim]).await;
+    }
+
+    /// The blocks of object `id` (of `size` bytes) that rack members supplied and no origin
+    /// check has passed yet, when every block of it is present and at least one is such; else
+    /// `None`.
+    pub fn unchecked_peer_blocks(&self, id: ObjectId, size: u64) -> Option<Vec<PeerBlock>> {
+        let count = size.div_ceil(self.block_size);
+        let state = self.state.lock();
+        let object = state.objects.get(&id)?;
+        if object.blocks.len() as u64 != count {
+            return None;
+        }
+        let blocks: Vec<PeerBlock> = object
+            .blocks
+            .iter()
+            .filter_map(|(&index, meta)| {
+                Some(PeerBlock {
+                    index,
+                    member: meta.peer.clone()?,
+                    hash: meta.hash,
+                    generation: meta.generation,
+                })
+            })
+            .collect();
+        (!blocks.is_empty()).then_some(blocks)
+    }
+
+    /// The CRCs kept of the first `count` blocks of `id` (none for a block that is missing or
+    /// whose CRCs were not kept).
+    pub fn block_crcs(&self, id: ObjectId, count: u32) -> Vec<Option<BlockCrcs>> {
+        let state = self.state.lock();
+        let object = state.objects.get(&id);
+        (0..count)
+            .map(|index| {
+                object
+                    .and_then(|o| o.blocks.get(&index))
+                    .and_then(|meta| meta.crcs)
+            })
+            .collect()
+    }
+
+    /// No origin check waits for `blocks` of `id` (those still in place) any more: it passed,
+    /// or the origin publishes no checksum to check them against. Recorded, so that a restart
+    /// does not check them again; if the record cannot be written they stay settled in memory
+    /// only (and are checked again after a restart).
+    pub async fn settle_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+        let (files, settled) = {
+            let mut state = self.state.lock();
+            let Some(object) = state.objects.get_mut(&id) else {
+                return;
+            };
+            let mut settled = Vec::new();
+            for block in blocks {
+                if let Some(meta) = object.blocks.get_mut(&block.index)
+                    && meta.generation == block.generation
+                {
+                    meta.peer = None;
+                    settled.push(block.index);
+                }
+            }
+            (object.files.clone(), settled)
+        };
+        if settled.is_empty() {
+            return;
+        }
+        let home = self.home.clone();
+        let result = blocking(move || {
+            let names = Names::of(id);
+            let files = match files.get() {
+                Some(files) => files.clone(),
+                None => Arc::new(open_object_files(&home, &names, None)?),
+            };
+            let entries: Vec<u8> = settled
+                .into_iter()
+                .flat_map(|index| Entry::Settled { index }.encode())
+                .collect();
+            (&files.record)
+                .write_all(&entries)
+                .map_err(io_error("append", &home.path(&names.rec)))
+        })
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "could not record blocks from rack peers as checked; they are checked again after a restart");
+        }
+    }
+
+    /// Drops `blocks` of `id` (those still in place) from the store: the origin check failed.
+    pub async fn drop_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+        for block in blocks {
+            self.remove_block(id, block.index, block.generation).await;
+        }
+    }
+
+    /// The recorded BLAKE3 of blocks `0..count` of object `id`, if every one is present.
+    pub fn block_hashes(&self, id: ObjectId, count: u32) -> Option<Vec<[u8; 32]>> {
+        let state = self.state.lock();
+        let blocks = &state.objects.get(&id)?.blocks;
+        (0..count).map(|index| Some(blocks.get(&index)?.hash)).collect()
+    }
+
+    /// Drops every block of object `id` present now: its content failed the digest that
+    /// names it. Blocks written after this call stay.
+    pub async fn drop_object(&self, id: ObjectId) {
+        let blocks: Vec<(u32, u64)> = {
+            let state = self.state.lock();
+            let Some(object) = state.objects.get(&id) else {
+                return;
+            };
+            object
+                .blocks
+                .iter()
+                .map(|(&index, meta)| (index, meta.generation))
+                .collect()
+        };
+        for (index, generation) in blocks {
+            self.remove_block(id, index, generation).await;
+        }
+    }
+
+    /// Opens (once) the object's files; `create` makes fresh ones for an object not on disk.
+    async fn files(
+        &self,
+        version: &ObjectVersion,
+        cell: &OnceCell<Arc<ObjectFiles>>,
+        create: bool,
+    ) -> Result<Arc<ObjectFiles>, StoreError> {
+        let id = version.id();
+        let fresh = create && !self.state.lock().objects.get(&id).is_some_and(|o| o.on_disk);
+        let home = self.home.clone();
+        let header = RecordHeader {
+            block_size: self.block_size as u32,
+            object_size: version.size,
+            object_id: id,
+            identity: version.identity(),
+        };
+        cell.get_or_try_init(|| async move {
+            blocking(move || open_object_files(&home, &Names::of(id), fresh.then_some(header)).map(Arc::new))
+                .await
+        })
+        .await
+        .cloned()
+    }
+
+    /// Gives the cache dir up: it was deleted or replaced under the daemon (see home.rs).
+    /// The index is emptied, so every read goes to the network and the files of the lost dir
+    /// are closed (their space freed) once reads in flight end; no write is made again. Only a
+    /// restart takes a dir (and its lock) again.
+    fn give_up(&self) {
+        let mut state = self.state.lock();
+        if state.dir_lost {
+            return;
+        }
+        tracing::error!(
+            dir = %self.home.dir().display(),
+            "the cache dir was deleted or replaced under the daemon: it caches nothing more and \
+             serves every read from the network; restart it to cache again"
+        );
+        *state = State {
+            // Writes in flight give their reservations back.
+            reserved: state.reserved,
+            next_generation: state.next_generation,
+            dir_lost: true,
+            ..State::new(0)
+        };
+    }
+}
+
+/// The data and record files of object `id` in the cache dir `cache_dir`.
+pub fn object_paths(cache_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
+    let names = Names::of(id);
+    let objects = cache_dir.join(home::OBJECTS_DIR);
+    (objects.join(names.data), objects.join(names.rec))
+}
+
+/// The `count` values of a block's tree out of the read of its slot in the values file:
+/// `None` if the read failed or was short, or the slot was never written (a hole reads as
+/// zeros).
+fn values_read((buf, result): larder_engine::IoResult, count: usize) -> Option<Vec<[u8; CV_LEN]>> {
+    let len = count * CV_LEN;
+    if result.ok()? < len {
+        return None;
+    }
+    let values = buf.as_ref()[..len].as_chunks::<CV_LEN>().0.to_vec();
+    values.iter().any(|v| v != &[0; CV_LEN]).then_some(values)
+}
+
+/// Opens an object's data and record files; with a header, creates them afresh.
+fn open_object_files(
+    home: &Home,
+    names: &Names,
+    fresh: Option<RecordHeader>,
+) -> Result<ObjectFiles, StoreError> {
+    let create = fresh.is_some();
+    let data = home.open(names, &names.data, OFlags::RDWR | OFlags::DIRECT, create)?;
+    let record = home.open(names, &names.rec, OFlags::WRONLY | OFlags::APPEND, create)?;
+    // Made for objects cached before values were kept, too: their blocks get values as they
+    // are read.
+    let values = home.open(names, &names.values, OFlags::RDWR, true)?;
+    if let Some(header) = fresh {
+        let values_path = home.path(&names.values);
+        values.set_len(0).map_err(io_error("truncate", &values_path))?;
+        let (data_path, rec_path) = (home.path(&names.data), home.path(&names.rec));
+        record.set_len(0).map_err(io_error("truncate", &rec_path))?;
+        data.set_len(0).map_err(io_error("truncate", &data_path))?;
+        data.set_len(header.object_size)
+            .map_err(io_error("size", &data_path))?;
+        (&record)
+            .write_all(&header.encode())
+            .map_err(io_error("write", &rec_path))?;
+    }
+    Ok(ObjectFiles {
+        data: Arc::new(data),
+        record,
+        values: Arc::new(values),
+    })
+}
+
+/// Writes the tree of a block of `len` bytes into its slot of the values file.
+fn write_values(file: &File, slot: u64, tree: &Tree, len: usize, path: &Path) -> Result<(), StoreError> {
+    file.write_all_at(tree.nodes(len).as_flattened(), slot)
+        .map_err(io_error("write", path))
+}
+
+/// Records block `index` removed, then punches its hole.
+fn punch_block(files: &ObjectFiles, index: u32, block_size: u64, rec_path: &Path) -> Result<(), StoreError> {
+    (&files.record)
+        .write_all(&Entry::Removed { index }.encode())
+        .map_err(io_error("append", rec_path))?;
+    let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    rustix::fs::fallocate(&*files.data, flags, u64::from(index) * block_size, block_size).map_err(|e| {
+        StoreError::Io {
+            op: "punch",
+            path: rec_path.with_extension("data"),
+            source: e.into(),
+        }
+    })
+}
+
+/// Cuts a torn tail off a replayed record, or rewrites it without removed entries.
+fn rewrite_record_if(rec_path: &Path, replayed: &format::Replayed, compact: bool) -> io::Result<()> {
+    if compact {
+        let mut bytes = replayed.header.encode();
+        let mut blocks: Vec<_> = replayed.blocks.iter().collect();
+        blocks.sort_unstable();
+        for (&index, &hash) in blocks {
+            let entry = if replayed.from_peers.contains(&index) {
+                Entry::FromPeer { index, hash }
+            } else {
+                Entry::Present { index, hash }
+            };
+            bytes.extend_from_slice(&entry.encode());
+        }
+        let tmp = rec_path.with_extension("tmp");
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(&bytes)?;
+        file.sync_data()?;
+        return fs::rename(&tmp, rec_path);
+    }
+    let file = OpenOptions::new().write(true).open(rec_path)?;
+    if file.metadata()?.len() > replayed.valid_len as u64 {
+        file.set_len(replayed.valid_len as u64)?;
+    }
+    Ok(())
+}
+
+/// Runs blocking filesystem work off the async workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(StoreError::Io {
+            op: "run",
+            path: PathBuf::new(),
+            source: io::Error::other(e),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(bytes: &[u8]) -> Arc<AlignedBuf> {
+        Arc::new(AlignedBuf::copy_from(bytes))
+    }
+
+    #[test]
+    fn bytes_from_elsewhere_are_verified_only_against_the_hash_expected() {
+        let good = *blake3::hash(b"the origin's bytes").as_bytes();
+        assert!(VerifiedBlock::verify(block(b"the origin's bytes"), good).is_ok());
+        // A sender's own hash of its bytes proves nothing: only the expected one counts.
+        let lie = block(b"a peer's other bytes");
+        assert_eq!(VerifiedBlock::verify(lie, good).err(), Some(HashMismatch));
+    }
+
+    #[test]
+    fn a_block_hashed_here_carries_the_hash_of_exactly_its_bytes() {
+        let hashed = VerifiedBlock::hashed_here(block(b"fetched from the origin"), GroupHasher::default());
+        assert_eq!(
+            hashed.tree.root,
+            *blake3::hash(b"fetched from the origin").as_bytes()
+        );
+        assert_eq!(hashed.bytes(), Bytes::from_static(b"fetched from the origin"));
+    }
+}
