@@ -125,7 +125,7 @@ pub enum DaemonError {
     },
     /// The registry mirror cannot be set up (its credentials file).
     #[error("registry mirror: {0}")]
-    Registry(String),
+    Registry(#[from] larder_registry::SetupError),
     /// The registry mirror's listener cannot be bound.
     #[error("cannot listen for registry pulls on {address} (registry.listen; \"off\" disables it): {source}")]
     RegistryListen {
@@ -241,8 +241,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 cache.clone(),
                 &config.cache.dir,
                 stats.clone(),
-            )
-            .map_err(DaemonError::Registry)?,
+            )?,
         )),
         None => None,
     };

@@ -179,7 +179,10 @@ mod tests {
                 mapped.cause_chain()
             );
         }
-        for error in [ReadError::Abandoned, ReadError::NotStored("no room".into())] {
+        for error in [
+            ReadError::Abandoned,
+            ReadError::NotStored(Arc::new(larder_read_path::Unstored::Evicted)),
+        ] {
             let text = error.to_string();
             let mapped = of_read(error);
             assert_eq!(

@@ -645,6 +645,8 @@ impl Jobs {
 
 #[cfg(test)]
 mod tests {
+    use larder_read_path::Unstored;
+
     use super::*;
 
     fn job() -> Job {
@@ -669,7 +671,7 @@ mod tests {
     #[test]
     fn the_origin_checks_verdict_replaces_a_fills_error_only_when_it_dropped_blocks() {
         let job = job();
-        let gone = ReadError::NotStored("it was evicted as soon as it was written".into());
+        let gone = ReadError::NotStored(Arc::new(Unstored::Evicted));
         job.error("a", &gone);
         job.error("b", &gone);
         job.check_failed("a", &OriginCheckError::Dropped);

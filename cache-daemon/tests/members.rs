@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use larder_config::PeerConfig;
+use larder_peer_proto::client::PeerError;
 use larder_peer_proto::owner::Run;
+use larder_peer_proto::wire::Hello as Said;
 use larder_peers::members::{Hello, MemberHealth, Membership, Peer};
 use larder_tests::dns::DnsServer;
 use parking_lot::Mutex;
@@ -42,14 +44,16 @@ impl FakeHello {
 }
 
 impl Hello for FakeHello {
-    fn hello<'a>(
-        &'a self,
-        address: &'a str,
-        _to: &'a str,
-    ) -> BoxFuture<'a, Result<(String, String), String>> {
+    fn hello<'a>(&'a self, address: &'a str, _to: &'a str) -> BoxFuture<'a, Result<Said, PeerError>> {
         self.asked.lock().push(address.to_owned());
         let answer = self.nodes.lock().get(address).cloned();
-        Box::pin(async move { answer.ok_or_else(|| "connection refused".to_owned()) })
+        Box::pin(async move {
+            let (node, rack) = answer.ok_or_else(|| PeerError::Connect {
+                address: address.to_owned(),
+                reason: "connection refused".to_owned(),
+            })?;
+            Ok(Said { node, rack })
+        })
     }
 }
 

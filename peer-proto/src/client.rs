@@ -221,12 +221,12 @@ impl Client {
     /// group but the last is checked by then; `on_block` must finish the check
     /// ([`GroupCheck::finish`]) before using the bytes. Its error ends the fetch as
     /// [`PeerError::BadData`].
-    pub async fn fetch_run<B: BlockBuf>(
+    pub async fn fetch_run<B: BlockBuf, E: std::fmt::Display>(
         &self,
         address: &str,
         to: &str,
         request: &RunRequest,
-        mut on_block: impl FnMut(&FrameHeader, B, GroupCheck) -> Result<(), String>,
+        mut on_block: impl FnMut(&FrameHeader, B, GroupCheck) -> Result<(), E>,
     ) -> Result<RunAnswer, PeerError> {
         let (response, nonce) = self.send(address, to, &request.path_and_query()).await?;
         let hit = response
@@ -277,7 +277,7 @@ impl Client {
                 checked.map_err(|BadGroup(group)| bad(format!("group {group} does not hash to its value")))
             };
             answer.fill(&mut block, want, check_so_far).await?;
-            on_block(&head, block, check).map_err(bad)?;
+            on_block(&head, block, check).map_err(|e| bad(e.to_string()))?;
             index += 1;
         }
         Ok(RunAnswer { hit })

@@ -89,6 +89,67 @@ pub enum WireError {
     },
 }
 
+/// The version of an object a request pins, as both sides name it: the ETag where the origin
+/// gives one, else the version id, else neither (a store that keeps no versions). On the wire:
+/// `e:<ETag>`, `v:<version id>` or `-`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionTag {
+    /// The ETag, quotes included, as the origin sent it.
+    ETag(String),
+    /// The version id, where the origin gives no ETag.
+    VersionId(String),
+    /// Neither.
+    Unversioned,
+}
+
+impl VersionTag {
+    /// The tag of a version with `etag` and `version_id`: the ETag wins.
+    pub fn of(etag: Option<&str>, version_id: Option<&str>) -> Self {
+        match (etag, version_id) {
+            (Some(etag), _) => Self::ETag(etag.to_owned()),
+            (None, Some(id)) => Self::VersionId(id.to_owned()),
+            (None, None) => Self::Unversioned,
+        }
+    }
+
+    /// The ETag and the version id it names.
+    pub fn parts(&self) -> (Option<&str>, Option<&str>) {
+        match self {
+            Self::ETag(etag) => (Some(etag), None),
+            Self::VersionId(id) => (None, Some(id)),
+            Self::Unversioned => (None, None),
+        }
+    }
+}
+
+impl std::fmt::Display for VersionTag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ETag(etag) => write!(f, "e:{etag}"),
+            Self::VersionId(id) => write!(f, "v:{id}"),
+            Self::Unversioned => f.write_str("-"),
+        }
+    }
+}
+
+/// A version tag of none of the three forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a version tag: e:<ETag>, v:<version id> or -")]
+pub struct UnknownVersionTag;
+
+impl std::str::FromStr for VersionTag {
+    type Err = UnknownVersionTag;
+
+    fn from_str(tag: &str) -> Result<Self, Self::Err> {
+        match tag.split_once(':') {
+            Some(("e", etag)) => Ok(Self::ETag(etag.to_owned())),
+            Some(("v", id)) => Ok(Self::VersionId(id.to_owned())),
+            _ if tag == "-" => Ok(Self::Unversioned),
+            _ => Err(UnknownVersionTag),
+        }
+    }
+}
+
 /// A request for blocks `first..first + count` of one object version.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRequest {
@@ -98,8 +159,8 @@ pub struct RunRequest {
     pub source: String,
     /// The key under the source.
     pub key: String,
-    /// The version pinned: ETag or version id.
-    pub version: String,
+    /// The version pinned.
+    pub version: VersionTag,
     /// The object's size in bytes.
     pub size: u64,
     /// The block size both sides use.
@@ -117,7 +178,7 @@ impl RunRequest {
             .append_pair("object", &hex::encode(self.object))
             .append_pair("source", &self.source)
             .append_pair("key", &self.key)
-            .append_pair("version", &self.version)
+            .append_pair("version", &self.version.to_string())
             .append_pair("size", &self.size.to_string())
             .append_pair("block_size", &self.block_size.to_string())
             .append_pair("first", &self.first.to_string())
@@ -157,7 +218,9 @@ impl RunRequest {
             object,
             source: text("source", fields.source, MAX_SOURCE_LEN)?,
             key: text("key", fields.key, MAX_KEY_LEN)?,
-            version: text("version", fields.version, MAX_VERSION_LEN)?,
+            version: text("version", fields.version, MAX_VERSION_LEN)?
+                .parse()
+                .map_err(|UnknownVersionTag| invalid("version", "not e:<ETag>, v:<version id> or -"))?,
             size: number("size", fields.size)?,
             block_size: number("block_size", fields.block_size)?,
             first: u32::try_from(number("first", fields.first)?)
@@ -289,7 +352,7 @@ mod tests {
             object: [7; 32],
             source: "models".into(),
             key: "llama 3/model-00001-of-00004.safetensors?&=#%".into(),
-            version: "\"9b2cf535f27731c974343645a3985328\"".into(),
+            version: VersionTag::ETag("\"9b2cf535f27731c974343645a3985328\"".into()),
             size: 10 * (4 << 20) + 5,
             block_size: 4 << 20,
             first: 4,

@@ -26,7 +26,8 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use larder_config::PeerConfig;
 use larder_peer_proto::auth::{ClusterKey, KeyError};
-use larder_peer_proto::client::Client;
+use larder_peer_proto::client::{Client, PeerError};
+use larder_peer_proto::wire::Hello as Said;
 
 use crate::members::Hello;
 pub use source::PeerSource;
@@ -43,16 +44,8 @@ pub struct AskWho {
 }
 
 impl Hello for AskWho {
-    fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<(String, String), String>> {
-        async move {
-            let hello = self
-                .client
-                .hello(address, to, &self.rack)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok((hello.node, hello.rack))
-        }
-        .boxed()
+    fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<Said, PeerError>> {
+        self.client.hello(address, to, &self.rack).boxed()
     }
 }
 

@@ -33,7 +33,6 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
 use crate::members::Membership;
-use crate::source::version_tag;
 
 /// The peer listener's connection bounds.
 pub const LIMITS: Limits = Limits {
@@ -184,24 +183,18 @@ impl PeerListener {
         if run.block_size != self.cache.store().block_size() {
             return Err("this node caches blocks of another size");
         }
-        let (etag, version) = match run.version.split_once(':') {
-            Some(("e", etag)) => (Some(etag.to_owned()), None),
-            Some(("v", id)) => (None, Some(id.to_owned())),
-            _ if run.version == "-" => (None, None),
-            _ => return Err("unknown version tag"),
-        };
+        let (etag, version) = run.version.parts();
         // Image content is named by its digest, whichever repository it was fetched from.
         let content = origin.content_at(&run.key, run.size).map(Box::new);
         let version = ObjectVersion {
             origin_url: origin.identity_url().to_owned(),
             key: run.key.clone(),
-            etag,
-            version,
+            etag: etag.map(str::to_owned),
+            version: version.map(str::to_owned),
             size: run.size,
             modified: UNIX_EPOCH,
             content,
         };
-        debug_assert_eq!(version_tag(&version), run.version);
         let object = OpenObject::new(origin.clone(), version);
         if object.id().0 != run.object {
             return Err("the source of that name here is not the asker's");

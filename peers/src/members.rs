@@ -36,7 +36,9 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::{Resolver, TokioResolver};
 use larder_config::PeerConfig;
 pub use larder_control_api::{MemberHealth, MemberState, RackBytes};
+use larder_peer_proto::client::PeerError;
 use larder_peer_proto::owner::{self, Member, Run};
+use larder_peer_proto::wire::Hello as Said;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -83,7 +85,7 @@ pub struct Peer {
 pub trait Hello: Send + Sync {
     /// The node id and rack of the peer listening at `address` (`HOST:PORT`), which should be
     /// member `to` (empty: not known).
-    fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<(String, String), String>>;
+    fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<Said, PeerError>>;
 }
 
 /// The members of the rack, shared by the fill path, the DNS task, the status and the metrics.
@@ -480,7 +482,7 @@ impl Membership {
         known.silent.retain(|a| addresses.contains(a));
         for (address, answer) in answers {
             match answer {
-                Ok((id, rack)) => {
+                Ok(Said { node: id, rack }) => {
                     known.silent.remove(address);
                     known.ids.insert(address.clone(), id.clone());
                     self.discover(id, rack, address.clone());
@@ -583,8 +585,8 @@ impl Membership {
             .await;
             for (id, address, answer) in answers {
                 match answer {
-                    Ok((said_id, rack)) if said_id == *id => self.said_rack(id, &rack),
-                    Ok((said_id, _)) => self.unheard_from(
+                    Ok(Said { node: said_id, rack }) if said_id == *id => self.said_rack(id, &rack),
+                    Ok(Said { node: said_id, .. }) => self.unheard_from(
                         id,
                         address,
                         format!("the member at {address} says it is {said_id:?}"),
@@ -592,7 +594,7 @@ impl Membership {
                     ),
                     Err(error) => {
                         let warn = tries >= HELLO_WARN_AFTER && warned.insert(id.clone());
-                        self.unheard_from(id, address, error, warn);
+                        self.unheard_from(id, address, error.to_string(), warn);
                     }
                 }
             }
@@ -630,10 +632,10 @@ impl Membership {
 
 /// Asks the peer at `address` (expected to be member `to`, empty: not known) who it is,
 /// within [`HELLO_TIMEOUT`].
-async fn ask(hello: &dyn Hello, address: &str, to: &str) -> Result<(String, String), String> {
+async fn ask(hello: &dyn Hello, address: &str, to: &str) -> Result<Said, PeerError> {
     tokio::time::timeout(HELLO_TIMEOUT, hello.hello(address, to))
         .await
-        .unwrap_or_else(|_| Err("no answer in time".to_owned()))
+        .unwrap_or(Err(PeerError::Timeout("no answer in time")))
 }
 
 /// A rack label as the log and status show it: `-` for none.
@@ -862,19 +864,18 @@ mod tests {
     }
 
     impl Hello for Racks {
-        fn hello<'a>(
-            &'a self,
-            address: &'a str,
-            to: &'a str,
-        ) -> BoxFuture<'a, Result<(String, String), String>> {
+        fn hello<'a>(&'a self, address: &'a str, to: &'a str) -> BoxFuture<'a, Result<Said, PeerError>> {
             let answer = self.up.lock().get(address).cloned();
             Box::pin(async move {
-                let (id, rack) = answer.ok_or_else(|| "connection refused".to_owned())?;
+                let (id, rack) = answer.ok_or_else(|| PeerError::Connect {
+                    address: address.to_owned(),
+                    reason: "connection refused".to_owned(),
+                })?;
                 // As the listener does: a hello signed for another member is refused.
                 if !to.is_empty() && to != id {
-                    return Err(format!("meant for {to}, not {id}"));
+                    return Err(PeerError::Unauthorized(format!("meant for {to}, not {id}")));
                 }
-                Ok((id, rack))
+                Ok(Said { node: id, rack })
             })
         }
     }

@@ -7,11 +7,10 @@ use std::time::Instant;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use larder_engine::AlignedBuf;
-use larder_object::ObjectVersion;
 use larder_peer_proto::client::{BlockBuf, Client, PeerError};
 use larder_peer_proto::owner::Run as OwnedRun;
-use larder_peer_proto::wire::RunRequest;
-use larder_read_path::fill::{BlockSource, Run};
+use larder_peer_proto::wire::{RunRequest, VersionTag};
+use larder_read_path::fill::{BlockSource, PeerBlockError, Run};
 use larder_read_path::{OpenObject, ReadError, Source};
 use larder_stats::{Stats, add};
 
@@ -66,6 +65,26 @@ impl PeerSource {
     }
 }
 
+/// Why the peer tier supplied no run.
+#[derive(Debug, thiserror::Error)]
+enum NoPeer {
+    /// No member is up.
+    #[error("no members")]
+    NoMembers,
+    /// This node owns the run: it fetches it from its origin.
+    #[error("this node owns the run")]
+    OwnRun,
+    /// The run's owner failed.
+    #[error("{member}: {error}")]
+    Failed {
+        /// The owner's id.
+        member: String,
+        /// What went wrong.
+        #[source]
+        error: PeerError,
+    },
+}
+
 /// A block from a peer, received into the aligned buffer the block store writes from.
 struct PeerBuf(AlignedBuf);
 
@@ -82,15 +101,6 @@ impl BlockBuf for PeerBuf {
 
     fn extend_from_slice(&mut self, bytes: &[u8]) {
         self.0.extend_from_slice(bytes);
-    }
-}
-
-/// The version as a request names it: `e:` and the ETag, `v:` and the version id, or `-`.
-pub(crate) fn version_tag(version: &ObjectVersion) -> String {
-    match (&version.etag, &version.version) {
-        (Some(etag), _) => format!("e:{etag}"),
-        (None, Some(id)) => format!("v:{id}"),
-        (None, None) => "-".to_owned(),
     }
 }
 
@@ -116,10 +126,10 @@ impl BlockSource for PeerSource {
             // origin too, a second copy of it; a member whose circuit is open is left out of
             // the ranking, so the next one becomes the owner of its runs for everyone.
             let Some(peer) = self.members.owners(&owned).into_iter().next() else {
-                return Err(ReadError::Peer("no members".into()));
+                return Err(ReadError::Peer(Arc::new(NoPeer::NoMembers)));
             };
             if peer.id == self.members.self_id() {
-                return Err(ReadError::Peer("this node owns the run".into()));
+                return Err(ReadError::Peer(Arc::new(NoPeer::OwnRun)));
             }
             let version = object.version();
             // Looked up once per version and kept: where the version is sealed, every block
@@ -132,7 +142,7 @@ impl BlockSource for PeerSource {
                 object: object.id().0,
                 source: object.origin().name().to_owned(),
                 key: version.key.clone(),
-                version: version_tag(version),
+                version: VersionTag::of(version.etag.as_deref(), version.version.as_deref()),
                 size: version.size,
                 block_size,
                 first: run.next_block(),
@@ -148,7 +158,7 @@ impl BlockSource for PeerSource {
                     let len = buf.len() as u64;
                     run.push_from_peer(&member, head.index, (buf, check), head.hash, expected)?;
                     received += len;
-                    Ok(())
+                    Ok::<_, PeerBlockError>(())
                 })
                 .await;
             add(&self.stats.peer_fetched_bytes, received);
@@ -167,10 +177,15 @@ impl BlockSource for PeerSource {
                 }
                 Err(error) => {
                     self.failed(&peer.id, &error);
-                    let message = format!("{}: {error}", peer.id).into();
-                    Err(match error {
-                        PeerError::Timeout(_) => ReadError::PeerLate(message),
-                        _ => ReadError::Peer(message),
+                    let late = matches!(error, PeerError::Timeout(_));
+                    let error = Arc::new(NoPeer::Failed {
+                        member: peer.id,
+                        error,
+                    });
+                    Err(if late {
+                        ReadError::PeerLate(error)
+                    } else {
+                        ReadError::Peer(error)
                     })
                 }
             }

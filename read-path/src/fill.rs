@@ -58,6 +58,25 @@ pub trait Members: Send + Sync + std::fmt::Debug {
     fn sent_wrong_blocks(&self, id: &str);
 }
 
+/// Why a block a rack peer sent was refused (the rest of its run then comes from the origin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeerBlockError {
+    /// It is not the block the run waits for next (or the run wants no more).
+    #[error("block {index} is not the next of the run ({next})")]
+    NotNext {
+        /// The block sent.
+        index: u32,
+        /// The block the run waits for.
+        next: u32,
+    },
+    /// Its hash is not the one a sealed manifest gives for it.
+    #[error("the block's hash is not the sealed manifest's")]
+    NotSealed,
+    /// Its bytes do not hash to the hash its answer gave.
+    #[error("the bytes do not hash to the block's hash")]
+    HashMismatch,
+}
+
 /// Whom a fill is for. This node's readers and jobs are served by every tier; a rack peer's
 /// request only by this node's origin, so that a run asked of its owner is never passed on
 /// (no request loops between nodes whose member lists disagree for a moment).
@@ -211,18 +230,18 @@ impl Run<'_> {
         (buf, check): (AlignedBuf, GroupCheck),
         hash: [u8; 32],
         sealed: Option<[u8; 32]>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerBlockError> {
         if index != self.next || self.waiters.as_slice().is_empty() {
-            return Err(format!(
-                "block {index} is not the next of the run ({})",
-                self.next
-            ));
+            return Err(PeerBlockError::NotNext {
+                index,
+                next: self.next,
+            });
         }
         if sealed.is_some_and(|sealed| sealed != hash) {
-            return Err("the block's hash is not the sealed manifest's".into());
+            return Err(PeerBlockError::NotSealed);
         }
         let block = VerifiedBlock::checked_on_arrival(Arc::new(buf), check)
-            .map_err(|_| "the bytes do not hash to the block's hash".to_owned())?;
+            .map_err(|_| PeerBlockError::HashMismatch)?;
         let unchecked = sealed.is_none().then(|| member.clone());
         self.deliver(block, Source::Peer, unchecked);
         Ok(())
@@ -277,10 +296,10 @@ impl Run<'_> {
                 .store
                 .write_block(&object.version, index, &block, (served, fetched_from), peer, crcs)
                 .await;
-            if let Err(error) = &written {
-                cache.remember_unstored((object.id, index), error);
+            let stored = written.is_ok();
+            if let Err(error) = written {
                 let stats = &cache.inner.stats;
-                match error {
+                match &error {
                     // Lasts until pins go or space is freed: said once, then only counted.
                     StoreError::NoSpace { .. } => {
                         larder_stats::add(&stats.cache_writes_skipped, 1);
@@ -308,10 +327,11 @@ impl Run<'_> {
                         }
                     }
                 }
+                cache.remember_unstored((object.id, index), error);
             }
             // Queued before the block leaves the in-flight map, so whoever waited for the write
             // finds the check queued.
-            if written.is_ok() {
+            if stored {
                 cache.queue_check(&object);
             }
             cache.inner.inflight.lock().remove(&(object.id, index));

@@ -7,7 +7,7 @@
 //! 2. Join the fill in flight for the block, if there is one (single-flight).
 //! 3. Otherwise start a fill ([`fill`]): a run from this block to the end of its origin part
 //!    (stopping at blocks already present or in flight), fetched from the [`fill::BlockSource`]s
-//!    in order (the rack peer that owns the run, next issue; then the origin), run as its own
+//!    in order (the rack peer that owns the run, when there is a peer tier; then the origin), run as its own
 //!    task so it survives the cancellation of any reader.
 //! 4. Each block goes to its waiters as soon as its last byte arrives, then is written to the
 //!    block store in the background. A block stays joinable until its write has finished, so
@@ -69,20 +69,31 @@ pub enum ReadError {
     /// The fill was dropped before it finished (the daemon is shutting down).
     #[error("the fill was abandoned before it finished")]
     Abandoned,
-    /// No rack peer supplied the run (this node owns it, or the owner failed). Only ever a
-    /// source's error on the way to the next one: the origin comes after the peers.
+    /// No rack peer supplied the run (this node owns it, or the owner failed): the peer
+    /// tier's error. Only ever a source's error on the way to the next one: the origin comes
+    /// after the peers.
     #[error("no rack peer supplied the blocks: {0}")]
-    Peer(Arc<str>),
+    Peer(Arc<dyn std::error::Error + Send + Sync>),
     /// The run's owner did not answer, or stopped sending, within its deadline: it may only be
     /// slow (and already filling the run), so the origin supplies one block and the owner is
     /// asked again for the rest. Only ever a source's error on the way to the next one.
     #[error("the rack peer that owns the blocks was late: {0}")]
-    PeerLate(Arc<str>),
-    /// The block was fetched but is not in the cache: its write failed (no space that is not
-    /// pinned, or a disk error), or it was evicted at once. Only [`Cache::fill`] reports it;
-    /// reads are served anyway.
+    PeerLate(Arc<dyn std::error::Error + Send + Sync>),
+    /// The block was fetched but is not in the cache. Only [`Cache::fill`] reports it; reads
+    /// are served anyway.
     #[error("the block was fetched but could not be stored in the cache: {0}")]
-    NotStored(Arc<str>),
+    NotStored(Arc<Unstored>),
+}
+
+/// Why a fetched block is not in the cache.
+#[derive(Debug, thiserror::Error)]
+pub enum Unstored {
+    /// Its write failed: no space that is not pinned, the cache dir gone, or a disk error.
+    #[error(transparent)]
+    Write(StoreError),
+    /// It was written, and evicted at once.
+    #[error("it was evicted as soon as it was written")]
+    Evicted,
 }
 
 /// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
@@ -176,7 +187,7 @@ struct Inner {
     /// Blocks whose fill failed lately, with the error.
     failed: Lately<ReadError>,
     /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
-    unstored: Lately<Arc<str>>,
+    unstored: Lately<Arc<Unstored>>,
     /// The block bytes in memory: fills, blocks waiting for their write, blocks held.
     budget: Arc<MemoryBudget>,
     part_blocks: u32,
@@ -556,8 +567,9 @@ impl Cache {
             }
             if !inner.inflight.lock().contains_key(&key) {
                 let why = inner.unstored.take(key);
-                let why = why.unwrap_or_else(|| "it was evicted as soon as it was written".into());
-                return Err(ReadError::NotStored(why));
+                return Err(ReadError::NotStored(
+                    why.unwrap_or_else(|| Arc::new(Unstored::Evicted)),
+                ));
             }
             written.await;
         }
@@ -616,8 +628,10 @@ impl Cache {
 
     /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
     /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
-    fn remember_unstored(&self, key: BlockKey, error: &StoreError) {
-        self.inner.unstored.record([key], &error.to_string().into());
+    fn remember_unstored(&self, key: BlockKey, error: StoreError) {
+        self.inner
+            .unstored
+            .record([key], &Arc::new(Unstored::Write(error)));
     }
 
     /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or

@@ -137,6 +137,40 @@ struct DockerAuth {
     auth: Option<String>,
 }
 
+/// Why the mirror cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The credentials file cannot be read.
+    #[error("registry credentials {} (registry.credentials): {source}", path.display())]
+    Credentials {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The credentials file is not a docker `config.json`.
+    #[error("registry credentials {} (registry.credentials): not a docker config.json: {source}", path.display())]
+    NotDockerConfig {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        source: serde_json::Error,
+    },
+    /// An upstream's URL does not parse.
+    #[error("registry {host}: {url:?} is not a URL: {source}")]
+    NotUrl {
+        /// The upstream's name.
+        host: String,
+        /// Its URL as configured.
+        url: String,
+        /// What is wrong with it.
+        source: url::ParseError,
+    },
+    /// An upstream's client cannot be made.
+    #[error(transparent)]
+    Upstream(#[from] upstream::SetupError),
+}
+
 impl Mirror {
     /// The mirror of `config`'s upstreams over `cache`, with its index in `cache_dir`.
     pub fn new(
@@ -145,31 +179,28 @@ impl Mirror {
         cache: Cache,
         cache_dir: &Path,
         stats: Arc<Stats>,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, SetupError> {
         let credentials = match &config.credentials {
             Some(path) => {
-                let text = std::fs::read(path).map_err(|e| {
-                    format!(
-                        "registry credentials {} (registry.credentials): {e}",
-                        path.display()
-                    )
+                let text = std::fs::read(path).map_err(|source| SetupError::Credentials {
+                    path: path.clone(),
+                    source,
                 })?;
-                serde_json::from_slice::<DockerConfig>(&text).map_err(|e| {
-                    format!(
-                        "registry credentials {} (registry.credentials): not a docker config.json: {e}",
-                        path.display()
-                    )
+                serde_json::from_slice::<DockerConfig>(&text).map_err(|source| {
+                    SetupError::NotDockerConfig {
+                        path: path.clone(),
+                        source,
+                    }
                 })?
             }
             None => DockerConfig::default(),
         };
         let mut registries = BTreeMap::new();
         for configured in &config.upstreams {
-            let base = url::Url::parse(&configured.url).map_err(|e| {
-                format!(
-                    "registry {}: {:?} is not a URL: {e}",
-                    configured.host, configured.url
-                )
+            let base = url::Url::parse(&configured.url).map_err(|source| SetupError::NotUrl {
+                host: configured.host.clone(),
+                url: configured.url.clone(),
+                source,
             })?;
             let auth = credentials
                 .auths

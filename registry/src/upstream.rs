@@ -131,19 +131,38 @@ impl fmt::Debug for Upstream {
     }
 }
 
+/// Why an upstream's client cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// reqwest cannot build a client (its TLS backend).
+    #[error("registry {host}: cannot build its HTTP client: {source}")]
+    Client {
+        /// The upstream's name.
+        host: String,
+        /// reqwest's error.
+        source: reqwest::Error,
+    },
+    /// Its credentials cannot be a header value.
+    #[error("registry {0}: its credentials are not base64")]
+    Credentials(String),
+}
+
 impl Upstream {
     /// The registry named `host` in image references, reached at `base`; `auth` is the
     /// base64 `user:password` of its credentials, if any.
-    pub fn new(host: &str, base: Url, auth: Option<&str>) -> Result<Self, String> {
+    pub fn new(host: &str, base: Url, auth: Option<&str>) -> Result<Self, SetupError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(REQUEST_TIMEOUT)
             .build()
-            .map_err(|e| format!("registry {host}: cannot build its HTTP client: {e}"))?;
+            .map_err(|source| SetupError::Client {
+                host: host.to_owned(),
+                source,
+            })?;
         let basic = match auth {
             Some(auth) => {
                 let mut value = HeaderValue::from_str(&format!("Basic {auth}"))
-                    .map_err(|_| format!("registry {host}: its credentials are not base64"))?;
+                    .map_err(|_| SetupError::Credentials(host.to_owned()))?;
                 value.set_sensitive(true);
                 Some(value)
             }

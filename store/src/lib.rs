@@ -784,11 +784,13 @@ impl BlockStore {
         self.read(version, id, index, 0..len).await
     }
 
-    /// Reads bytes `range` of block `index` of `version` from disk. The block is read whole and
-    /// checked against its recorded BLAKE3 every time (unless verification is off, when only
-    /// the 4 KiB pages that hold `range` are read): bytes changed on disk after an earlier
-    /// check are never served through the daemon. A block that passed is marked verified in
-    /// this process, which is what passthrough asks of every block of a file.
+    /// Reads bytes `range` of block `index` of `version` from disk, checked every time (unless
+    /// verification is off, when only the 4 KiB pages that hold `range` are read): a read of
+    /// the whole block against its recorded BLAKE3, a read of part of it group by group (the
+    /// 16 KiB groups it touches, against the block's stored tree; see `read_checked`). Bytes
+    /// changed on disk after an earlier check are never served through the daemon. A block
+    /// checked whole is marked verified in this process, which is what passthrough asks of
+    /// every block of a file.
     ///
     /// An error means the disk failed (`Io`) or gave bytes that are short or do not match the
     /// record (`Corrupt`); the block has then been dropped from the store, so the caller
