@@ -53,11 +53,21 @@ async fn a_buffered_read_of_a_stalled_origin_fails_within_the_read_deadline() {
     .await
     .expect("join");
 
+    // The failed blocks fail again at once for FAILED_FILL_MEMORY, then are fetched anew.
     proxy.set_fault(Fault::PassThrough);
-    tokio::time::sleep(larder_read_path::FAILED_FILL_MEMORY + Duration::from_millis(500)).await;
     let bytes = tokio::task::spawn_blocking(move || {
         drop(file);
-        std::fs::read(path).expect("a read once the origin is back")
+        let started = Instant::now();
+        loop {
+            match std::fs::read(&path) {
+                Ok(bytes) => return bytes,
+                Err(error) => assert!(
+                    started.elapsed() < larder_read_path::FAILED_FILL_MEMORY + Duration::from_secs(10),
+                    "no read succeeded once the origin was back: {error}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     })
     .await
     .expect("join");

@@ -65,6 +65,20 @@ fn ids(membership: &Membership) -> Vec<String> {
     membership.states().into_iter().map(|m| m.id).collect()
 }
 
+/// Waits (at most 10 s) until the membership has acted on a resolution of the name that began
+/// after this call: three resolutions' queries (an A and an AAAA each) answered from now on,
+/// so one began and ended after the call, and its successor's queries prove it was acted on.
+async fn resolved_again(dns: &DnsServer) {
+    let (start, from) = (Instant::now(), dns.answered());
+    while dns.answered() < from + 6 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the name was not resolved again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits (at most 10 s) until `ok` holds for the membership.
 async fn until(membership: &Membership, what: &str, ok: impl Fn(&Membership) -> bool) {
     let start = Instant::now();
@@ -147,7 +161,7 @@ async fn dns_members_join_and_leave_and_only_their_runs_move() {
 
     // The name stops resolving: the last members stay.
     dns.remove(NAME);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    resolved_again(&dns).await;
     assert_eq!(ids(&membership), ["a", "c", "s"]);
 
     // A DNS member with a static member's id is that member: one entry, the configured
@@ -169,11 +183,11 @@ async fn dns_members_join_and_leave_and_only_their_runs_move() {
     .await;
     // An address already known is not asked again.
     let asked_c = hello.asked("127.0.0.4");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    resolved_again(&dns).await;
     assert_eq!(hello.asked("127.0.0.4"), asked_c);
     assert_eq!(asked_c, 1);
     dns.set(NAME, &ips(&["127.0.0.2", "127.0.0.4", "127.0.0.6"]));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    resolved_again(&dns).await;
     assert_eq!(ids(&membership), ["a", "c", "d", "s"]);
 
     stop.cancel();

@@ -266,11 +266,33 @@ async fn an_address_in_use_stops_the_daemon_with_a_clear_error() {
 async fn metrics_off_serves_nothing() {
     let server = S3Server::start("larder-test").await.expect("s3 server");
     server.put("a", seed("a", 0), 10).await.expect("put");
+    // The variable names a port; the flag turns the endpoint off, and wins.
+    let address = format!("127.0.0.1:{}", free_port());
+    let env = [("LARDER_METRICS_LISTEN", address.as_str())];
     let dir = tempfile::tempdir().expect("tempdir");
-    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &["--metrics-listen", "off"])
-        .expect("daemon");
+    let daemon = DaemonProcess::start_with_env(
+        Path::new(BIN),
+        &server,
+        dir.path(),
+        &["--metrics-listen", "off"],
+        &env,
+    )
+    .expect("daemon");
     let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
     assert!(!log.contains("serving metrics"), "{log}");
+    let refused = std::net::TcpStream::connect(&address);
+    assert!(
+        refused.is_err(),
+        "something answers on {address} with metrics off"
+    );
+    drop(daemon);
+
+    // The same variable without the flag: that port serves the metrics.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon =
+        DaemonProcess::start_with_env(Path::new(BIN), &server, dir.path(), &[], &env).expect("daemon");
+    let metrics = Metrics::scrape(&address).await;
+    assert!(metrics.value("larder_cache_capacity_bytes", None) > 0.0);
     drop(daemon);
 }
 

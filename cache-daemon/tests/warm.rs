@@ -117,7 +117,19 @@ async fn the_node_is_labelled_while_the_plan_is_complete_and_the_label_converges
         let bytes = std::fs::read(mount.join(OTHER)).expect("read");
         assert!(bytes == content(seed(OTHER, 0), 0, 1000), "wrong bytes");
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The daemon tried, and said so: the label was to be removed, and the server is down.
+    let log = dir.path().join("daemon.log");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .expect("log")
+        .contains("cannot patch the node label")
+    {
+        assert!(
+            started.elapsed() < WAIT,
+            "no patch was tried while the server was down"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(api.patches().len(), seen, "patches reached a stopped server");
     let mut daemon = daemon;
     assert!(daemon.exited().expect("exited").is_none(), "the daemon stopped");
@@ -127,7 +139,7 @@ async fn the_node_is_labelled_while_the_plan_is_complete_and_the_label_converges
         .expect("label removed after the outage");
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(removed(&api.patches()), "{:#?}", api.patches());
-    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    let log = std::fs::read_to_string(log).expect("log");
     assert_eq!(
         log.matches("cannot patch the node label").count(),
         1,

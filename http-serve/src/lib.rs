@@ -600,11 +600,19 @@ mod tests {
 
     /// Serves `echo` on a loopback port: its URL, the token that stops it and its task.
     async fn start(limits: Limits) -> (String, CancellationToken, tokio::task::JoinHandle<()>) {
+        start_with(limits, echo).await
+    }
+
+    /// Serves `service` on a loopback port, as [`start`] does.
+    async fn start_with(
+        limits: Limits,
+        service: impl Service,
+    ) -> (String, CancellationToken, tokio::task::JoinHandle<()>) {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let cancel = CancellationToken::new();
-        let server = tokio::spawn(serve(listener, echo, limits, cancel.clone()));
+        let server = tokio::spawn(serve(listener, service, limits, cancel.clone()));
         (url, cancel, server)
     }
 
@@ -632,13 +640,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_stop_ends_idle_connections_and_requests_in_flight_within_the_grace() {
-        let (url, cancel, server) = start(LIMITS).await;
+        // Echo, saying when a request reaches the handler.
+        let (entered, mut handling) = tokio::sync::mpsc::unbounded_channel();
+        let service = move |request: Request<Bytes>| {
+            let _ = entered.send(());
+            echo(request)
+        };
+        let (url, cancel, server) = start_with(LIMITS, service).await;
         let client = reqwest::Client::new();
         let _idle = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
             .await
             .unwrap();
         let in_flight = tokio::spawn(client.get(format!("{url}/slow")).send());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        handling.recv().await.expect("the request reached its handler");
         let started = std::time::Instant::now();
         cancel.cancel();
         server.await.unwrap();

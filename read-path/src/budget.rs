@@ -266,7 +266,13 @@ mod tests {
         assert_eq!(budget.used(), 0);
     }
 
-    #[tokio::test]
+    /// Returns once every other task of the test's runtime waits: with the clock paused, a
+    /// timer fires only when no task can make progress.
+    async fn others_wait() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_job_waits_for_room_and_gets_it_when_a_charge_goes() {
         let budget = budget(10);
         let held = budget.charge(8);
@@ -274,7 +280,7 @@ mod tests {
             let budget = budget.clone();
             async move { budget.charge_when_room(5).await.bytes() }
         });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        others_wait().await;
         assert!(!waiting.is_finished(), "it must wait while 8 of 10 are charged");
         drop(held);
         assert_eq!(waiting.await.unwrap(), 5);
@@ -305,7 +311,7 @@ mod tests {
         drop((got, held, over));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn fills_wait_while_the_writes_alone_pass_the_limit() {
         let budget = budget(10);
         let block = Arc::new(budget.charge(10));
@@ -314,7 +320,7 @@ mod tests {
             let budget = budget.clone();
             async move { budget.writes_below_limit().await }
         });
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        others_wait().await;
         assert!(!fill.is_finished());
         drop(writing);
         fill.await.unwrap();

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::{RData, Record, RecordType};
@@ -23,6 +24,7 @@ pub struct DnsServer {
     /// Where it listens (UDP).
     pub address: SocketAddr,
     table: Table,
+    answered: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -32,8 +34,19 @@ impl DnsServer {
         let socket = UdpSocket::bind("127.0.0.1:0").await?;
         let address = socket.local_addr()?;
         let table = Table::default();
-        let task = tokio::spawn(serve(socket, table.clone()));
-        Ok(Self { address, table, task })
+        let answered = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(serve(socket, table.clone(), answered.clone()));
+        Ok(Self {
+            address,
+            table,
+            answered,
+            task,
+        })
+    }
+
+    /// Queries answered so far (each from the table as it was when answered).
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// Makes `name` resolve to `addresses` (an empty list answers no records).
@@ -57,7 +70,7 @@ fn key(name: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
-async fn serve(socket: UdpSocket, table: Table) {
+async fn serve(socket: UdpSocket, table: Table, answered: Arc<AtomicU64>) {
     let mut buf = vec![0; 4096];
     loop {
         let Ok((len, from)) = socket.recv_from(&mut buf).await else {
@@ -72,7 +85,9 @@ async fn serve(socket: UdpSocket, table: Table) {
         let Ok(bytes) = answer(&request, &table).to_vec() else {
             continue;
         };
-        let _ = socket.send_to(&bytes, from).await;
+        if socket.send_to(&bytes, from).await.is_ok() {
+            answered.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

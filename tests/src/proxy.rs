@@ -67,6 +67,8 @@ pub struct RecordingProxy {
     log: RequestLog,
     fault: watch::Sender<Fault>,
     body_bytes: Arc<AtomicU64>,
+    /// Bodies held by [`Fault::StallAfterHeaders`] now.
+    held: Arc<AtomicU64>,
     accept: JoinHandle<()>,
 }
 
@@ -97,7 +99,9 @@ impl RecordingProxy {
         let (fault, _) = watch::channel(Fault::PassThrough);
         let body_bytes = Arc::new(AtomicU64::new(0));
         let link = Arc::new(Mutex::new(Instant::now()));
-        let (served, faults, counted) = (log.clone(), fault.clone(), body_bytes.clone());
+        let held = Arc::new(AtomicU64::new(0));
+        let (served, faults, counted, holding) =
+            (log.clone(), fault.clone(), body_bytes.clone(), held.clone());
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let is_ranged_get = request.method() == hyper::Method::GET
                 && request.headers().contains_key(hyper::header::RANGE);
@@ -115,6 +119,7 @@ impl RecordingProxy {
                 faults: faults.subscribe(),
                 link: link.clone(),
                 counted: counted.clone(),
+                held: holding.clone(),
                 sent,
                 cut: false,
             };
@@ -138,6 +143,7 @@ impl RecordingProxy {
             log,
             fault,
             body_bytes,
+            held,
             accept,
         })
     }
@@ -162,6 +168,11 @@ impl RecordingProxy {
             .iter()
             .map(|(request, _)| request.clone())
             .collect()
+    }
+
+    /// Response bodies [`Fault::StallAfterHeaders`] holds now: their headers were sent.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Relaxed)
     }
 
     /// Bytes of response bodies sent to clients so far.
@@ -207,6 +218,8 @@ struct FaultyBody {
     /// When the shared link is free again, for [`Fault::Bandwidth`].
     link: Arc<Mutex<Instant>>,
     counted: Arc<AtomicU64>,
+    /// Bodies held now, all responses together.
+    held: Arc<AtomicU64>,
     /// Body bytes of this response sent so far (shared with the request log).
     sent: Arc<AtomicU64>,
     /// [`Fault::ResetAfter`] was reached: the connection is cut before the next chunk.
@@ -242,11 +255,19 @@ impl FaultyBody {
 
     /// Applies the current fault to the next chunk of the body.
     async fn pass(&mut self, mut data: Bytes) -> Result<Bytes, BoxError> {
-        let fault = *self
+        let stalled = *self.faults.borrow() == Fault::StallAfterHeaders;
+        if stalled {
+            self.held.fetch_add(1, Ordering::Relaxed);
+        }
+        let fault = self
             .faults
             .wait_for(|fault| *fault != Fault::StallAfterHeaders)
             .await
-            .map_err(|_| "the proxy stopped while the body was stalled")?;
+            .map(|fault| *fault);
+        if stalled {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        let fault = fault.map_err(|_| "the proxy stopped while the body was stalled")?;
         let start = self.sent.load(Ordering::Relaxed);
         let end = start + data.len() as u64;
         match fault {

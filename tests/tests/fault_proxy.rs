@@ -42,7 +42,11 @@ async fn each_fault_of_the_proxy_switches_at_run_time() {
 
     proxy.set_fault(Fault::StallAfterHeaders);
     let stalled = tokio::spawn(get());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    while proxy.held() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(10), "no body was held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     assert!(!stalled.is_finished(), "the body was not held");
     proxy.set_fault(Fault::PassThrough);
     assert!(stalled.await.expect("join").expect("released") == want);
