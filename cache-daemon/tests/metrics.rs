@@ -127,13 +127,14 @@ async fn metrics_count_the_bytes_read_cold_and_warm() {
     let args = ["--metrics-listen", &address, "--cache-capacity", "64MiB"];
 
     // Cold: a new daemon, a new mount, so an empty page cache; each file is read once, so each
-    // byte reaches the daemon once. Everything came from the origin, though a block the
-    // readahead had already written may be served from disk.
+    // byte reaches the daemon once, but for a few pages the kernel may drop after reading them
+    // ahead and ask for again. Everything came from the origin for this open.
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
     assert_eq!(read_all(&daemon).await, total);
     let cold = Metrics::scrape(&address).await;
-    assert_eq!(cold.read_bytes("nvme") + cold.read_bytes("origin"), total as f64);
-    assert!(cold.read_bytes("origin") > 0.0);
+    let served = cold.read_bytes("nvme") + cold.read_bytes("origin");
+    assert!(served >= total as f64 && served <= total as f64 * 1.01, "{served} of {total}");
+    assert_eq!(cold.read_bytes("nvme"), 0.0);
     assert!(cold.value("larder_origin_bytes_total", None) >= cold.read_bytes("origin"));
     assert!(cold.value("larder_origin_requests_total", Some(("kind", "get"))) > 0.0);
     assert!(cold.value("larder_block_lookups_total", Some(("result", "miss"))) > 0.0);

@@ -203,12 +203,14 @@ async fn status_counts_bytes_by_source_as_read() {
     })
     .await
     .expect("join");
-    // Every byte read was served once; from the origin, though a block the kernel asks for
-    // again after it was written (its readahead sends requests out of order) is read from disk.
+    // Every byte read was served, from the origin for this open (none was on the node). A few
+    // pages may be served twice: the kernel drops pages it read ahead under memory pressure
+    // and asks again when the reader gets to them (12 KiB of 39 MiB on a loaded CI machine).
     let report = daemon.status();
     let served = |source: &str| report["served"][source].as_u64().expect("a byte count");
-    assert_eq!(served("origin_bytes") + served("nvme_bytes"), cold, "{report}");
-    assert!(served("origin_bytes") > 0, "{report}");
+    let total = served("origin_bytes") + served("nvme_bytes");
+    assert!((cold..=cold + cold / 100).contains(&total), "{cold} read: {report}");
+    assert_eq!(report["served"]["hit_rate"], 0.0, "{report}");
     daemon.stop().expect("stop");
 
     let daemon = start();
