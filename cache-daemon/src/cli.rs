@@ -388,6 +388,15 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
         "prefetch jobs: {} running, {} done, {} failed, {} cancelled",
         counts.running, counts.done, counts.failed, counts.cancelled
     )?;
+    let failed: Vec<String> = status
+        .failed_objects
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(cause, n)| format!("{n} {}", cause.name()))
+        .collect();
+    if !failed.is_empty() {
+        writeln!(out, "prefetch objects failed: {}", failed.join(", "))?;
+    }
     // The running jobs and the last few finished; `--json` has every job the daemon keeps.
     let finished = status
         .jobs

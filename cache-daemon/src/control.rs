@@ -13,7 +13,8 @@ use bytes::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
 use larder_config::Redacted;
 use larder_control_api::{
-    Lookups, OriginErrors, Peers, SealRequest, Served, Settings, Status, TargetsRequest, Unpinned,
+    FailureCause, Lookups, OriginErrors, Peers, SealRequest, Served, Settings, Status, TargetsRequest,
+    Unpinned,
 };
 use larder_http::{self as http, Body, Limits};
 use larder_peers::members::Membership;
@@ -149,6 +150,7 @@ impl Control {
             },
             cache_write_failures: now.cache_write_failures + now.cache_writes_skipped,
             job_counts: self.jobs.counts(),
+            failed_objects: FailureCause::ALL.into_iter().zip(now.prefetch_failed).collect(),
             jobs: self.jobs.reports(),
             peers: self.membership.as_ref().map(|m| Peers {
                 node_id: m.self_id().to_owned(),

@@ -52,6 +52,7 @@ use crate::kube::{KubeError, NodeClient};
 use crate::metrics::{self, Phase, Snapshot};
 use crate::namespace::{Namespace, Source};
 use crate::prefetch::Jobs;
+use crate::process::ProcessStats;
 use crate::seal::Sealer;
 use crate::warm::Warm;
 
@@ -394,14 +395,20 @@ async fn serve_metrics(
         .map_err(|source| DaemonError::MetricsListen { address, source })?;
     let bound = listener.local_addr().unwrap_or(address);
     tracing::info!(address = %bound, "serving metrics at /metrics, health at /healthz and /readyz");
-    let (stats, store) = (stats.clone(), store.clone());
-    let ready_store = store.clone();
+    let ready = {
+        let store = store.clone();
+        move || phase.readiness(store.usage().dir_lost, store.disk_failure())
+    };
+    let ready = Arc::new(ready);
+    let (stats, store, scrape_ready) = (stats.clone(), store.clone(), ready.clone());
     let snapshot = move || Snapshot {
         stats: stats.snapshot(),
         usage: store.usage(),
         members: membership.as_ref().map(Membership::states).unwrap_or_default(),
+        ready: scrape_ready().is_ok(),
+        process: ProcessStats::of_self(),
     };
-    let ready = move || phase.readiness(ready_store.usage().dir_lost, ready_store.disk_failure());
+    let ready = move || ready();
     Ok(tokio::spawn(http::serve(
         listener,
         metrics::service(snapshot, ready),

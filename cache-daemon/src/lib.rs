@@ -17,5 +17,6 @@ pub mod kube;
 pub mod metrics;
 pub mod namespace;
 pub mod prefetch;
+pub mod process;
 pub mod seal;
 pub mod warm;

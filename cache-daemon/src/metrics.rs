@@ -21,11 +21,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use larder_control_api::FailureCause;
 use larder_fuse_mount::Operation;
 use larder_http::{self as http, Body, Limits};
 use larder_peers::members::{MemberHealth, MemberState};
 use larder_stats::{HistogramSnapshot, StatsSnapshot};
 use larder_store::Usage;
+
+use crate::process::ProcessStats;
 
 /// The limits of the metrics listener: scrapes are small and quick; a client (an IP address)
 /// holds at most 16 connections, and idle ones make room for a scrape.
@@ -46,6 +49,10 @@ pub struct Snapshot {
     pub usage: Usage,
     /// The rack's members, this node included; empty when peers are off.
     pub members: Vec<MemberState>,
+    /// Whether `/readyz` would answer 200.
+    pub ready: bool,
+    /// The process's own figures; `None` where `/proc` cannot be read.
+    pub process: Option<ProcessStats>,
 }
 
 /// Where the daemon is in its life, for `/readyz`: it starts [`Phase::Mounting`], the
@@ -86,10 +93,38 @@ impl Phase {
     }
 }
 
+/// The version and commit of this binary, as `larder_build_info` labels them.
+const BUILD: [(&str, &str); 2] = [
+    ("version", env!("CARGO_PKG_VERSION")),
+    ("revision", env!("LARDER_REVISION")),
+];
+
 /// Renders every metric in the Prometheus text format, version 0.0.4.
-pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> String {
+pub fn render(snapshot: &Snapshot) -> String {
     let mut out = Exposition::default();
-    let s = stats;
+    let Snapshot {
+        stats: s,
+        usage,
+        members,
+        ready,
+        process,
+    } = snapshot;
+
+    out.family(
+        "larder_build_info",
+        "gauge",
+        "Always 1; its labels say which Larder this is: the version and the commit it was built from.",
+    );
+    let labels: Vec<String> = BUILD.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    let _ = writeln!(out.text, "larder_build_info{{{}}} 1", labels.join(","));
+    out.gauge(
+        "larder_ready",
+        "1 while the daemon is ready (what /readyz answers 200 for): mounted, its cache dir its own, its disk not failing.",
+        u64::from(*ready),
+    );
+    if let Some(process) = process {
+        process_families(&mut out, process);
+    }
 
     out.family(
         "larder_read_bytes_total",
@@ -190,6 +225,11 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         "larder_cache_pinned_objects",
         "Object versions pinned by prefetch jobs: never evicted until unpinned.",
         usage.pinned as u64,
+    );
+    out.gauge(
+        "larder_cache_pinned_bytes",
+        "Bytes of the cached blocks of pinned objects (each rounded up to 4 KiB): room eviction cannot make.",
+        usage.pinned_bytes,
     );
     out.gauge(
         "larder_cache_blocks",
@@ -391,6 +431,32 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         "Bytes prefetch jobs have brought into the cache or found there.",
         s.prefetch_done_bytes,
     );
+    out.gauge(
+        "larder_prefetch_jobs_running",
+        "Prefetch jobs filling now.",
+        s.prefetch_jobs_running,
+    );
+    out.family(
+        "larder_prefetch_jobs_total",
+        "counter",
+        "Prefetch jobs that ended, by state: done (every block cached), failed (objects not cached), cancelled (cancelled, or the daemon stopped).",
+    );
+    for (state, n) in [
+        ("done", s.prefetch_jobs_done),
+        ("failed", s.prefetch_jobs_failed),
+        ("cancelled", s.prefetch_jobs_cancelled),
+    ] {
+        out.sample("larder_prefetch_jobs_total", Some(("state", state)), n);
+    }
+    out.family(
+        "larder_prefetch_failed_objects_total",
+        "counter",
+        "Objects of ended prefetch jobs that were not cached, by cause: not_found, permission, version_changed, transient (the origin kept failing), not_stored (cache write failed or no room), origin_check (peers' blocks failed the origin's checksum), digest_mismatch and registry (images), abandoned (the daemon stopped), other.",
+    );
+    for (cause, n) in FailureCause::ALL.iter().zip(s.prefetch_failed) {
+        let label = Some(("cause", cause.name()));
+        out.sample("larder_prefetch_failed_objects_total", label, n);
+    }
 
     out.histograms(
         "larder_fill_duration_seconds",
@@ -413,6 +479,53 @@ pub fn render(stats: &StatsSnapshot, usage: &Usage, members: &[MemberState]) -> 
         &fuse,
     );
     out.text
+}
+
+/// The `process_*` family every Prometheus exporter writes, with the names and units its
+/// client libraries use.
+fn process_families(out: &mut Exposition, process: &ProcessStats) {
+    let families: [(&str, &str, &str, f64); 6] = [
+        (
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes.",
+            process.resident_bytes as f64,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes.",
+            process.virtual_bytes as f64,
+        ),
+        (
+            "process_cpu_seconds_total",
+            "counter",
+            "Total user and system CPU time spent in seconds.",
+            process.cpu.as_secs_f64(),
+        ),
+        (
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors.",
+            process.open_fds as f64,
+        ),
+        (
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors (the soft limit).",
+            process.max_fds as f64,
+        ),
+        (
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since the Unix epoch in seconds.",
+            process.start_time_seconds,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        out.family(name, kind, help);
+        out.sample(name, None, value);
+    }
 }
 
 /// The text of an exposition, written family by family.
@@ -501,18 +614,11 @@ fn answer(
                 format!("not ready: {reason}\n"),
             ),
         },
-        _ => {
-            let Snapshot {
-                stats,
-                usage,
-                members,
-            } = snapshot();
-            http::full(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                render(&stats, &usage, &members),
-            )
-        }
+        _ => http::full(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(&snapshot()),
+        ),
     }
 }
 
@@ -533,8 +639,26 @@ mod tests {
             objects: 2,
             blocks: 3,
             pinned: 1,
+            pinned_bytes: 4 << 20,
             disk_failing: false,
             dir_lost: false,
+        }
+    }
+
+    fn snapshot(stats: &Stats, members: &[MemberState]) -> Snapshot {
+        Snapshot {
+            stats: stats.snapshot(),
+            usage: usage(),
+            members: members.to_vec(),
+            ready: true,
+            process: Some(ProcessStats {
+                resident_bytes: 5 << 20,
+                virtual_bytes: 9 << 20,
+                cpu: Duration::from_millis(1500),
+                open_fds: 12,
+                max_fds: 1024,
+                start_time_seconds: 1.7e9,
+            }),
         }
     }
 
@@ -579,7 +703,10 @@ mod tests {
             member("c", MemberHealth::Down),
             member("d", MemberHealth::Down),
         ];
-        let text = render(&stats.snapshot(), &usage(), &members);
+        larder_stats::add(&stats.prefetch_jobs_running, 1);
+        larder_stats::add(&stats.prefetch_jobs_failed, 2);
+        larder_stats::add(&stats.prefetch_failed[1], 3);
+        let text = render(&snapshot(&stats, &members));
 
         for line in [
             "# TYPE larder_read_bytes_total counter",
@@ -633,6 +760,24 @@ mod tests {
             "larder_fill_duration_seconds_count{source=\"nvme\"} 0",
             "larder_fuse_request_duration_seconds_bucket{op=\"readdir\",le=\"0.0005\"} 1",
             "larder_fuse_request_duration_seconds_count{op=\"statfs\"} 0",
+            &format!(
+                "larder_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION"),
+                env!("LARDER_REVISION")
+            ),
+            "larder_ready 1",
+            "larder_cache_pinned_bytes 4194304",
+            "larder_prefetch_jobs_running 1",
+            "larder_prefetch_jobs_total{state=\"failed\"} 2",
+            "larder_prefetch_jobs_total{state=\"done\"} 0",
+            "larder_prefetch_failed_objects_total{cause=\"permission\"} 3",
+            "larder_prefetch_failed_objects_total{cause=\"not_found\"} 0",
+            "# TYPE process_cpu_seconds_total counter",
+            "process_cpu_seconds_total 1.5",
+            "process_resident_memory_bytes 5242880",
+            "process_open_fds 12",
+            "process_max_fds 1024",
+            "process_start_time_seconds 1700000000",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
         }
@@ -661,10 +806,14 @@ mod tests {
                 assert!(value.parse::<f64>().is_ok(), "{line}");
             }
         }
-        assert!(families.iter().all(|f| f.starts_with("larder_")));
+        assert!(
+            families
+                .iter()
+                .all(|f| f.starts_with("larder_") || f.starts_with("process_"))
+        );
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 46);
+        assert_eq!(families.len(), 58);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }
@@ -677,11 +826,7 @@ mod tests {
         let get = |path: &str| {
             let request = Request::get(path).body(Bytes::new()).unwrap();
             let (phase, lost, failing) = (phase.clone(), lost.clone(), failing.clone());
-            let snapshot = || Snapshot {
-                stats: Stats::default().snapshot(),
-                usage: usage(),
-                members: Vec::new(),
-            };
+            let snapshot = || snapshot(&Stats::default(), &[]);
             let response = answer(&request, snapshot, move || {
                 let failure =
                     (failing.load(Ordering::Relaxed)).then(|| "read: Input/output error".to_owned());
@@ -725,10 +870,18 @@ mod tests {
 
     #[test]
     fn render_of_an_idle_daemon_is_all_zeros_but_the_gauges() {
-        let text = render(&Stats::default().snapshot(), &usage(), &[]);
+        let idle = Snapshot {
+            process: None,
+            ..snapshot(&Stats::default(), &[])
+        };
+        let text = render(&idle);
+        assert!(!text.contains("process_"), "{text}");
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
-            if !line.starts_with("larder_cache_") || line.contains("_total") {
+            let gauge = ["larder_cache_", "larder_build_info", "larder_ready"]
+                .iter()
+                .any(|g| line.starts_with(g));
+            if !gauge || line.contains("_total") {
                 assert_eq!(value, "0", "{line}");
             }
         }

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-pub use larder_control_api::{JobCounts, JobReport, JobState};
+pub use larder_control_api::{FailureCause, JobCounts, JobReport, JobState, ObjectFailure};
 use larder_object::ObjectVersion;
 use larder_origin::{Origin, OriginError};
 use larder_peers::manifest::is_seal_key;
@@ -48,7 +48,7 @@ pub const KEEP_FINISHED_JOBS: usize = 100;
 /// HEAD requests in flight while a job is planned.
 const HEADS_IN_FLIGHT: usize = 32;
 
-/// Most errors a job keeps to report.
+/// Most failed objects a job's report lists (all are counted).
 const MAX_ERRORS: usize = 20;
 
 /// The longest key a target may name, in bytes (S3's limit).
@@ -113,7 +113,8 @@ struct Job {
     fetched: AtomicU64,
     started: Instant,
     outcome: Mutex<(JobState, Option<Duration>)>,
-    errors: Mutex<Vec<String>>,
+    /// The objects that failed by key: the first error of each.
+    failures: Mutex<BTreeMap<String, ObjectFailure>>,
     /// Objects whose blocks from rack peers were checked weakly: against a CRC only, and not
     /// at all.
     weakly_checked: Mutex<(usize, usize)>,
@@ -134,7 +135,7 @@ impl Job {
             done_bytes: self.done.load(Ordering::Relaxed),
             fetched_bytes: self.fetched.load(Ordering::Relaxed),
             elapsed_seconds: took.unwrap_or_else(|| self.started.elapsed()).as_secs_f64(),
-            errors: self.errors.lock().clone(),
+            errors: self.failures.lock().values().take(MAX_ERRORS).cloned().collect(),
             crc_only_objects,
             unchecked_objects,
         }
@@ -144,13 +145,16 @@ impl Job {
         *self.outcome.lock() = (state, Some(self.started.elapsed()));
     }
 
-    /// Records that object `key` failed with `error`: its first error only, and at most
-    /// [`MAX_ERRORS`] in all.
-    fn error(&self, key: &str, error: &dyn std::fmt::Display) {
-        let mut errors = self.errors.lock();
-        if errors.len() < MAX_ERRORS && !errors.iter().any(|e| e.starts_with(&format!("{key}: "))) {
-            errors.push(format!("{key}: {error}"));
-        }
+    /// Records that object `key` failed for `cause` (`error` says how): its first error only.
+    fn error(&self, key: &str, cause: FailureCause, error: &dyn std::fmt::Display) {
+        self.failures
+            .lock()
+            .entry(key.to_owned())
+            .or_insert_with(|| ObjectFailure {
+                key: key.to_owned(),
+                cause,
+                error: error.to_string(),
+            });
     }
 
     /// Records that object `key` failed its origin check. Blocks the check dropped replace an
@@ -158,34 +162,61 @@ impl Job {
     /// see it stored, and only the check says why it went.
     fn check_failed(&self, key: &str, error: &OriginCheckError) {
         if *error == OriginCheckError::Dropped {
-            let prefix = format!("{key}: ");
-            self.errors.lock().retain(|e| !e.starts_with(&prefix));
+            self.failures.lock().remove(key);
         }
-        self.error(key, error);
+        self.error(key, FailureCause::OriginCheck, error);
+    }
+
+    fn failed(&self) -> bool {
+        !self.failures.lock().is_empty()
+    }
+}
+
+/// Why a fill's `error` left an object uncached.
+fn read_cause(error: &ReadError) -> FailureCause {
+    match error {
+        ReadError::Origin(error) => origin_cause(error),
+        ReadError::NotStored(_) => FailureCause::NotStored,
+        ReadError::Abandoned => FailureCause::Abandoned,
+        // Only ever on the way to the origin; counted where they end if they do.
+        ReadError::Peer(_) | ReadError::PeerLate(_) => FailureCause::Other,
+    }
+}
+
+/// Why the origin's `error` left an object uncached.
+fn origin_cause(error: &OriginError) -> FailureCause {
+    match error {
+        OriginError::NotFound { .. } => FailureCause::NotFound,
+        OriginError::PermissionDenied { .. } => FailureCause::Permission,
+        OriginError::VersionChanged { .. } => FailureCause::VersionChanged,
+        OriginError::RetriesExhausted { .. } | OriginError::DeadlineExceeded { .. } => {
+            FailureCause::Transient
+        }
+        OriginError::Rejected { .. } | OriginError::Config { .. } => FailureCause::Other,
+    }
+}
+
+/// Why the registry mirror's `error` left an image's content uncached.
+fn mirror_cause(error: &MirrorError) -> FailureCause {
+    match error {
+        MirrorError::Fill { source, .. } => read_cause(source),
+        MirrorError::DigestMismatch(_) => FailureCause::DigestMismatch,
+        _ => FailureCause::Registry,
     }
 }
 
 /// The jobs the daemon remembers: every running one and the last [`KEEP_FINISHED_JOBS`]
-/// finished; and how many finished in each state since start.
+/// finished (the stats count them all).
 #[derive(Debug, Default)]
 struct History {
     jobs: BTreeMap<u64, Arc<Job>>,
     /// Finished jobs still in `jobs`, in the order they finished.
     finished: VecDeque<u64>,
-    /// Finished jobs by state (`running` is left at 0 here).
-    counts: JobCounts,
 }
 
 impl History {
-    /// Job `id` ended in `state`: counted, and the oldest finished job forgotten past the
-    /// bound.
-    fn finished(&mut self, id: u64, state: JobState) {
-        match state {
-            JobState::Done => self.counts.done += 1,
-            JobState::Failed => self.counts.failed += 1,
-            JobState::Cancelled => self.counts.cancelled += 1,
-            JobState::Running => return,
-        }
+    /// Job `id` ended: the oldest finished job is forgotten past the bound.
+    fn finished(&mut self, id: u64) {
         self.finished.push_back(id);
         while self.finished.len() > KEEP_FINISHED_JOBS {
             if let Some(old) = self.finished.pop_front() {
@@ -483,12 +514,13 @@ impl Jobs {
             fetched: AtomicU64::new(0),
             started: Instant::now(),
             outcome: Mutex::new((JobState::Running, None)),
-            errors: Mutex::new(Vec::new()),
+            failures: Mutex::default(),
             weakly_checked: Mutex::default(),
             cancel: self.shutdown.child_token(),
         });
         self.jobs.lock().jobs.insert(job.id, job.clone());
         add(&self.stats.prefetch_planned_bytes, planned);
+        add(&self.stats.prefetch_jobs_running, 1);
         tracing::info!(
             job = job.id,
             objects = job.objects,
@@ -531,17 +563,31 @@ impl Jobs {
                 if let Some(mirror) = &self.targets.mirror
                     && let Err(error) = mirror.check_prefetched(object).await
                 {
-                    job.error(&object.version().key, &error);
+                    job.error(&object.version().key, mirror_cause(&error), &error);
                 }
             }
         };
         let state = tokio::select! {
             biased;
             () = job.cancel.cancelled() => JobState::Cancelled,
-            () = fills => if job.errors.lock().is_empty() { JobState::Done } else { JobState::Failed },
+            () = fills => if job.failed() { JobState::Failed } else { JobState::Done },
         };
         job.finish(state);
-        self.jobs.lock().finished(job.id, state);
+        self.jobs.lock().finished(job.id);
+        let stats = &self.stats;
+        stats.prefetch_jobs_running.fetch_sub(1, Ordering::Relaxed);
+        add(
+            match state {
+                JobState::Failed => &stats.prefetch_jobs_failed,
+                JobState::Cancelled => &stats.prefetch_jobs_cancelled,
+                JobState::Done | JobState::Running => &stats.prefetch_jobs_done,
+            },
+            1,
+        );
+        for failure in job.failures.lock().values() {
+            let cause = FailureCause::ALL.iter().position(|&c| c == failure.cause);
+            add(&stats.prefetch_failed[cause.unwrap_or_default()], 1);
+        }
         let report = job.report();
         tracing::info!(
             job = job.id,
@@ -567,7 +613,7 @@ impl Jobs {
                 true
             }
             Err(error) => {
-                job.error(&object.version().key, &error);
+                job.error(&object.version().key, read_cause(&error), &error);
                 false
             }
         }
@@ -586,10 +632,12 @@ impl Jobs {
 
     /// Jobs since start by state, forgotten ones included.
     pub fn counts(&self) -> JobCounts {
-        let history = self.jobs.lock();
+        let stats = self.stats.snapshot();
         JobCounts {
-            running: history.jobs.len() - history.finished.len(),
-            ..history.counts
+            running: stats.prefetch_jobs_running as usize,
+            done: stats.prefetch_jobs_done as usize,
+            failed: stats.prefetch_jobs_failed as usize,
+            cancelled: stats.prefetch_jobs_cancelled as usize,
         }
     }
 
@@ -660,7 +708,7 @@ mod tests {
             fetched: AtomicU64::new(0),
             started: Instant::now(),
             outcome: Mutex::new((JobState::Running, None)),
-            errors: Mutex::new(Vec::new()),
+            failures: Mutex::default(),
             weakly_checked: Mutex::default(),
             cancel: CancellationToken::new(),
         }
@@ -672,21 +720,33 @@ mod tests {
     fn the_origin_checks_verdict_replaces_a_fills_error_only_when_it_dropped_blocks() {
         let job = job();
         let gone = ReadError::NotStored(Arc::new(Unstored::Evicted));
-        job.error("a", &gone);
-        job.error("b", &gone);
+        job.error("a", read_cause(&gone), &gone);
+        job.error("b", read_cause(&gone), &gone);
         job.check_failed("a", &OriginCheckError::Dropped);
         job.check_failed("b", &OriginCheckError::Unfinished);
         let errors = job.report().errors;
         assert_eq!(errors.len(), 2, "{errors:?}");
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.starts_with("a: ") && e.contains("origin's checksum"))
+        assert_eq!(
+            (errors[0].key.as_str(), errors[0].cause),
+            ("a", FailureCause::OriginCheck)
         );
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.starts_with("b: ") && e.contains("evicted"))
+        assert!(errors[0].error.contains("origin's checksum"), "{errors:?}");
+        assert_eq!(
+            (errors[1].key.as_str(), errors[1].cause),
+            ("b", FailureCause::NotStored)
         );
+        assert!(errors[1].error.contains("evicted"), "{errors:?}");
+    }
+
+    #[test]
+    fn a_report_lists_twenty_failed_objects_and_keeps_every_one() {
+        let job = job();
+        for n in 0..30 {
+            job.error(&format!("k{n:02}"), FailureCause::Transient, &"reset");
+        }
+        let errors = job.report().errors;
+        assert_eq!(errors.len(), MAX_ERRORS);
+        assert_eq!(errors[0].to_string(), "k00: reset");
+        assert_eq!(job.failures.lock().len(), 30);
     }
 }

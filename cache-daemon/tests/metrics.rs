@@ -133,7 +133,10 @@ async fn metrics_count_the_bytes_read_cold_and_warm() {
     assert_eq!(read_all(&daemon).await, total);
     let cold = Metrics::scrape(&address).await;
     let served = cold.read_bytes("nvme") + cold.read_bytes("origin");
-    assert!(served >= total as f64 && served <= total as f64 * 1.01, "{served} of {total}");
+    assert!(
+        served >= total as f64 && served <= total as f64 * 1.01,
+        "{served} of {total}"
+    );
     assert_eq!(cold.read_bytes("nvme"), 0.0);
     assert!(cold.value("larder_origin_bytes_total", None) >= cold.read_bytes("origin"));
     assert!(cold.value("larder_origin_requests_total", Some(("kind", "get"))) > 0.0);
@@ -398,6 +401,7 @@ async fn readyz_is_ready_while_mounted_and_not_once_the_cache_dir_is_lost() {
     };
     assert_eq!(get("/healthz").await, (200, "ok\n".into()));
     assert_eq!(get("/readyz").await, (200, "ready\n".into()));
+    assert_eq!(Metrics::scrape(&address).await.value("larder_ready", None), 1.0);
 
     let (mount, cache) = (daemon.mount.clone(), daemon.cache.clone());
     tokio::task::spawn_blocking(move || {
@@ -411,6 +415,9 @@ async fn readyz_is_ready_while_mounted_and_not_once_the_cache_dir_is_lost() {
     let (status, body) = get("/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.starts_with("not ready: the cache dir was lost"), "{body}");
+    let metrics = Metrics::scrape(&address).await;
+    assert_eq!(metrics.value("larder_ready", None), 0.0);
+    assert_eq!(metrics.value("larder_cache_dir_lost", None), 1.0);
     assert_eq!(get("/healthz").await, (200, "ok\n".into()));
     drop(daemon);
 }
@@ -491,4 +498,75 @@ async fn the_hit_rate_follows_the_bytes_the_origin_sent() {
     })
     .await
     .expect("checks");
+}
+
+/// The figures every exporter has, against what the kernel says of the daemon's process (its
+/// `/proc/<pid>`) and what the test saw: the start time within the seconds the start took,
+/// the open descriptors within a few (the scrape's own connection comes and goes), the
+/// descriptor limit exactly, resident memory within a factor of two; and the build's version
+/// and commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn process_figures_agree_with_proc_and_build_info_names_the_commit() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let address = format!("127.0.0.1:{}", free_port());
+    let before = std::time::SystemTime::now();
+    let args = ["--metrics-listen", address.as_str()];
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
+    let after = std::time::SystemTime::now();
+    let pid = daemon.pid().expect("pid");
+    let metrics = Metrics::scrape(&address).await;
+    let proc = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}")).expect(file);
+
+    let epoch = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    let started = metrics.value("process_start_time_seconds", None);
+    // The kernel counts the start in clock ticks: allow one second either side.
+    assert!(
+        started >= epoch(before) - 1.0 && started <= epoch(after) + 1.0,
+        "started {started}, launched between {} and {}",
+        epoch(before),
+        epoch(after)
+    );
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("fd").count() as f64;
+    let open = metrics.value("process_open_fds", None);
+    assert!((open - fds).abs() <= 4.0, "{open} open, /proc lists {fds}");
+    let limit: f64 = proc("limits")
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("the soft limit");
+    assert_eq!(metrics.value("process_max_fds", None), limit);
+    let rss_kib: f64 = proc("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    let resident = metrics.value("process_resident_memory_bytes", None);
+    let ratio = resident / (rss_kib * 1024.0);
+    assert!(
+        (0.5..=2.0).contains(&ratio),
+        "{resident} resident, /proc says {rss_kib} KiB"
+    );
+    assert!(metrics.value("process_cpu_seconds_total", None) > 0.0);
+    assert!(metrics.value("process_virtual_memory_bytes", None) >= resident);
+
+    let build = metrics
+        .samples
+        .iter()
+        .find(|s| s.metric == "larder_build_info")
+        .expect("larder_build_info");
+    assert_eq!(build.labels.get("version"), Some(env!("CARGO_PKG_VERSION")));
+    let git = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let revision = build.labels.get("revision").expect("revision");
+    assert_eq!(revision, git.as_deref().unwrap_or("unknown"));
+    assert!(
+        matches!(build.value, Value::Gauge(v) if v == 1.0),
+        "{:?}",
+        build.value
+    );
 }

@@ -209,7 +209,10 @@ async fn status_counts_bytes_by_source_as_read() {
     let report = daemon.status();
     let served = |source: &str| report["served"][source].as_u64().expect("a byte count");
     let total = served("origin_bytes") + served("nvme_bytes");
-    assert!((cold..=cold + cold / 100).contains(&total), "{cold} read: {report}");
+    assert!(
+        (cold..=cold + cold / 100).contains(&total),
+        "{cold} read: {report}"
+    );
     assert_eq!(report["served"]["hit_rate"], 0.0, "{report}");
     daemon.stop().expect("stop");
 
@@ -534,4 +537,74 @@ async fn finished_jobs_are_kept_up_to_a_bound_and_counted() {
             cancelled: 0
         }
     );
+}
+
+/// A prefetch whose every ranged GET the origin refuses (403): each object of the plan fails
+/// once, by cause, in the command's output, the job's report, status and metrics; the ground
+/// truth is the plan's objects and the refusals the proxy sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_prefetch_is_counted_by_cause_in_status_and_metrics() {
+    let server = server().await;
+    let proxy = RecordingProxy::start(&server).await.expect("proxy");
+    proxy.set_fault(larder_tests::Fault::RefuseReads(403));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let address = format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    );
+    let args = ["--metrics-listen", address.as_str()];
+    let daemon = DaemonProcess::start(Path::new(BIN), &proxy, dir.path(), &args).expect("daemon");
+    let planned = OBJECTS.iter().filter(|(k, _)| k.starts_with("llama/")).count();
+    let (daemon, output) = tokio::task::spawn_blocking(move || {
+        let output = daemon.larder(&["prefetch", "--wait", "models:llama"]);
+        (daemon, output)
+    })
+    .await
+    .expect("join");
+    assert!(!output.status.success(), "{}", stderr(&output));
+    let refused = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && r.range.is_some())
+        .count();
+    assert!(refused >= planned, "{refused} GETs refused");
+    for &(key, _) in OBJECTS.iter().filter(|(k, _)| k.starts_with("llama/")) {
+        assert!(
+            stderr(&output).contains(&format!("  {key}: source models denied access")),
+            "{key}: {}",
+            stderr(&output)
+        );
+    }
+
+    let status = daemon.status();
+    let job = &status["jobs"][0];
+    assert_eq!(job["state"], "failed", "{status}");
+    let errors = job["errors"].as_array().expect("errors");
+    assert_eq!(errors.len(), planned, "{status}");
+    assert!(errors.iter().all(|e| e["cause"] == "permission"), "{status}");
+    assert_eq!(status["failed_objects"]["permission"], planned, "{status}");
+    assert_eq!(status["failed_objects"]["transient"], 0, "{status}");
+    assert_eq!(status["job_counts"]["failed"], 1, "{status}");
+    let human = daemon.larder(&["status"]);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains(&format!("prefetch objects failed: {planned} permission")),
+        "{text}"
+    );
+
+    let metrics = reqwest::get(format!("http://{address}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    for line in [
+        format!("larder_prefetch_failed_objects_total{{cause=\"permission\"}} {planned}"),
+        "larder_prefetch_failed_objects_total{cause=\"transient\"} 0".to_owned(),
+        "larder_prefetch_jobs_total{state=\"failed\"} 1".to_owned(),
+        "larder_prefetch_jobs_total{state=\"done\"} 0".to_owned(),
+        "larder_prefetch_jobs_running 0".to_owned(),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "no {line:?} in\n{metrics}");
+    }
 }

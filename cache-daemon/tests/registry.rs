@@ -324,12 +324,29 @@ fn with_the_upstream_down_cached_images_pull_and_the_rest_fail_at_once_in_the_re
     let hosts = mirror.mirror_only_hosts_dir();
     let containerd = Containerd::start().expect("containerd");
     pull_and_check(&containerd, &hosts, &image, "linux/amd64");
+    // The tag's and blobs' HEADs are origin requests: as many as the upstream saw.
+    let heads = || {
+        mirror
+            .proxy
+            .requests()
+            .iter()
+            .filter(|r| r.method == "HEAD")
+            .count()
+    };
+    let counted = |kind: &str| mirror.metric(&format!("larder_origin_requests_total{{kind=\"{kind}\"}}"));
+    assert!(heads() > 0);
+    assert_eq!(counted("head"), heads() as f64);
+    let transient = "larder_origin_errors_total{kind=\"transient\"}";
+    assert_eq!(mirror.metric(transient), 0.0);
 
     mirror.proxy.set_fault(Fault::CloseConnections);
     containerd.remove_all().expect("reset");
     pull_and_check(&containerd, &hosts, &image, "linux/amd64");
-    assert!(mirror.metric("larder_registry_stale_tags_total") >= 1.0);
+    let stale = mirror.metric("larder_registry_stale_tags_total");
+    assert!(stale >= 1.0);
     assert!(mirror.log().contains("serving the tag as last resolved"));
+    // Each stale answer followed an upstream that could not be reached: an origin error.
+    assert!(mirror.metric(transient) >= stale, "{stale} stale tags");
 
     // Uncached: the other platform's manifest, an unknown blob, an unknown tag.
     let arm64 = &image.image("linux/arm64").expect("arm64").manifest.digest;

@@ -188,6 +188,83 @@ pub struct JobCounts {
     pub cancelled: usize,
 }
 
+/// Why an object of a prefetch job is not cached: the closed set that status and metrics
+/// count failures by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureCause {
+    /// The object is gone from its source.
+    NotFound,
+    /// The source refused the daemon's credentials or denied access.
+    Permission,
+    /// The object changed since the job planned it: run the job again for the new version.
+    VersionChanged,
+    /// The source kept failing (5xx, resets, timeouts) past the retries or deadlines.
+    Transient,
+    /// Fetched, but not stored: a cache write failed, or no room could be made.
+    NotStored,
+    /// Blocks from rack peers did not match the origin's checksum (dropped), or the check
+    /// could not finish.
+    OriginCheck,
+    /// An image's content did not match its digest.
+    DigestMismatch,
+    /// The registry upstream failed, refused or sent a manifest the mirror cannot read.
+    Registry,
+    /// The daemon stopped before the object was filled.
+    Abandoned,
+    /// Anything else the source answered (a malformed request, a misconfigured source).
+    Other,
+}
+
+impl FailureCause {
+    /// Every cause, in the order status and metrics list them.
+    pub const ALL: [Self; 10] = [
+        Self::NotFound,
+        Self::Permission,
+        Self::VersionChanged,
+        Self::Transient,
+        Self::NotStored,
+        Self::OriginCheck,
+        Self::DigestMismatch,
+        Self::Registry,
+        Self::Abandoned,
+        Self::Other,
+    ];
+
+    /// Its name in JSON and in metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NotFound => "not_found",
+            Self::Permission => "permission",
+            Self::VersionChanged => "version_changed",
+            Self::Transient => "transient",
+            Self::NotStored => "not_stored",
+            Self::OriginCheck => "origin_check",
+            Self::DigestMismatch => "digest_mismatch",
+            Self::Registry => "registry",
+            Self::Abandoned => "abandoned",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// An object of a job that is not cached, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectFailure {
+    /// The object's key in its source.
+    pub key: String,
+    /// Why, for counting.
+    pub cause: FailureCause,
+    /// Why, for a person.
+    pub error: String,
+}
+
+impl std::fmt::Display for ObjectFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.error)
+    }
+}
+
 /// A job's progress.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobReport {
@@ -209,8 +286,8 @@ pub struct JobReport {
     pub fetched_bytes: u64,
     /// Seconds since it started (until it ended).
     pub elapsed_seconds: f64,
-    /// What went wrong, one line per object (at most 20).
-    pub errors: Vec<String>,
+    /// The objects that failed, the first error of each (at most 20 objects).
+    pub errors: Vec<ObjectFailure>,
     /// Objects done whose blocks from rack peers were checked against the origin's CRC only:
     /// no corruption, but no proof against a member that lies (seal them for that).
     #[serde(default)]
@@ -426,6 +503,9 @@ pub struct Status {
     /// Prefetch jobs since start, by state.
     #[serde(default)]
     pub job_counts: JobCounts,
+    /// Objects of prefetch jobs that failed since start, by cause (every cause listed).
+    #[serde(default)]
+    pub failed_objects: std::collections::BTreeMap<FailureCause, u64>,
     /// Every running prefetch job and the last 100 finished, oldest first.
     pub jobs: Vec<JobReport>,
     /// Rack peers; `None` when they are off.
@@ -438,6 +518,15 @@ pub struct Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_causes_are_named_alike_in_json_and_labels() {
+        for cause in FailureCause::ALL {
+            let json = serde_json::to_string(&cause).unwrap();
+            assert_eq!(json, format!("\"{}\"", cause.name()));
+            assert_eq!(serde_json::from_str::<FailureCause>(&json).unwrap(), cause);
+        }
+    }
 
     #[test]
     fn the_hit_rate_counts_passthrough_as_served_from_the_cache() {

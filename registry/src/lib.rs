@@ -207,7 +207,7 @@ impl Mirror {
                 .get(&configured.host)
                 .or_else(|| credentials.auths.get(&format!("https://{}", configured.host)))
                 .and_then(|a| a.auth.as_deref());
-            let upstream = Arc::new(Upstream::new(&configured.host, base, auth)?);
+            let upstream = Arc::new(Upstream::new(&configured.host, base, auth, stats.clone())?);
             let store = Arc::new(UpstreamStore::new(upstream.clone()));
             let origin = Arc::new(
                 Origin::new(

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use larder_stats::{Stats, add};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
@@ -119,6 +120,9 @@ pub struct Upstream {
     basic: Option<HeaderValue>,
     /// Tokens by scope.
     tokens: Mutex<HashMap<String, Token>>,
+    /// Where its HEADs and their failures are counted, as origin requests (its GETs are
+    /// counted by the [`larder_origin::Origin`] over its [`UpstreamStore`]).
+    stats: Arc<Stats>,
 }
 
 impl fmt::Debug for Upstream {
@@ -149,8 +153,8 @@ pub enum SetupError {
 
 impl Upstream {
     /// The registry named `host` in image references, reached at `base`; `auth` is the
-    /// base64 `user:password` of its credentials, if any.
-    pub fn new(host: &str, base: Url, auth: Option<&str>) -> Result<Self, SetupError> {
+    /// base64 `user:password` of its credentials, if any. Its HEADs count in `stats`.
+    pub fn new(host: &str, base: Url, auth: Option<&str>, stats: Arc<Stats>) -> Result<Self, SetupError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(REQUEST_TIMEOUT)
@@ -174,7 +178,28 @@ impl Upstream {
             http,
             basic,
             tokens: Mutex::new(HashMap::new()),
+            stats,
         })
+    }
+
+    /// Counts one HEAD and, if it failed, its failure by kind, as the origin's requests are.
+    fn counted<T>(&self, result: Result<T, UpstreamError>) -> Result<T, UpstreamError> {
+        let stats = &self.stats;
+        add(&stats.origin_head_requests, 1);
+        if let Err(error) = &result {
+            let counter = match error {
+                UpstreamError::Status { status, .. } => match status.as_u16() {
+                    404 => &stats.origin_errors_not_found,
+                    401 | 403 => &stats.origin_errors_permission,
+                    408 | 429 | 500.. => &stats.origin_errors_transient,
+                    _ => &stats.origin_errors_other,
+                },
+                UpstreamError::Unreachable { .. } => &stats.origin_errors_transient,
+                UpstreamError::BadAnswer { .. } => &stats.origin_errors_other,
+            };
+            add(counter, 1);
+        }
+        result
     }
 
     /// Its name in image references.
@@ -337,6 +362,15 @@ impl Upstream {
         reference: &str,
         accept: &str,
     ) -> Result<Described, UpstreamError> {
+        self.counted(self.head_manifest(repository, reference, accept).await)
+    }
+
+    async fn head_manifest(
+        &self,
+        repository: &str,
+        reference: &str,
+        accept: &str,
+    ) -> Result<Described, UpstreamError> {
         let path = format!("manifests/{reference}");
         let what = format!("{repository}/{path}");
         let mut headers = HeaderMap::new();
@@ -383,6 +417,10 @@ impl Upstream {
 
     /// The size of blob `digest` of `repository`, asked with `HEAD`.
     pub async fn blob_size(&self, repository: &str, digest: &Digest) -> Result<u64, UpstreamError> {
+        self.counted(self.head_blob(repository, digest).await)
+    }
+
+    async fn head_blob(&self, repository: &str, digest: &Digest) -> Result<u64, UpstreamError> {
         let path = format!("blobs/{digest}");
         let what = format!("{repository}/{path}");
         let response = self

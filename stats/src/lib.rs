@@ -11,6 +11,7 @@ pub mod said;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use larder_control_api::FailureCause;
 use larder_fuse_mount::Operation;
 
 macro_rules! counters {
@@ -19,6 +20,8 @@ macro_rules! counters {
         #[derive(Debug, Default)]
         pub struct Stats {
             $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+            /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
+            pub prefetch_failed: [AtomicU64; FailureCause::ALL.len()],
             /// Latency histograms.
             pub latency: Latencies,
         }
@@ -27,6 +30,8 @@ macro_rules! counters {
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct StatsSnapshot {
             $( $(#[doc = $doc])* pub $name: u64, )*
+            /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
+            pub prefetch_failed: [u64; FailureCause::ALL.len()],
             /// Latency histograms.
             pub latency: LatencySnapshot,
         }
@@ -36,6 +41,7 @@ macro_rules! counters {
             pub fn snapshot(&self) -> StatsSnapshot {
                 StatsSnapshot {
                     $( $name: self.$name.load(Ordering::Relaxed), )*
+                    prefetch_failed: std::array::from_fn(|i| self.prefetch_failed[i].load(Ordering::Relaxed)),
                     latency: self.latency.snapshot(),
                 }
             }
@@ -155,6 +161,14 @@ counters! {
     prefetch_planned_bytes,
     /// Bytes that prefetch jobs have brought into the cache (or found there).
     prefetch_done_bytes,
+    /// Prefetch jobs filling now (a gauge).
+    prefetch_jobs_running,
+    /// Prefetch jobs that ended with every block cached.
+    prefetch_jobs_done,
+    /// Prefetch jobs that ended with objects not cached.
+    prefetch_jobs_failed,
+    /// Prefetch jobs stopped before the end (cancelled, or the daemon stopped).
+    prefetch_jobs_cancelled,
     /// Manifest requests to the registry mirror.
     registry_manifest_requests,
     /// Blob requests to the registry mirror.

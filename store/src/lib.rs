@@ -200,6 +200,8 @@ pub struct Usage {
     pub blocks: usize,
     /// Objects pinned (by prefetch jobs).
     pub pinned: usize,
+    /// Bytes of the present blocks of pinned objects (each rounded up to 4 KiB).
+    pub pinned_bytes: u64,
     /// The cache dir was deleted or replaced under the daemon, which gave it up.
     pub dir_lost: bool,
     /// The cache disk is taken to be failing (an I/O error of a block read or write, or of
@@ -334,6 +336,8 @@ struct State {
     /// (every scrape) does not walk the objects.
     blocks: usize,
     pinned: usize,
+    /// Bytes of the present blocks of pinned objects.
+    pinned_bytes: u64,
     /// The cache dir is gone: the index is empty and stays so (see [`BlockStore::give_up`]).
     dir_lost: bool,
     /// See [`BlockStore::disk_failure`].
@@ -351,6 +355,7 @@ impl State {
             next_generation: 0,
             blocks: 0,
             pinned: 0,
+            pinned_bytes: 0,
             dir_lost: false,
             disk_failing: None,
         }
@@ -610,6 +615,7 @@ impl BlockStore {
             objects: state.objects.len(),
             blocks: state.blocks,
             pinned: state.pinned,
+            pinned_bytes: state.pinned_bytes,
             dir_lost: state.dir_lost,
             disk_failing: state.disk_failing.is_some(),
         }
@@ -661,10 +667,17 @@ impl BlockStore {
         let was = object.protected();
         if object.pinned != pinned {
             object.pinned = pinned;
+            let bytes: u64 = object
+                .blocks
+                .keys()
+                .map(|&index| align_up(self.block_len(object.size, index)))
+                .sum();
             if pinned {
                 state.pinned += 1;
+                state.pinned_bytes += bytes;
             } else {
                 state.pinned -= 1;
+                state.pinned_bytes -= bytes;
             }
         }
         self.reprotect(state, id, was);
@@ -1106,6 +1119,9 @@ impl BlockStore {
                 },
             );
             state.used += alloc;
+            if object.pinned {
+                state.pinned_bytes += alloc;
+            }
             self.admit(state, (id, index));
             add(&self.stats.cache_write_bytes, block.len() as u64);
         }
@@ -1204,6 +1220,9 @@ impl BlockStore {
             state.blocks -= 1;
             let freed = align_up(self.block_len(object.size, victim.index));
             state.used -= freed;
+            if object.pinned {
+                state.pinned_bytes -= freed;
+            }
             add(&self.stats.evicted_blocks, 1);
             add(&self.stats.evicted_bytes, freed);
             victim.files = object.files.clone();
@@ -1265,7 +1284,11 @@ impl BlockStore {
             }
             object.blocks.remove(&index);
             state.blocks -= 1;
-            state.used -= align_up(self.block_len(object.size, index));
+            let freed = align_up(self.block_len(object.size, index));
+            state.used -= freed;
+            if object.pinned {
+                state.pinned_bytes -= freed;
+            }
             state.policy.remove(&(id, index));
             Victim {
                 id,

@@ -985,6 +985,7 @@ async fn pinned_objects_are_not_evicted() {
         );
     }
     assert!(fx.stats.snapshot().evicted_blocks >= 8);
+    assert_eq!(fx.cache.store().usage().pinned_bytes, 4 * MIB);
 
     // With the whole capacity pinned, new blocks are served but not stored.
     let second = fx.open_object(keys[1]).await.expect("open");
@@ -996,6 +997,12 @@ async fn pinned_objects_are_not_evicted() {
     fx.cache.flush().await;
     assert!(fx.stats.snapshot().cache_writes_skipped > 0);
     assert!(fx.cache.store().usage().used <= 8 * MIB);
+    // The pinned bytes follow the pins: the blocks of both objects, then of the second only.
+    let usage = fx.cache.store().usage();
+    assert_eq!((usage.pinned, usage.pinned_bytes), (2, 8 * MIB), "{usage:?}");
+    fx.cache.store().set_pinned(pinned.version(), false);
+    let usage = fx.cache.store().usage();
+    assert_eq!((usage.pinned, usage.pinned_bytes), (1, 4 * MIB), "{usage:?}");
 }
 
 /// A sequential reader that finds the memory budget full reads its block in pieces from disk
