@@ -161,13 +161,19 @@ fn kubernetes_manifests_pass_the_schemas_offline() {
         !stdout.contains("ERROR") && !stderr.contains("ERROR"),
         "{stdout}{stderr}"
     );
-    // The one kind without a schema there is the Prometheus Operator's; the next test checks it.
+    // The kinds without a schema there are the Prometheus Operator's (PodMonitor,
+    // PrometheusRule); the next test checks them.
     for line in stdout
         .lines()
         .chain(stderr.lines())
         .filter(|l| l.contains("WARN"))
     {
-        assert!(line.contains("kind PodMonitor"), "{line}");
+        assert!(
+            ["kind PodMonitor ", "kind PrometheusRule "]
+                .iter()
+                .any(|kind| line.contains(kind)),
+            "{line}"
+        );
     }
 }
 
@@ -292,6 +298,22 @@ fn kubernetes_manifests_agree() {
     assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["path"], "/metrics");
     let selects = |selector: &Value| selector.as_object().unwrap().iter().all(|(k, v)| labels[k] == *v);
     assert!(selects(&monitor["spec"]["selector"]["matchLabels"]));
+    // Series are by node: the alerts and dashboards name an instance by its node.
+    let relabel = &monitor["spec"]["podMetricsEndpoints"][0]["relabelings"][0];
+    assert_eq!(relabel["sourceLabels"][0], "__meta_kubernetes_pod_node_name");
+    assert_eq!(relabel["targetLabel"], "instance");
+    // The alerts: the PrometheusRule holds the rule file's groups (CI's promtool checks and
+    // tests those).
+    let rules = manifests(&manifest_dir().join("../prometheus")).expect("rules");
+    let (_, documents) = rules
+        .iter()
+        .find(|(path, _)| path.ends_with("larder-rules.yaml"))
+        .expect("deploy/prometheus/larder-rules.yaml");
+    let rule = all.get("PrometheusRule", "larder");
+    assert!(
+        rule["spec"]["groups"] == documents[0]["groups"],
+        "prometheusrule.yaml differs from deploy/prometheus/larder-rules.yaml: run deploy/kubernetes/generate-dashboard"
+    );
 
     // Peers: the headless Service that --peer-dns names, with every pod in it, on the port
     // the peer listener binds.
