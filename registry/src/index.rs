@@ -138,18 +138,22 @@ impl Index {
             {
                 state.tags.remove(&oldest);
             }
-            insert_content(&mut state, digest, content);
+            if !state.verified.contains_key(digest) {
+                insert_content(&mut state, digest, content);
+            }
         }
         self.save().await;
     }
 
-    /// Records what each digest's content is; the file is written once, and only if one is new.
+    /// Records what each digest's content is said to be (by a HEAD, or a manifest naming it);
+    /// the file is written once, and only if one is new. A size is a claim until the content
+    /// is checked against its digest: what was checked is never replaced by a claim.
     pub(crate) async fn learned(&self, contents: impl IntoIterator<Item = (Digest, ContentEntry)>) {
         let new = {
             let mut state = self.state.lock();
             let mut new = false;
             for (digest, content) in contents {
-                if state.contents.get(&digest) != Some(&content) {
+                if state.contents.get(&digest) != Some(&content) && !state.verified.contains_key(&digest) {
                     insert_content(&mut state, &digest, content);
                     new = true;
                 }
@@ -161,6 +165,19 @@ impl Index {
         }
     }
 
+    /// Forgets what `digest`'s content was said to be, unless it was checked: the content could
+    /// not be fetched or checked at that size, so the size may be what was wrong, and the next
+    /// request asks the upstream again.
+    pub(crate) async fn forget_claim(&self, digest: &Digest) {
+        let forgotten = {
+            let mut state = self.state.lock();
+            !state.verified.contains_key(digest) && state.contents.remove(digest).is_some()
+        };
+        if forgotten {
+            self.save().await;
+        }
+    }
+
     /// Whether `digest`'s content, in blocks of `block_size` hashing to `hashes`, is as it
     /// was when its digest was last checked.
     pub(crate) fn verified(&self, digest: &Digest, block_size: u64, hashes: &[[u8; 32]]) -> bool {
@@ -168,6 +185,11 @@ impl Index {
         state.verified.get(digest).is_some_and(|(size, recorded)| {
             *size == block_size && *recorded == hex::encode(fingerprint(hashes))
         })
+    }
+
+    /// Whether `digest`'s content was checked against it (at the size the index holds).
+    pub(crate) fn is_verified(&self, digest: &Digest) -> bool {
+        self.state.lock().verified.contains_key(digest)
     }
 
     /// Records that `digest`'s content, in blocks of `block_size`, checked out with `hashes`.
@@ -289,5 +311,36 @@ mod tests {
         std::fs::write(dir.path().join(INDEX_FILE), b"{not json").unwrap();
         let fresh = Index::open(dir.path());
         assert!(fresh.tag("r/a:v1").is_none());
+    }
+
+    fn blob(size: u64) -> ContentEntry {
+        ContentEntry {
+            size,
+            media_type: None,
+        }
+    }
+
+    /// A manifest elsewhere naming checked content with another size does not change it; a
+    /// size that could not be fetched is forgotten, also in the file.
+    #[tokio::test]
+    async fn a_claimed_size_never_replaces_a_checked_one_and_a_failed_claim_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(dir.path());
+        index.learned([(digest(3), blob(100))]).await;
+        index.record_verified(&digest(3), 4 << 20, &[[1; 32]]).await;
+        index.learned([(digest(3), blob(101))]).await;
+        index.forget_claim(&digest(3)).await;
+        assert_eq!(Index::open(dir.path()).content(&digest(3)), Some(blob(100)));
+
+        index.learned([(digest(4), blob(5))]).await;
+        index.learned([(digest(4), blob(6))]).await;
+        assert_eq!(
+            index.content(&digest(4)),
+            Some(blob(6)),
+            "a claim replaces a claim"
+        );
+        index.forget_claim(&digest(4)).await;
+        assert_eq!(index.content(&digest(4)), None);
+        assert_eq!(Index::open(dir.path()).content(&digest(4)), None);
     }
 }

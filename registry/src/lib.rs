@@ -469,6 +469,7 @@ impl Mirror {
                 })
                 .await;
             if let Some(source) = failed.into_inner() {
+                self.unfetchable(object, &digest).await;
                 return Err(MirrorError::Fill { digest, source });
             }
             add(&self.stats.registry_digest_checks, 1);
@@ -495,7 +496,21 @@ impl Mirror {
             );
             self.cache.store().drop_object(object.id()).await;
         }
+        self.index.forget_claim(&digest).await;
         Err(MirrorError::DigestMismatch(digest))
+    }
+
+    /// `object` could not be fetched whole at the size it was said to have: its blocks go,
+    /// and so does the size, unless the content was checked at it before (a verified size
+    /// stands; the upstream's failure was something else).
+    async fn unfetchable(&self, object: &Arc<OpenObject>, digest: &Digest) {
+        let size = object.version().size;
+        if self.index.content(digest).is_some_and(|c| c.size == size) {
+            self.index.forget_claim(digest).await;
+        }
+        if !self.index.is_verified(digest) {
+            self.cache.store().drop_object(object.id()).await;
+        }
     }
 
     /// The SHA-256 of `object` read from the cache block by block, and each block's BLAKE3,

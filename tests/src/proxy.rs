@@ -54,6 +54,9 @@ pub enum Fault {
     /// Answer each ranged GET (an object read; listings and HEADs pass) with this status and
     /// an S3 error body, as a store refusing the request would.
     RefuseReads(u16),
+    /// Answer each HEAD with its `Content-Length` this many bytes larger: an upstream that
+    /// claims a wrong size.
+    HeadLengthPlus(u64),
 }
 
 /// Forwards every request to a bucket's server (or any HTTP server) unchanged (the `Host`
@@ -105,6 +108,7 @@ impl RecordingProxy {
         let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             let is_ranged_get = request.method() == hyper::Method::GET
                 && request.headers().contains_key(hyper::header::RANGE);
+            let is_head = request.method() == hyper::Method::HEAD;
             let sent = Arc::new(AtomicU64::new(0));
             served.lock().push((ServedRequest::of(&request), sent.clone()));
             let (mut parts, body) = request.into_parts();
@@ -132,7 +136,18 @@ impl RecordingProxy {
                     Fault::RefuseReads(status) if is_ranged_get => return refusal(status),
                     _ => {}
                 }
-                let response = forward?.await.map_err(anyhow::Error::from)?;
+                let mut response = forward?.await.map_err(anyhow::Error::from)?;
+                if let Fault::HeadLengthPlus(more) = fault
+                    && is_head
+                {
+                    let length = response.headers().get(hyper::header::CONTENT_LENGTH);
+                    let length = length.and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                    if let Some(length) = length {
+                        response
+                            .headers_mut()
+                            .insert(hyper::header::CONTENT_LENGTH, (length + more).into());
+                    }
+                }
                 Ok::<_, anyhow::Error>(response.map(|upstream| body.wrap(upstream)))
             }
         });
