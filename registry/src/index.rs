@@ -14,10 +14,12 @@
 //! Bounded: past [`MAX_TAGS`] the oldest tag is forgotten, past [`MAX_CONTENTS`] the entries of
 //! content no tag names go first.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -63,6 +65,10 @@ struct Saved {
     /// checked.
     #[serde(default)]
     verified: BTreeMap<Digest, (u64, String)>,
+    /// When each tag was resolved by this process, on the monotonic clock: a tag's age within
+    /// a run never follows the wall clock (set back, it would make every tag fresh again).
+    #[serde(skip)]
+    resolved_here: HashMap<String, Instant>,
 }
 
 /// The mirror's index, shared.
@@ -103,11 +109,21 @@ impl Index {
         })
     }
 
-    /// The last resolution of tag `key`, and how long ago it was.
+    /// The last resolution of tag `key`, and how long ago it was: by the monotonic clock if
+    /// this process resolved it, else by the wall clock, where a resolution that seems to lie
+    /// in the future (the clock was set back since) is taken as too old to trust.
     pub(crate) fn tag(&self, key: &str) -> Option<(TagEntry, Duration)> {
-        let entry = self.state.lock().tags.get(key)?.clone();
-        let resolved = UNIX_EPOCH + Duration::from_secs(entry.resolved);
-        let age = SystemTime::now().duration_since(resolved).unwrap_or_default();
+        let state = self.state.lock();
+        let entry = state.tags.get(key)?.clone();
+        let age = match state.resolved_here.get(key) {
+            Some(resolved) => resolved.elapsed(),
+            None => {
+                let resolved = UNIX_EPOCH + Duration::from_secs(entry.resolved);
+                SystemTime::now()
+                    .duration_since(resolved)
+                    .unwrap_or(Duration::MAX)
+            }
+        };
         Some((entry, age))
     }
 
@@ -129,6 +145,7 @@ impl Index {
                 resolved: now,
             };
             state.tags.insert(key.to_owned(), entry);
+            state.resolved_here.insert(key.to_owned(), Instant::now());
             if state.tags.len() > MAX_TAGS
                 && let Some(oldest) = state
                     .tags
@@ -137,6 +154,7 @@ impl Index {
                     .map(|(key, _)| key.clone())
             {
                 state.tags.remove(&oldest);
+                state.resolved_here.remove(&oldest);
             }
             if !state.verified.contains_key(digest) {
                 insert_content(&mut state, digest, content);
@@ -227,7 +245,14 @@ impl Index {
         let path = self.path.clone();
         let written = tokio::task::spawn_blocking(move || {
             let temporary = path.with_extension("json.tmp");
-            std::fs::write(&temporary, bytes)?;
+            // Like every file of the cache dir, readable by root only.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&temporary)?
+                .write_all(&bytes)?;
             std::fs::rename(&temporary, &path)
         })
         .await;
@@ -311,6 +336,39 @@ mod tests {
         std::fs::write(dir.path().join(INDEX_FILE), b"{not json").unwrap();
         let fresh = Index::open(dir.path());
         assert!(fresh.tag("r/a:v1").is_none());
+    }
+
+    /// The file is root's only, like the cache's other files (also one made 0644 before).
+    #[tokio::test]
+    async fn the_index_file_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(INDEX_FILE);
+        std::fs::write(&path, b"{}").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let index = Index::open(dir.path());
+        index.learned([(digest(1), blob(3))]).await;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+
+    /// A tag resolved before a restart, at a time the wall clock has since been set back
+    /// past, is stale, not fresh; one resolved in this run ages on the monotonic clock.
+    #[tokio::test]
+    async fn a_clock_set_back_does_not_make_a_tag_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = Index::open(dir.path());
+        index.resolved("r/a:v1", &digest(1), blob(9)).await;
+        let (_, age) = index.tag("r/a:v1").unwrap();
+        assert!(age < Duration::from_secs(5), "{age:?}");
+        // The file says it was resolved an hour from now: the clock went back an hour.
+        let text = std::fs::read_to_string(dir.path().join(INDEX_FILE)).unwrap();
+        let mut saved: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+        saved["tags"]["r/a:v1"]["resolved"] = (now + 3600).into();
+        std::fs::write(dir.path().join(INDEX_FILE), saved.to_string()).unwrap();
+        let (_, age) = Index::open(dir.path()).tag("r/a:v1").unwrap();
+        assert!(age > Duration::from_secs(24 * 3600), "{age:?}");
     }
 
     fn blob(size: u64) -> ContentEntry {
