@@ -483,6 +483,41 @@ fn an_upstream_with_token_auth_is_pulled_through_the_bearer_flow() {
     }
 }
 
+/// A registry whose token service is on another host (127.0.0.2, over plain HTTP) that is
+/// not in registry.token_hosts is not sent the registry's credentials: that service gives no
+/// token, the pull fails, and the daemon says why. Listed with --registry-token-host, the
+/// service gets them and the pull works. Before, the credentials went to any realm.
+#[test]
+fn credentials_go_only_to_token_services_on_the_registrys_host_or_listed() {
+    let image = TestImage::write(18, 4 << 20).expect("image");
+    let credentials = Some(("larder", "s3cret-pass"));
+    let registry =
+        Registry::start_with_token_auth_at(credentials, Ipv4Addr::new(127, 0, 0, 2)).expect("registry");
+    let mut mirror = Mirror::start_on(registry, &image, credentials, &[]);
+    let path = format!("/v2/larder/test/manifests/v1?ns={HOST}");
+    let pushed = mirror.registry.tokens_issued().len();
+    let (status, body) = get(&mirror.address, &path);
+    assert_ne!(status, 200, "{body}");
+    assert_eq!(
+        mirror.registry.tokens_issued().len(),
+        pushed,
+        "the token service on another host was sent the credentials"
+    );
+    assert!(
+        mirror.log().contains("token service is on another host"),
+        "{}",
+        mirror.log()
+    );
+
+    mirror
+        .args
+        .extend(["--registry-token-host".to_owned(), "127.0.0.2".to_owned()]);
+    mirror.restart();
+    let (status, body) = get(&mirror.address, &path);
+    assert_eq!(status, 200, "{body}");
+    assert!(mirror.registry.tokens_issued().len() > pushed);
+}
+
 /// An upstream that says every manifest is 5 MiB, over the 4 MiB any registry stores: a fake
 /// around the real daemon, answering `HEAD` (all the mirror asks before it refuses) and `GET`.
 fn oversize_upstream() -> String {

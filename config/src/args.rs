@@ -457,6 +457,18 @@ struct Flags {
     )]
     registry_tag_ttl: Option<OsString>,
 
+    /// A token service host, besides each upstream's own, that may be sent its credentials;
+    /// repeatable, comma-separated in the variable; replaces the file's list
+    /// [registry.token_hosts].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_TOKEN_HOSTS",
+        value_name = "HOST",
+        value_delimiter = ',',
+        help_heading = "Registry mirror"
+    )]
+    registry_token_host: Vec<OsString>,
+
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
     /// In LARDER_SOURCES, separate several with commas [source.name, source.url].
@@ -1118,6 +1130,16 @@ impl ConfigArgs {
                 registry.upstreams.push(upstream);
             }
         }
+        let hosts = self.list(names, "registry_token_host", &flags.registry_token_host)?;
+        if !hosts.is_empty() {
+            registry.token_hosts.clear();
+            for (setting, host) in hosts {
+                names
+                    .overridden
+                    .insert("registry.token_hosts".to_owned(), setting);
+                registry.token_hosts.push(host);
+            }
+        }
         Ok(())
     }
 
@@ -1295,6 +1317,7 @@ mod tests {
             ("registry-upstream", "LARDER_REGISTRY_UPSTREAMS"),
             ("registry-credentials", "LARDER_REGISTRY_CREDENTIALS"),
             ("registry-tag-ttl", "LARDER_REGISTRY_TAG_TTL"),
+            ("registry-token-host", "LARDER_REGISTRY_TOKEN_HOSTS"),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),

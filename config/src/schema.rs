@@ -67,6 +67,7 @@
 //! upstreams = ["nvcr.io", "docker.io", "registry.local:5000=http://10.0.0.5:5000"]
 //! credentials = "/etc/larder/registry-auth.json"  # docker config.json format
 //! tag_ttl = "30s"
+//! token_hosts = ["auth.docker.io"]  # token services, besides the upstream's, given credentials
 //!
 //! [[source]]
 //! name = "datasets"
@@ -526,6 +527,10 @@ pub struct RegistryConfig {
     /// tag whose upstream cannot be reached is served from the last answer. Default 30s.
     #[serde(with = "humantime_serde")]
     pub tag_ttl: Duration,
+    /// Hosts of token services, other than an upstream's own host, that may be sent the
+    /// upstream's credentials when its challenge names them. Any other realm is asked for an
+    /// anonymous token. Default `["auth.docker.io"]` (docker.io's token service).
+    pub token_hosts: Vec<String>,
 }
 
 /// The mirror's address when none is configured: loopback, next to the peer port.
@@ -539,6 +544,7 @@ impl Default for RegistryConfig {
             upstreams: Vec::new(),
             credentials: None,
             tag_ttl: Duration::from_secs(30),
+            token_hosts: vec!["auth.docker.io".to_owned()],
         }
     }
 }
@@ -898,6 +904,7 @@ mod tests {
         upstreams = ["nvcr.io", "docker.io", "localhost:5001=http://127.0.0.2:5001"]
         credentials = "/etc/larder/auth.json"
         tag_ttl = "1m"
+        token_hosts = ["auth.example"]
 
         [[source]]
         name = "datasets"
@@ -1070,6 +1077,7 @@ mod tests {
                     .to_vec(),
                 credentials: Some(PathBuf::from("/etc/larder/auth.json")),
                 tag_ttl: Duration::from_secs(60),
+                token_hosts: vec!["auth.example".into()],
             },
             sources: vec![
                 SourceConfig {

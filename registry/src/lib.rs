@@ -196,6 +196,7 @@ impl Mirror {
             None => DockerConfig::default(),
         };
         let mut registries = BTreeMap::new();
+        let token_hosts: Arc<[String]> = config.token_hosts.clone().into();
         for configured in &config.upstreams {
             let base = url::Url::parse(&configured.url).map_err(|source| SetupError::NotUrl {
                 host: configured.host.clone(),
@@ -207,7 +208,13 @@ impl Mirror {
                 .get(&configured.host)
                 .or_else(|| credentials.auths.get(&format!("https://{}", configured.host)))
                 .and_then(|a| a.auth.as_deref());
-            let upstream = Arc::new(Upstream::new(&configured.host, base, auth, stats.clone())?);
+            let upstream = Arc::new(Upstream::new(
+                &configured.host,
+                base,
+                auth,
+                token_hosts.clone(),
+                stats.clone(),
+            )?);
             let store = Arc::new(UpstreamStore::new(upstream.clone()));
             let origin = Arc::new(
                 Origin::new(

@@ -1,8 +1,9 @@
 //! An upstream registry: the pull requests of the OCI distribution API, with the token flow.
 //!
 //! A request goes out with the token last given for its repository's pull scope, if any. A
-//! `401` with a `Bearer` challenge gets a token from the realm it names (anonymously, or with
-//! the registry's Basic credentials from the credentials file) and the request is sent once
+//! `401` with a `Bearer` challenge gets a token from the realm it names (with the registry's
+//! Basic credentials from the credentials file if the realm is on the registry's own host or
+//! one of `registry.token_hosts`, anonymously otherwise) and the request is sent once
 //! more; a `Basic` challenge is answered with the credentials. Tokens are kept until they
 //! expire (`expires_in`, 60 s when not given) and never logged.
 //!
@@ -14,6 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -120,6 +122,10 @@ pub struct Upstream {
     basic: Option<HeaderValue>,
     /// Tokens by scope.
     tokens: Mutex<HashMap<String, Token>>,
+    /// Hosts of token services other than its own that may be sent `basic`.
+    token_hosts: Arc<[String]>,
+    /// Whether a realm was refused the credentials yet (said once).
+    withheld: AtomicBool,
     /// Where its HEADs and their failures are counted, as origin requests (its GETs are
     /// counted by the [`larder_origin::Origin`] over its [`UpstreamStore`]).
     stats: Arc<Stats>,
@@ -153,8 +159,15 @@ pub enum SetupError {
 
 impl Upstream {
     /// The registry named `host` in image references, reached at `base`; `auth` is the
-    /// base64 `user:password` of its credentials, if any. Its HEADs count in `stats`.
-    pub fn new(host: &str, base: Url, auth: Option<&str>, stats: Arc<Stats>) -> Result<Self, SetupError> {
+    /// base64 `user:password` of its credentials, if any, which are sent to token services on
+    /// its own host and on `token_hosts` only. Its HEADs count in `stats`.
+    pub fn new(
+        host: &str,
+        base: Url,
+        auth: Option<&str>,
+        token_hosts: Arc<[String]>,
+        stats: Arc<Stats>,
+    ) -> Result<Self, SetupError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(REQUEST_TIMEOUT)
@@ -178,6 +191,8 @@ impl Upstream {
             http,
             basic,
             tokens: Mutex::new(HashMap::new()),
+            token_hosts,
+            withheld: AtomicBool::new(false),
             stats,
         })
     }
@@ -313,9 +328,19 @@ impl Upstream {
             }
             query.append_pair("scope", scope);
         }
-        let mut request = self.http.get(url);
-        if let Some(basic) = &self.basic {
-            request = request.header(AUTHORIZATION, basic.clone());
+        let trusted = url.host_str().is_some_and(|host| {
+            Some(host) == self.base.host_str() || self.token_hosts.iter().any(|h| h == host)
+        });
+        let mut request = self.http.get(url.clone());
+        match &self.basic {
+            Some(basic) if trusted => request = request.header(AUTHORIZATION, basic.clone()),
+            Some(_) if !self.withheld.swap(true, Ordering::Relaxed) => tracing::warn!(
+                registry = %self.host,
+                realm = %url.origin().ascii_serialization(),
+                "the registry's token service is on another host, not in registry.token_hosts: \
+                 asking it for an anonymous token, without the registry's credentials (said once)"
+            ),
+            _ => {}
         }
         let response = request.send().await.map_err(|e| self.unreachable(&what, &e))?;
         if !response.status().is_success() {

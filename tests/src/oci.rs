@@ -182,8 +182,8 @@ enum Auth<'a> {
     Anyone,
     /// htpasswd Basic auth with this user and password.
     Htpasswd(&'a str, &'a str),
-    /// Token auth with a [`TokenServer`] of this user (anyone when `None`).
-    Token(Option<(&'a str, &'a str)>),
+    /// Token auth with a [`TokenServer`] of this user (anyone when `None`), on this address.
+    Token(Option<(&'a str, &'a str)>, Ipv4Addr),
 }
 
 /// A running `docker-registry serve` on `127.0.0.1:<free port>` with filesystem storage in a
@@ -213,7 +213,13 @@ impl Registry {
     /// `Bearer` challenge naming its own token server, which gives pull and push tokens for any
     /// repository to anyone, or only to `user` (user and password, as Basic credentials).
     pub fn start_with_token_auth(user: Option<(&str, &str)>) -> anyhow::Result<Self> {
-        Self::start_with_auth(Auth::Token(user))
+        Self::start_with_auth(Auth::Token(user, Ipv4Addr::LOCALHOST))
+    }
+
+    /// As [`Registry::start_with_token_auth`], with the token server on `address` (another
+    /// host than the registry's 127.0.0.1, such as 127.0.0.2).
+    pub fn start_with_token_auth_at(user: Option<(&str, &str)>, address: Ipv4Addr) -> anyhow::Result<Self> {
+        Self::start_with_auth(Auth::Token(user, address))
     }
 
     /// Starts the registry with `auth`. Its port is free when chosen but not held until the
@@ -257,8 +263,8 @@ impl Registry {
                 std::fs::write(&htpasswd, &hashed.stdout)?;
                 config["auth"] = json!({ "htpasswd": { "realm": "larder-test", "path": htpasswd } });
             }
-            Auth::Token(user) => {
-                let server = TokenServer::start(dir.path(), user)?;
+            Auth::Token(user, address) => {
+                let server = TokenServer::start(dir.path(), user, address)?;
                 config["auth"] = json!({ "token": {
                     "realm": server.realm(),
                     "service": TOKEN_SERVICE,
@@ -380,8 +386,8 @@ struct TokenIssuer {
 
 impl TokenServer {
     /// Makes a key and its certificate in `dir` and starts serving tokens to `user` (anyone
-    /// when `None`).
-    fn start(dir: &Path, user: Option<(&str, &str)>) -> anyhow::Result<Self> {
+    /// when `None`) on `address`.
+    fn start(dir: &Path, user: Option<(&str, &str)>, address: Ipv4Addr) -> anyhow::Result<Self> {
         let key = dir.join("token-key.pem");
         let certificate = dir.join("token-cert.pem");
         let made = run(Command::new("openssl")
@@ -404,7 +410,7 @@ impl TokenServer {
             }),
             issued: Mutex::new(Vec::new()),
         });
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = TcpListener::bind((address, 0))?;
         let address = listener.local_addr()?.to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let accept = {
