@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use larder_tests::daemon::DaemonProcess;
 use larder_tests::free_port;
 use larder_tests::oci::{
-    Containerd, Registry, TestImage, hosts_dir, http_get, is_blob_get, push, write_auth_file,
+    Containerd, Registry, TestImage, hosts_dir, http_get, inspect, is_blob_get, push, write_auth_file,
 };
 use larder_tests::{Bucket, Fault, RecordingProxy, S3Server};
 
@@ -393,7 +393,7 @@ fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_o
             "NAME_INVALID",
         ),
         (format!("/v2/a/blobs/sha512:00?ns={HOST}"), 400, "DIGEST_INVALID"),
-        ("/v2/a/tags/list".to_owned(), 404, "NOT_FOUND"),
+        ("/v2/_catalog".to_owned(), 404, "UNSUPPORTED"),
     ] {
         let (got, body) = get(&mirror.address, &path);
         assert_eq!(got, status, "{path}: {body}");
@@ -562,6 +562,37 @@ fn an_oversize_manifest_is_refused_and_the_mirror_keeps_serving() {
         &format!("/v2/larder/test/manifests/v1?ns={HOST}"),
     );
     assert_eq!(status, 200, "{body}");
+}
+
+/// `skopeo inspect` through the mirror (it lists the repository's tags: the mirror asks the
+/// upstream, with the client's paging); a repository the upstream does not know gets the
+/// spec's NAME_UNKNOWN. Before, the tag list was a 404 NOT_FOUND and skopeo inspect failed.
+#[test]
+fn skopeo_inspect_lists_the_tags_through_the_mirror() {
+    let image = TestImage::write(19, 1 << 20).expect("image");
+    let mirror = Mirror::start(&image, None, &[]);
+    let inspected = inspect(&mirror.address, REPO_TAG).expect("skopeo inspect");
+    assert_eq!(inspected["RepoTags"], serde_json::json!(["v1"]), "{inspected}");
+    let (status, body) = get(
+        &mirror.address,
+        &format!("/v2/larder/test/tags/list?n=1&ns={HOST}"),
+    );
+    assert_eq!(status, 200, "{body}");
+    let tags: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(tags["tags"], serde_json::json!(["v1"]), "{body}");
+    let upstream = mirror.proxy.requests();
+    assert!(
+        upstream
+            .iter()
+            .any(|r| r.path.ends_with("/tags/list") && r.query.as_deref() == Some("n=1")),
+        "{upstream:?}"
+    );
+    let (status, body) = get(
+        &mirror.address,
+        &format!("/v2/larder/nothing/tags/list?ns={HOST}"),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("NAME_UNKNOWN"), "{body}");
 }
 
 /// An upstream whose blob HEAD claims one byte more, once: that request fails (the body ends

@@ -45,7 +45,7 @@ use sha2::{Digest as _, Sha256};
 
 use self::index::{ContentEntry, Index};
 use self::reference::{Digest, ImageRef, Reference};
-use self::upstream::{Described, Upstream, UpstreamError, UpstreamStore};
+use self::upstream::{Described, TagsPage, Upstream, UpstreamError, UpstreamStore};
 
 /// The names of the upstreams' origins begin so: `registry:nvcr.io`.
 pub const ORIGIN_PREFIX: &str = "registry:";
@@ -364,6 +364,34 @@ impl Mirror {
         };
         self.index.learned([(described.digest.clone(), content)]).await;
         described
+    }
+
+    /// A page of the tags of `name` in `registry`, from its upstream (tags are not cached: a
+    /// list is asked for rarely and may change at any time); `n` and `last` are the client's.
+    /// The link to the next page names the repository as the client did.
+    async fn tags(
+        &self,
+        registry: &Registry,
+        asked_as: &str,
+        name: &str,
+        n: Option<&str>,
+        last: Option<&str>,
+    ) -> Result<TagsPage, MirrorError> {
+        let query = {
+            let mut query = url::form_urlencoded::Serializer::new(String::new());
+            for (key, value) in [("n", n), ("last", last)] {
+                if let Some(value) = value {
+                    query.append_pair(key, value);
+                }
+            }
+            query.finish()
+        };
+        let query = (!query.is_empty()).then_some(query.as_str());
+        let mut page = registry.upstream.tags(name, query).await?;
+        page.link = page
+            .link
+            .map(|link| link.replace(&format!("/v2/{name}/"), &format!("/v2/{asked_as}/")));
+        Ok(page)
     }
 
     /// The size of blob `digest`: as the index knows it, else as the upstream says (`HEAD`).

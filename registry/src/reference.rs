@@ -131,6 +131,11 @@ pub enum Route {
         /// The blob's digest.
         digest: Digest,
     },
+    /// `/v2/<name>/tags/list`.
+    Tags {
+        /// The repository.
+        name: String,
+    },
 }
 
 /// Why a request path is refused, in the registry's error codes.
@@ -154,7 +159,7 @@ impl RouteError {
     /// The distribution API's error code for it.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::NotFound => "NOT_FOUND",
+            Self::NotFound => "UNSUPPORTED",
             Self::Name(_) => "NAME_INVALID",
             Self::Reference(_) => "MANIFEST_INVALID",
             Self::Digest(_) => "DIGEST_INVALID",
@@ -185,6 +190,12 @@ impl Route {
             return Ok(Self::Manifest {
                 name: name.to_owned(),
                 reference,
+            });
+        }
+        if let Some(name) = rest.strip_suffix("/tags/list") {
+            check_name(name)?;
+            return Ok(Self::Tags {
+                name: name.to_owned(),
             });
         }
         if let Some((name, digest)) = rest.rsplit_once("/blobs/") {
@@ -312,7 +323,18 @@ mod tests {
             Route::parse("/v2/a/manifests/.hidden"),
             Err(RouteError::Reference(".hidden".into()))
         );
-        assert_eq!(Route::parse("/v2/a/tags/list"), Err(RouteError::NotFound));
+        assert_eq!(
+            Route::parse("/v2/nvidia/cuda/tags/list"),
+            Ok(Route::Tags {
+                name: "nvidia/cuda".into()
+            })
+        );
+        assert_eq!(
+            Route::parse("/v2/a/../b/tags/list"),
+            Err(RouteError::Name("a/../b".into()))
+        );
+        assert_eq!(Route::parse("/v2/_catalog"), Err(RouteError::NotFound));
+        assert_eq!(RouteError::NotFound.code(), "UNSUPPORTED");
         assert_eq!(Route::parse("/metrics"), Err(RouteError::NotFound));
     }
 

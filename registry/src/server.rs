@@ -1,5 +1,6 @@
 //! The mirror's HTTP listener: `GET`/`HEAD` of `/v2/`, manifests and blobs, with `Range` on
-//! blobs, and errors in the distribution API's shape (`{"errors":[{"code","message"}]}`).
+//! blobs, a repository's tags (from the upstream, uncached), and errors in the distribution
+//! API's shape (`{"errors":[{"code","message"}]}`) with its codes.
 //!
 //! A `GET` of content waits for it to be verified ([`Mirror::verified`]) up to
 //! [`HEADERS_WITHIN`]: what fails by then (an unknown blob, an upstream down) gets its error
@@ -12,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hyper::header::{ACCEPT, ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, RANGE};
+use hyper::header::{
+    ACCEPT, ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, CONTENT_TYPE, HeaderValue, LINK, RANGE,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use larder_http::{self as http, Body, Limits};
 use larder_read_path::OpenObject;
@@ -75,11 +78,13 @@ async fn route(mirror: &Arc<Mirror>, request: &Request<Bytes>) -> Response<Body>
             return failure(status, error.code(), &error.to_string());
         }
     };
-    let ns = request.uri().query().and_then(|query| {
+    let parameter = |wanted: &str| {
+        let query = request.uri().query()?;
         url::form_urlencoded::parse(query.as_bytes())
-            .find(|(name, _)| name == "ns")
+            .find(|(name, _)| name == wanted)
             .map(|(_, value)| value.into_owned())
-    });
+    };
+    let ns = parameter("ns");
     let result = match route {
         Route::Base => return http::full(StatusCode::OK, "application/json", "{}"),
         Route::Manifest { name, reference } => {
@@ -92,16 +97,53 @@ async fn route(mirror: &Arc<Mirror>, request: &Request<Bytes>) -> Response<Body>
             let range = request.headers().get(RANGE).and_then(|v| v.to_str().ok());
             blob(mirror, ns.as_deref(), &name, &digest, range, head).await
         }
+        Route::Tags { name } => {
+            let (n, last) = (parameter("n"), parameter("last"));
+            tags(mirror, ns.as_deref(), &name, n.as_deref(), last.as_deref(), head).await
+        }
     };
-    result.unwrap_or_else(|(error, blob)| {
+    result.unwrap_or_else(|(error, asked)| {
         if matches!(error, MirrorError::NotConfigured(_) | MirrorError::WhichRegistry) {
             add(&mirror.stats.registry_refused, 1);
         }
-        mirror_failure(&error, blob)
+        mirror_failure(&error, asked)
     })
 }
 
-type Answer = Result<Response<Body>, (MirrorError, bool)>;
+/// What a request asked for, for the code of its error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    Manifest,
+    Blob,
+    Tags,
+}
+
+type Answer = Result<Response<Body>, (MirrorError, Asked)>;
+
+async fn tags(
+    mirror: &Arc<Mirror>,
+    ns: Option<&str>,
+    name: &str,
+    n: Option<&str>,
+    last: Option<&str>,
+    head: bool,
+) -> Answer {
+    let failed = |error| (error, Asked::Tags);
+    let (registry, upstream_name) = mirror.registry_for(ns, name).map_err(failed)?;
+    let page = mirror
+        .tags(registry, name, upstream_name, n, last)
+        .await
+        .map_err(failed)?;
+    let length = page.body.len();
+    let body = if head { Bytes::new() } else { page.body };
+    let mut response = http::full(StatusCode::OK, "application/json", body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(length));
+    if let Some(link) = page.link.and_then(|link| HeaderValue::from_str(&link).ok()) {
+        headers.insert(LINK, link);
+    }
+    Ok(response)
+}
 
 /// Whether the `Accept` headers (a client may send several) take image indexes and manifest
 /// lists: none at all, `*/*`, or one of their types.
@@ -123,7 +165,7 @@ async fn manifest(
     indexes: bool,
     head: bool,
 ) -> Answer {
-    let failed = |error| (error, false);
+    let failed = |error| (error, Asked::Manifest);
     let (registry, name) = mirror.registry_for(ns, name).map_err(failed)?;
     let resolved = mirror
         .resolve(registry, name, reference, indexes)
@@ -154,7 +196,7 @@ async fn blob(
     range: Option<&str>,
     head: bool,
 ) -> Answer {
-    let failed = |error| (error, true);
+    let failed = |error| (error, Asked::Blob);
     let (registry, name) = mirror.registry_for(ns, name).map_err(failed)?;
     let size = mirror.blob_size(registry, name, digest).await.map_err(failed)?;
     let range = match range.map(|text| parse_range(text, size)) {
@@ -285,9 +327,17 @@ fn failure(status: StatusCode, code: &str, message: &str) -> Response<Body> {
     http::full(status, "application/json", body)
 }
 
-/// The answer for a failed manifest (`blob` false) or blob request.
-fn mirror_failure(error: &MirrorError, blob: bool) -> Response<Body> {
-    let unknown = if blob { "BLOB_UNKNOWN" } else { "MANIFEST_UNKNOWN" };
+/// The answer for a failed request for what was `asked`.
+fn mirror_failure(error: &MirrorError, asked: Asked) -> Response<Body> {
+    let unknown = match asked {
+        Asked::Manifest => "MANIFEST_UNKNOWN",
+        Asked::Blob => "BLOB_UNKNOWN",
+        Asked::Tags => "NAME_UNKNOWN",
+    };
+    let invalid = match asked {
+        Asked::Blob => "BLOB_UNKNOWN",
+        Asked::Manifest | Asked::Tags => "MANIFEST_INVALID",
+    };
     let (status, code) = match error {
         MirrorError::NotConfigured(_) => (StatusCode::FORBIDDEN, "DENIED"),
         MirrorError::WhichRegistry => (StatusCode::NOT_FOUND, "NAME_UNKNOWN"),
@@ -301,10 +351,9 @@ fn mirror_failure(error: &MirrorError, blob: bool) -> Response<Body> {
         MirrorError::Upstream(UpstreamError::Unreachable { .. }) => {
             (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
         }
-        MirrorError::Upstream(UpstreamError::BadAnswer { .. }) | MirrorError::Manifest { .. } => (
-            StatusCode::BAD_GATEWAY,
-            if blob { "BLOB_UNKNOWN" } else { "MANIFEST_INVALID" },
-        ),
+        MirrorError::Upstream(UpstreamError::BadAnswer { .. }) | MirrorError::Manifest { .. } => {
+            (StatusCode::BAD_GATEWAY, invalid)
+        }
         MirrorError::DigestMismatch(_) => (StatusCode::BAD_GATEWAY, "DIGEST_INVALID"),
         MirrorError::Fill { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
     };

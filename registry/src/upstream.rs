@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -30,7 +30,7 @@ use object_store::{
 };
 use parking_lot::Mutex;
 use reqwest::header::{
-    ACCEPT, AUTHORIZATION, CONTENT_LENGTH, HeaderMap, HeaderValue, RANGE, WWW_AUTHENTICATE,
+    ACCEPT, AUTHORIZATION, CONTENT_LENGTH, HeaderMap, HeaderValue, LINK, RANGE, WWW_AUTHENTICATE,
 };
 use reqwest::{Method, Response, StatusCode};
 use url::Url;
@@ -52,6 +52,18 @@ pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
 
 /// The largest token answer read.
 const MAX_TOKEN_BYTES: usize = 64 << 10;
+
+/// The largest tag list passed on (a page of it: clients ask with `n` for more).
+const MAX_TAGS_BYTES: usize = 4 << 20;
+
+/// A page of a repository's tags, as the upstream sent it.
+#[derive(Debug, Clone)]
+pub struct TagsPage {
+    /// The JSON body (`{"name": ..., "tags": [...]}`).
+    pub body: Bytes,
+    /// The `Link` header to the next page, if any.
+    pub link: Option<String>,
+}
 
 /// Why an upstream request failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -197,10 +209,11 @@ impl Upstream {
         })
     }
 
-    /// Counts one HEAD and, if it failed, its failure by kind, as the origin's requests are.
-    fn counted<T>(&self, result: Result<T, UpstreamError>) -> Result<T, UpstreamError> {
+    /// Counts one request on `requests` (the origin's HEADs or GETs) and, if it failed, its
+    /// failure by kind, as the origin's requests are.
+    fn counted<T>(&self, requests: &AtomicU64, result: Result<T, UpstreamError>) -> Result<T, UpstreamError> {
         let stats = &self.stats;
-        add(&stats.origin_head_requests, 1);
+        add(requests, 1);
         if let Err(error) = &result {
             let counter = match error {
                 UpstreamError::Status { status, .. } => match status.as_u16() {
@@ -387,7 +400,8 @@ impl Upstream {
         reference: &str,
         accept: &str,
     ) -> Result<Described, UpstreamError> {
-        self.counted(self.head_manifest(repository, reference, accept).await)
+        let result = self.head_manifest(repository, reference, accept).await;
+        self.counted(&self.stats.origin_head_requests, result)
     }
 
     async fn head_manifest(
@@ -442,7 +456,46 @@ impl Upstream {
 
     /// The size of blob `digest` of `repository`, asked with `HEAD`.
     pub async fn blob_size(&self, repository: &str, digest: &Digest) -> Result<u64, UpstreamError> {
-        self.counted(self.head_blob(repository, digest).await)
+        let result = self.head_blob(repository, digest).await;
+        self.counted(&self.stats.origin_head_requests, result)
+    }
+
+    /// A page of `repository`'s tags, `query` (`n`, `last`) passed on as the client gave it.
+    pub async fn tags(&self, repository: &str, query: Option<&str>) -> Result<TagsPage, UpstreamError> {
+        let result = self.get_tags(repository, query).await;
+        self.counted(&self.stats.origin_get_requests, result)
+    }
+
+    async fn get_tags(&self, repository: &str, query: Option<&str>) -> Result<TagsPage, UpstreamError> {
+        let path = match query {
+            Some(query) => format!("tags/list?{query}"),
+            None => "tags/list".to_owned(),
+        };
+        let what = format!("{repository}/tags/list");
+        let response = self
+            .send(Method::GET, repository, &path, HeaderMap::new())
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            return Err(UpstreamError::Status {
+                host: self.host.clone(),
+                what,
+                status,
+            });
+        }
+        let link = response
+            .headers()
+            .get(LINK)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let body = read_at_most(response, MAX_TAGS_BYTES)
+            .await
+            .map_err(|e| self.unreachable(&what, &e))?
+            .ok_or_else(|| self.bad_answer(&what, "a page of tags over 4 MiB"))?;
+        Ok(TagsPage {
+            body: body.into(),
+            link,
+        })
     }
 
     async fn head_blob(&self, repository: &str, digest: &Digest) -> Result<u64, UpstreamError> {

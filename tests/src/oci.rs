@@ -883,6 +883,18 @@ fn skopeo() -> Command {
     skopeo
 }
 
+/// What `skopeo inspect` says of `reference` (`repo:tag`) in the registry at `registry`
+/// (`host:port`, plain HTTP): the image's manifest and config, and the repository's tags.
+pub fn inspect(registry: &str, reference: &str) -> anyhow::Result<serde_json::Value> {
+    let mut inspect = skopeo();
+    inspect
+        .args(["inspect", "--tls-verify=false"])
+        .arg(format!("docker://{registry}/{reference}"));
+    let output = run(&mut inspect)?;
+    ensure!(output.status.success(), "skopeo inspect: {}", said(&output));
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
 /// Writes the credentials `user` and `password` of the registry at `registry` (`host:port`)
 /// into the Docker config file `path` (`{"auths": {"<registry>": {"auth": ...}}}`, what
 /// `docker login` writes), with `skopeo login`, which checks them with the registry first.
