@@ -37,6 +37,8 @@ pub const LIMITS: Limits = Limits {
     read_timeout: Duration::from_secs(2),
     request_deadline: Duration::from_secs(600),
     max_body: 1 << 20,
+    // Idle connections must never keep `larder status` out.
+    fresh_grace: Duration::ZERO,
 };
 
 /// How often the counters are sampled for the windowed hit rate.

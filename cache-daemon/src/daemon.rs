@@ -164,6 +164,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         source,
     })?;
     let config = args.config.load()?;
+    raise_open_files_limit();
     let control_socket = config.control.socket.clone();
     let mountpoint = prepare_mountpoint(&config.mount.path)?;
     let stats = Arc::new(Stats::default());
@@ -378,6 +379,25 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         what: "detaching the mount",
         source,
     })
+}
+
+/// Raises the soft limit of open files to the hard one, as the daemon holds a descriptor per
+/// cached object's files, per connection of its listeners and per answer it refuses; the soft
+/// limit some systems start a process with (1,024) is far below what a node serves.
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if let Some(hard) = limit.maximum
+        && limit.current.is_some_and(|soft| soft < hard)
+    {
+        let raised = rustix::process::Rlimit {
+            current: Some(hard),
+            ..limit
+        };
+        if let Err(error) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(%error, soft = ?limit.current, "cannot raise the open files limit");
+        }
+    }
 }
 
 /// Binds the metrics listener and serves it (with the health checks, ready as `phase` and the

@@ -38,6 +38,8 @@ pub const LIMITS: Limits = Limits {
     read_timeout: Duration::from_secs(2),
     request_deadline: Duration::from_secs(10),
     max_body: 64 << 10,
+    // Idle connections must never keep a scrape out.
+    fresh_grace: Duration::ZERO,
 };
 
 /// What one scrape shows, read when the scrape arrives.

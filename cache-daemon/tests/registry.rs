@@ -406,28 +406,36 @@ fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_o
         "a refused request reached the upstream"
     );
 
-    // A thousand requests for one blob at once: each answered right or refused, the blob
-    // fetched from the upstream about once, and the daemon serving afterwards.
+    // A thousand requests for one blob at once: each answered right or told to retry (503
+    // with Retry-After: no connection is closed unanswered), the blob fetched from the
+    // upstream about once, and the daemon serving afterwards.
     let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
     let threads: Vec<_> = (0..1000)
         .map(|_| {
             let (address, path) = (mirror.address.clone(), path.clone());
-            std::thread::spawn(move || {
-                let mut stream = TcpStream::connect(&address).ok()?;
-                stream.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+            std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+                let mut stream = TcpStream::connect(&address)?;
+                stream.set_read_timeout(Some(Duration::from_secs(60)))?;
                 let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-                stream.write_all(request.as_bytes()).ok()?;
+                stream.write_all(request.as_bytes())?;
                 let mut answer = Vec::new();
-                stream.read_to_end(&mut answer).ok()?;
-                Some(answer)
+                stream.read_to_end(&mut answer)?;
+                Ok(answer)
             })
         })
         .collect();
     let mut served = 0;
     for thread in threads {
-        if let Some(answer) = thread.join().expect("thread")
-            && answer.starts_with(b"HTTP/1.1 200")
-        {
+        let answer = thread.join().expect("thread").expect("an answer");
+        if answer.starts_with(b"HTTP/1.1 503") {
+            let head = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+            assert!(head.contains("retry-after: 1"), "{head}");
+        } else {
+            assert!(
+                answer.starts_with(b"HTTP/1.1 200"),
+                "{}",
+                String::from_utf8_lossy(&answer[..answer.len().min(200)])
+            );
             let at = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("head") + 4;
             assert_eq!(
                 (answer.len() - at) as u64,

@@ -10,11 +10,15 @@
 //! - A connection is *idle* while it waits for a request head (a new connection, or one kept
 //!   alive between requests). An idle connection is closed after `read_timeout` (hyper's header
 //!   read timeout), and when a limit is reached, the oldest idle connection (of that client if
-//!   the client is at its limit, else of anyone) is closed at once to make room; one that has
+//!   the client is at its limit, else of anyone) is closed at once to make room (a new one
+//!   that has sent no request yet only past `fresh_grace`); one that has
 //!   answered a request only once `read_timeout` has passed since, as the last bytes of its
 //!   answer may still be on their way to a slow reader when its body ends. Only when
-//!   every connection in the way is busy with a request is a new connection refused (closed).
-//!   Idle sockets therefore never keep a request out: a scrape that sends its request gets in.
+//!   every connection in the way is busy with a request is a new connection refused: its
+//!   request is answered `503` with `Retry-After` and the connection closed, by at most
+//!   [`REFUSALS_PER_CONNECTION`] × `max_connections` such answers at once (past that, it is
+//!   closed unanswered: descriptors stay bounded). Idle sockets
+//!   therefore never keep a request out: a scrape that sends its request gets in.
 //! - The request body is read whole, at most `max_body` bytes (else 413), within
 //!   `read_timeout` (else 408), before the service sees the request.
 //! - The service must produce its response within `request_deadline` (else 503); a service
@@ -35,7 +39,7 @@ use std::io;
 use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -43,7 +47,7 @@ use futures::FutureExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
@@ -74,6 +78,11 @@ pub struct Limits {
     pub request_deadline: Duration,
     /// Largest request body accepted.
     pub max_body: usize,
+    /// How long a new connection that has sent no request yet is kept from being closed to
+    /// make room: zero where a client that holds connections open must never keep a request
+    /// out (a scrape); a moment where clients send their request at once, so that under a flood
+    /// each is answered (at worst told to retry) rather than closed with its request unread.
+    pub fresh_grace: Duration,
 }
 
 /// Who a connection comes from, for the per-client limit.
@@ -230,6 +239,7 @@ pub async fn serve<L: Listener, S: Service>(
 ) {
     let service = Arc::new(service);
     let connections = Arc::new(Mutex::new(Connections::default()));
+    let refusing = Arc::new(AtomicUsize::new(0));
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -252,6 +262,10 @@ pub async fn serve<L: Listener, S: Service>(
                 ?client,
                 "connection refused: every connection is busy with a request"
             );
+            let most = REFUSALS_PER_CONNECTION * limits.max_connections;
+            if let Some(refusal) = Refusal::new(&refusing, most) {
+                tracker.spawn(refuse(listener.handshake(io), limits, refusal));
+            }
             continue;
         };
         let (service, connections, cancel) = (service.clone(), connections.clone(), cancel.clone());
@@ -282,6 +296,58 @@ pub async fn serve<L: Listener, S: Service>(
     }
     tracker.close();
     tracker.wait().await;
+}
+
+/// Refusals (`503` answers to connections over the limits) under way at once, per connection
+/// allowed: each holds a descriptor for the moments it takes to read a request head and answer.
+pub const REFUSALS_PER_CONNECTION: usize = 4;
+
+/// Seconds a refused client is told to wait before it tries again.
+const RETRY_AFTER_SECONDS: &str = "1";
+
+/// One of the refusals under way, counted while it lives.
+struct Refusal(Arc<AtomicUsize>);
+
+impl Refusal {
+    /// A refusal, if fewer than `most` are under way.
+    fn new(under_way: &Arc<AtomicUsize>, most: usize) -> Option<Self> {
+        let now = under_way.fetch_add(1, Ordering::Relaxed);
+        let refusal = Self(under_way.clone());
+        (now < most).then_some(refusal)
+    }
+}
+
+impl Drop for Refusal {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Answers the request of a connection over the limits `503` with `Retry-After`, then closes
+/// it: the client learns to come back rather than seeing its connection dropped.
+async fn refuse<I>(handshake: impl Future<Output = io::Result<I>>, limits: Limits, _refusal: Refusal)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(Ok(io)) = tokio::time::timeout(limits.read_timeout, handshake).await else {
+        return;
+    };
+    let service = hyper::service::service_fn(|_: Request<Incoming>| async {
+        let mut refused = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many connections at once: try again shortly",
+        );
+        let headers = refused.headers_mut();
+        headers.insert(RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECONDS));
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        Ok::<_, Infallible>(refused)
+    });
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.read_timeout)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(io), service);
+    let _ = tokio::time::timeout(limits.read_timeout * 2, connection).await;
 }
 
 /// One connection, until it ends, is evicted, or the server stops.
@@ -372,9 +438,9 @@ async fn answer<S: Service>(request: Request<Incoming>, service: &S, limits: &Li
     }
 }
 
-/// Whether a connection may be closed to make room: a fresh one (no request yet) at once, a
-/// busy one never, one that has answered once a grace has passed (its answer's last bytes may
-/// still be in its buffer when the body ends).
+/// Whether a connection may be closed to make room: a fresh one (no request yet) once it is
+/// `fresh_grace` old, a busy one never, one that has answered once `read_timeout` has passed
+/// (its answer's last bytes may still be in its buffer when the body ends).
 #[derive(Debug)]
 struct Idle {
     /// [`Idle::FRESH`], [`Idle::BUSY`], or 1 + the milliseconds since `epoch` at which its
@@ -411,9 +477,9 @@ impl Idle {
 
     /// Marks it closed to make room, if it may be closed: in one step, so that a request
     /// arriving at the same moment either finds it closed or keeps it.
-    fn evict(&self, grace: Duration) -> bool {
+    fn evict(&self, limits: &Limits) -> bool {
         let mut state = self.state.load(Ordering::Acquire);
-        while self.evictable_in(state, grace) {
+        while self.evictable_in(state, limits) {
             match self
                 .state
                 .compare_exchange(state, Self::EVICTED, Ordering::AcqRel, Ordering::Acquire)
@@ -435,11 +501,11 @@ impl Idle {
             });
     }
 
-    fn evictable_in(&self, state: u64, grace: Duration) -> bool {
+    fn evictable_in(&self, state: u64, limits: &Limits) -> bool {
         match state {
-            Self::FRESH => true,
+            Self::FRESH => self.epoch.elapsed() >= limits.fresh_grace,
             Self::BUSY | Self::EVICTED => false,
-            since => self.now().saturating_sub(since) >= grace.as_millis() as u64,
+            since => self.now().saturating_sub(since) >= limits.read_timeout.as_millis() as u64,
         }
     }
 }
@@ -526,10 +592,10 @@ impl Connections {
     /// reached, and registers it; `None` when the connections in the way are all busy.
     fn admit(&mut self, client: Client, limits: &Limits) -> Option<Admitted> {
         let from_client = self.per_client.get(&client).copied().unwrap_or(0);
-        if from_client >= limits.max_per_client && !self.evict_idle(Some(client), limits.read_timeout) {
+        if from_client >= limits.max_per_client && !self.evict_idle(Some(client), limits) {
             return None;
         }
-        if self.open.len() >= limits.max_connections && !self.evict_idle(None, limits.read_timeout) {
+        if self.open.len() >= limits.max_connections && !self.evict_idle(None, limits) {
             return None;
         }
         let id = self.next;
@@ -548,13 +614,13 @@ impl Connections {
         Some(Admitted { id, idle, evict })
     }
 
-    /// Closes the oldest idle connection (of `client`, if given; one that answered only
-    /// `grace` after it did); false if there is none.
-    fn evict_idle(&mut self, client: Option<Client>, grace: Duration) -> bool {
+    /// Closes the oldest idle connection (of `client`, if given) that `limits` let go; false
+    /// if there is none.
+    fn evict_idle(&mut self, client: Option<Client>, limits: &Limits) -> bool {
         let victim = self
             .open
             .iter()
-            .find(|(_, open)| client.is_none_or(|c| c == open.client) && open.idle.evict(grace))
+            .find(|(_, open)| client.is_none_or(|c| c == open.client) && open.idle.evict(limits))
             .map(|(&id, _)| id);
         let Some(open) = victim.and_then(|id| self.remove(id)) else {
             return false;
@@ -586,6 +652,7 @@ mod tests {
         read_timeout: Duration::from_secs(2),
         request_deadline: Duration::from_secs(10),
         max_body: 16,
+        fresh_grace: Duration::ZERO,
     };
 
     /// A service that echoes the length of the body, sleeps on `/slow`, panics on `/panic`.
@@ -636,6 +703,43 @@ mod tests {
         let panicked = client.get(format!("{url}/panic")).send().await.unwrap();
         assert_eq!(panicked.status(), 500);
         assert_eq!(post("after").await.unwrap().status(), 200);
+    }
+
+    /// With every connection busy with a request, one more is answered 503 with Retry-After,
+    /// not closed unanswered; and once the busy ones end, requests get in again.
+    #[tokio::test]
+    async fn a_connection_over_the_limit_is_told_to_retry() {
+        let (entered, mut handling) = tokio::sync::mpsc::unbounded_channel();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let waiting = release.clone();
+        let service = move |request: Request<Bytes>| {
+            let (entered, waiting) = (entered.clone(), waiting.clone());
+            async move {
+                if request.uri().path() == "/hold" {
+                    let _ = entered.send(());
+                    waiting.notified().await;
+                }
+                full(StatusCode::OK, "text/plain", "done")
+            }
+        };
+        let (url, _cancel, _server) = start_with(LIMITS, service).await;
+        // Held requests fill the connections this client (127.0.0.1) may have.
+        let held: Vec<_> = (0..LIMITS.max_per_client)
+            .map(|_| tokio::spawn(reqwest::get(format!("{url}/hold"))))
+            .collect();
+        for _ in 0..LIMITS.max_per_client {
+            handling.recv().await.unwrap();
+        }
+        let refused = reqwest::get(format!("{url}/"))
+            .await
+            .expect("an answer, not a closed connection");
+        assert_eq!(refused.status(), 503);
+        assert_eq!(refused.headers()[RETRY_AFTER], RETRY_AFTER_SECONDS);
+        release.notify_waiters();
+        for request in held {
+            assert_eq!(request.await.unwrap().unwrap().status(), 200);
+        }
+        assert_eq!(reqwest::get(format!("{url}/")).await.unwrap().status(), 200);
     }
 
     #[tokio::test]
@@ -701,7 +805,7 @@ mod tests {
 
         // Just answered: its answer may not have left yet, so it is not closed for room.
         fourth.idle.answered();
-        assert!(!fourth.idle.evict(LIMITS.read_timeout));
+        assert!(!fourth.idle.evict(&LIMITS));
         assert!(
             connections.admit(ip(4), &LIMITS).is_none(),
             "an answer just sent was cut"
@@ -713,5 +817,16 @@ mod tests {
         assert_eq!(connections.per_client[&ip(1)], 1);
         assert!(connections.admit(ip(4), &LIMITS).is_some());
         assert_eq!(connections.open.len(), 3);
+
+        // Where new connections have a grace, one that has sent nothing yet keeps its room
+        // for it (its request may be on the way), then goes like any idle one.
+        let patient = Limits {
+            fresh_grace: Duration::from_secs(3600),
+            ..LIMITS
+        };
+        let mut connections = Connections::default();
+        let new = connections.admit(ip(1), &patient).unwrap();
+        assert!(!new.idle.evict(&patient));
+        assert!(new.idle.evict(&LIMITS));
     }
 }

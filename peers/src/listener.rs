@@ -41,6 +41,8 @@ pub const LIMITS: Limits = Limits {
     read_timeout: Duration::from_secs(2),
     request_deadline: Duration::from_secs(5),
     max_body: 0,
+    // Members send their request as they connect.
+    fresh_grace: Duration::from_secs(1),
 };
 
 /// Answers in flight for one asking node at most.

@@ -37,6 +37,8 @@ pub const LIMITS: Limits = Limits {
     read_timeout: Duration::from_secs(10),
     request_deadline: Duration::from_secs(60),
     max_body: 0,
+    // A puller sends its request as it connects: under a flood, each is answered or told to retry.
+    fresh_grace: Duration::from_secs(1),
 };
 
 /// The version header every answer carries.
