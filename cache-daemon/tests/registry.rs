@@ -626,3 +626,64 @@ fn a_size_claimed_wrong_once_does_not_poison_the_blob() {
         mirror.restart();
     }
 }
+
+/// A blob whose upstream claims 100 GB, more than the cache holds, is refused at once with an
+/// error that says so (containerd then pulls it from the registry itself), and nothing is
+/// fetched; once the upstream tells the truth, the blob is served. A fetch that every client
+/// has left stops: the parts in flight end, no other starts. Before, one GET of a claimed
+/// 100 GB blob fetched through the cache for minutes after its client had gone.
+#[test]
+fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() {
+    let image = TestImage::write(20, 128 << 20).expect("image");
+    let extra = ["--cache-capacity", "512MiB", "--part-size", "4MiB"];
+    let mirror = Mirror::start(&image, None, &extra);
+    let layers = &image.image("linux/amd64").expect("amd64").layers;
+    let layer = layers.iter().max_by_key(|l| l.size).expect("a layer").clone();
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+
+    mirror.proxy.set_fault(Fault::HeadLengthPlus(100_000_000_000));
+    let (status, body) = get(&mirror.address, &path);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("more than the cache can hold"), "{body}");
+    assert_eq!(mirror.upstream_blob_bytes(), 0, "the oversize blob was fetched");
+
+    // 1 MiB/s from the upstream: the 32 MiB layer would take about 32 s. The client takes
+    // the headers (sent once the mirror has waited 5 s) and goes; the parts in flight then
+    // (4 of 4 MiB) end, and no more start.
+    mirror.proxy.set_fault(Fault::Bandwidth(1 << 20));
+    let mut stream = TcpStream::connect(&mirror.address).expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut head = Vec::new();
+    let mut byte = [0; 1];
+    while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).expect("head") == 1 {
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    drop(stream);
+    // The upstream's bytes stop growing (each second's count the same as the last), short of
+    // the whole layer.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut last = mirror.upstream_blob_bytes();
+    loop {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = mirror.upstream_blob_bytes();
+        if now == last {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the upstream kept sending");
+        last = now;
+    }
+    assert!(
+        last < layer.size,
+        "the whole layer ({} bytes) was fetched for a client that had gone: {last}",
+        layer.size
+    );
+    mirror.proxy.set_fault(Fault::PassThrough);
+    let (status, head, _) = http_get(&mirror.address, &path, &[]).expect("GET");
+    assert_eq!(status, 200, "{head}");
+}

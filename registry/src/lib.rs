@@ -81,6 +81,20 @@ pub enum MirrorError {
     /// The upstream failed or refused.
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
+    /// The content is larger than the cache can hold beside its pinned objects: it is not
+    /// fetched through the cache (the client can pull it from the registry itself).
+    #[error(
+        "{digest}: {size} bytes, more than the cache can hold ({room} bytes beside its pinned \
+         objects); pull it from the registry directly"
+    )]
+    TooLarge {
+        /// The content.
+        digest: Digest,
+        /// Its size, as the upstream or a manifest says.
+        size: u64,
+        /// What the cache can hold.
+        room: u64,
+    },
     /// The content could not be filled.
     #[error("{digest}: {source}")]
     Fill {
@@ -113,6 +127,25 @@ struct Registry {
 type Verified = Arc<[[u8; 32]]>;
 type SharedCheck = Shared<BoxFuture<'static, Result<Verified, MirrorError>>>;
 
+/// A check under way, and what stops it: the [`Waiters`] of those waiting for it, which stop
+/// the check when the last of them goes.
+#[derive(Debug)]
+struct Check {
+    result: SharedCheck,
+    waiters: std::sync::Weak<Waiters>,
+}
+
+/// Held by each request or job waiting for a check; the check's task is aborted when the last
+/// is dropped: nobody wants the content any more, so its fetch stops.
+#[derive(Debug)]
+struct Waiters(tokio::task::AbortHandle);
+
+impl Drop for Waiters {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// The registry mirror.
 #[derive(Debug)]
 pub struct Mirror {
@@ -122,7 +155,7 @@ pub struct Mirror {
     tag_ttl: Duration,
     stats: Arc<Stats>,
     verified: Mutex<HashMap<ObjectId, Verified>>,
-    checks: Mutex<HashMap<ObjectId, SharedCheck>>,
+    checks: Mutex<HashMap<ObjectId, Check>>,
 }
 
 /// What the configuration's credentials file holds: docker's `config.json`.
@@ -400,6 +433,15 @@ impl Mirror {
             return Ok(content.size);
         }
         let size = registry.upstream.blob_size(name, digest).await?;
+        let room = self.cache.store().capacity();
+        if size > room {
+            // Not kept: only a claim, and one the mirror acts on by not fetching.
+            return Err(MirrorError::TooLarge {
+                digest: digest.clone(),
+                size,
+                room,
+            });
+        }
         let content = ContentEntry {
             size,
             media_type: None,
@@ -418,6 +460,14 @@ impl Mirror {
         size: u64,
         manifest: bool,
     ) -> Result<Arc<OpenObject>, MirrorError> {
+        let room = self.cache.store().capacity();
+        if size > room {
+            return Err(MirrorError::TooLarge {
+                digest: digest.clone(),
+                size,
+                room,
+            });
+        }
         let identity = digest.identity(size).map_err(|e| MirrorError::Manifest {
             what: digest.to_string(),
             reason: e.to_string(),
@@ -455,13 +505,16 @@ impl Mirror {
             self.verified.lock().insert(id, hashes.clone());
             return Ok(hashes);
         }
-        let check = {
+        let (check, _waiting) = {
             let mut checks = self.checks.lock();
-            checks
-                .entry(id)
-                .or_insert_with(|| {
-                    // A task of its own: a check runs to its end even when every request
-                    // waiting for it goes away, so that none is left half done for the next.
+            let under_way = checks
+                .get(&id)
+                .and_then(|check| Some((check.result.clone(), check.waiters.upgrade()?)));
+            match under_way {
+                Some(under_way) => under_way,
+                None => {
+                    // A task of its own, so that a request that goes away does not cut it for
+                    // the others waiting; the last one to go stops it.
                     let digest = digest_of(object);
                     let (mirror, object) = (self.clone(), object.clone());
                     let task = tokio::spawn(async move {
@@ -469,7 +522,8 @@ impl Mirror {
                         mirror.checks.lock().remove(&object.id());
                         result
                     });
-                    async move {
+                    let waiters = Arc::new(Waiters(task.abort_handle()));
+                    let result = async move {
                         task.await.unwrap_or_else(|_| {
                             Err(MirrorError::Manifest {
                                 what: digest.map(|d| d.to_string()).unwrap_or_default(),
@@ -478,9 +532,15 @@ impl Mirror {
                         })
                     }
                     .boxed()
-                    .shared()
-                })
-                .clone()
+                    .shared();
+                    let check = Check {
+                        result: result.clone(),
+                        waiters: Arc::downgrade(&waiters),
+                    };
+                    checks.insert(id, check);
+                    (result, waiters)
+                }
+            }
         };
         check.await
     }

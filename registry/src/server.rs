@@ -7,7 +7,9 @@
 //! status. Past it, the headers go out (the length and digest are known) so that the client's
 //! wait for them does not run out while a large layer is fetched, and the body follows once the
 //! content is verified, or is cut short if it fails: the client's pull then fails, and no
-//! unverified byte is ever sent.
+//! unverified byte is ever sent. A client that goes away stops waiting; once no request or
+//! job waits for the content, its fetch stops (the parts in flight end, no more start).
+//! Content larger than the cache's capacity is refused (`503`) before anything is fetched.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -297,7 +299,15 @@ async fn send(
     range: std::ops::Range<u64>,
     tx: mpsc::Sender<Bytes>,
 ) {
-    let hashes = match mirror.verified(&object).await {
+    // A client that goes away stops waiting: when none waits any more, the fetch stops.
+    let verified = tokio::select! {
+        verified = mirror.verified(&object) => verified,
+        () = tx.closed() => {
+            tracing::debug!(key = %object.version().key, "the client went away before the content was verified");
+            return;
+        }
+    };
+    let hashes = match verified {
         Ok(hashes) => hashes,
         Err(error) => {
             tracing::warn!(key = %object.version().key, %error, "registry answer cut: the content could not be verified");
@@ -357,7 +367,9 @@ fn mirror_failure(error: &MirrorError, asked: Asked) -> Response<Body> {
             (StatusCode::BAD_GATEWAY, invalid)
         }
         MirrorError::DigestMismatch(_) => (StatusCode::BAD_GATEWAY, "DIGEST_INVALID"),
-        MirrorError::Fill { .. } => (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE"),
+        MirrorError::Fill { .. } | MirrorError::TooLarge { .. } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE")
+        }
     };
     tracing::debug!(%error, %status, "registry request failed");
     failure(status, code, &error.to_string())
