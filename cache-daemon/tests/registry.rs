@@ -180,6 +180,24 @@ impl Mirror {
     }
 }
 
+/// `GET path` on `address`, read until the connection ends: the status, the head and the
+/// body's bytes (as many as came).
+fn get_bytes(address: &str, path: &str) -> (u16, String, Vec<u8>) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut answer = Vec::new();
+    // A cut answer ends with an error (a reset) or an early end: what came is kept.
+    let _ = stream.read_to_end(&mut answer);
+    let at = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+    let head = String::from_utf8_lossy(&answer[..at]).into_owned();
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).expect("a status");
+    (status, head, answer[at..].to_vec())
+}
+
 /// `GET path` on `address`: the status and the body as text.
 fn get(address: &str, path: &str) -> (u16, String) {
     let (status, _, body) = http_get(address, path, &[]).expect("GET");
@@ -273,7 +291,8 @@ fn containerd_pulls_through_the_mirror_once_from_upstream_even_after_a_restart_o
 
 #[test]
 fn a_tampering_upstream_gets_no_bad_byte_to_containerd_or_into_the_cache() {
-    let image = TestImage::write(12, 8 << 20).expect("image");
+    // Layers of 8 MiB: two blocks, the first sent before the digest is checked.
+    let image = TestImage::write(12, 32 << 20).expect("image");
     let mirror = Mirror::start(&image, None, &[]);
     let hosts = mirror.mirror_only_hosts_dir();
     let containerd = Containerd::start().expect("containerd");
@@ -295,14 +314,21 @@ fn a_tampering_upstream_gets_no_bad_byte_to_containerd_or_into_the_cache() {
         "tampered layers reached containerd: {kept:?}"
     );
     assert!(mirror.metric("larder_registry_digest_mismatches_total") >= 1.0);
-    // The mirror answers a blob whose bytes fail their digest with an error, not the bytes.
-    let layer = &image.images[0].layers[0].digest;
-    let (status, body) = get(
-        &mirror.address,
-        &format!("/v2/{}/blobs/{layer}?ns={HOST}", "larder/test"),
-    );
-    assert_eq!(status, 502, "{body}");
-    assert!(body.contains("DIGEST_INVALID"), "{body}");
+    // A blob whose bytes fail their digest never completes: its answer is cut short of its
+    // length (its first block went out before the end was checked), or, when the verdict came
+    // before the headers, it is an error.
+    let layer = &image.images[0].layers[0];
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    let (status, head, body) = get_bytes(&mirror.address, &path);
+    if status == 200 {
+        assert!(
+            (body.len() as u64) < layer.size,
+            "a tampered blob was sent whole: {head}"
+        );
+    } else {
+        assert_eq!(status, 502, "{head}");
+        assert!(String::from_utf8_lossy(&body).contains("DIGEST_INVALID"));
+    }
 
     // The tampered bytes were not kept: with the upstream honest again, the pull succeeds.
     mirror.proxy.set_fault(Fault::PassThrough);
@@ -647,9 +673,10 @@ fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() 
     assert!(body.contains("more than the cache can hold"), "{body}");
     assert_eq!(mirror.upstream_blob_bytes(), 0, "the oversize blob was fetched");
 
-    // 1 MiB/s from the upstream: the 32 MiB layer would take about 32 s. The client takes
-    // the headers (sent once the mirror has waited 5 s) and goes; the parts in flight then
-    // (4 of 4 MiB) end, and no more start.
+    // 1 MiB/s from the upstream: the 32 MiB layer would take about 32 s. The blocks stream
+    // (all but the last go out as they are hashed): the client gets the first block while
+    // the upstream is still sending, then goes; the parts in flight then (4 of 4 MiB) end,
+    // and no more start.
     mirror.proxy.set_fault(Fault::Bandwidth(1 << 20));
     let mut stream = TcpStream::connect(&mirror.address).expect("connect");
     let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
@@ -663,6 +690,14 @@ fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() 
         head.starts_with(b"HTTP/1.1 200"),
         "{}",
         String::from_utf8_lossy(&head)
+    );
+    let mut first_block = vec![0; 4 << 20];
+    stream.read_exact(&mut first_block).expect("the first block");
+    let fetched = mirror.upstream_blob_bytes();
+    assert!(
+        fetched < layer.size,
+        "the first block waited for the whole layer ({fetched} of {} bytes fetched)",
+        layer.size
     );
     drop(stream);
     // The upstream's bytes stop growing (each second's count the same as the last), short of

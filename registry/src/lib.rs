@@ -132,13 +132,46 @@ type SharedCheck = Shared<BoxFuture<'static, Result<Verified, MirrorError>>>;
 #[derive(Debug)]
 struct Check {
     result: SharedCheck,
+    progress: tokio::sync::watch::Receiver<Progress>,
     waiters: std::sync::Weak<Waiters>,
+}
+
+/// How far a check has hashed its content, in order: the BLAKE3 of each block hashed so far
+/// in this attempt (a second attempt, after a mismatch, starts again from none).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Progress {
+    /// Which attempt: a block sent from another attempt's progress is not this one's.
+    pub(crate) attempt: u32,
+    /// Whether its blocks may go out before the verdict: only when the attempt found none of
+    /// the content in the cache, so that every block is one it fetched itself. Blocks left by
+    /// a check stopped before its verdict are never sent unchecked (they may be an upstream's
+    /// tampered bytes, written after the check stopped).
+    pub(crate) early: bool,
+    /// The blocks' BLAKE3 so far.
+    pub(crate) hashes: Vec<[u8; 32]>,
+}
+
+/// The check of some content, for a request that follows it.
+#[derive(Debug)]
+pub(crate) enum Following {
+    /// Verified already.
+    Verified(Verified),
+    /// Under way: its result, how far it has hashed, and this request's place among those
+    /// waiting (dropped, it no longer keeps the check going).
+    UnderWay {
+        /// The check's result.
+        result: SharedCheck,
+        /// How far it has hashed.
+        progress: tokio::sync::watch::Receiver<Progress>,
+        /// Keeps the check going.
+        waiting: Arc<Waiters>,
+    },
 }
 
 /// Held by each request or job waiting for a check; the check's task is aborted when the last
 /// is dropped: nobody wants the content any more, so its fetch stops.
 #[derive(Debug)]
-struct Waiters(tokio::task::AbortHandle);
+pub(crate) struct Waiters(tokio::task::AbortHandle);
 
 impl Drop for Waiters {
     fn drop(&mut self) {
@@ -488,9 +521,21 @@ impl Mirror {
     /// The BLAKE3 of each block of `object` once its bytes, whole in the cache, hash to the
     /// digest that names it: filled (or found) and hashed once however many ask at once.
     pub async fn verified(self: &Arc<Self>, object: &Arc<OpenObject>) -> Result<Verified, MirrorError> {
+        match self.follow(object) {
+            Following::Verified(hashes) => Ok(hashes),
+            Following::UnderWay { result, waiting, .. } => {
+                let result = result.await;
+                drop(waiting);
+                result
+            }
+        }
+    }
+
+    /// The check of `object`: done already, or under way (started now if nobody had).
+    pub(crate) fn follow(self: &Arc<Self>, object: &Arc<OpenObject>) -> Following {
         let id = object.id();
         if let Some(hashes) = self.verified.lock().get(&id) {
-            return Ok(hashes.clone());
+            return Following::Verified(hashes.clone());
         }
         // Checked before a restart, and the store holds the very blocks that were checked
         // (each is checked against its hash again as it is sent).
@@ -503,72 +548,91 @@ impl Mirror {
         {
             let hashes: Verified = hashes.into();
             self.verified.lock().insert(id, hashes.clone());
-            return Ok(hashes);
+            return Following::Verified(hashes);
         }
-        let (check, _waiting) = {
-            let mut checks = self.checks.lock();
-            let under_way = checks
-                .get(&id)
-                .and_then(|check| Some((check.result.clone(), check.waiters.upgrade()?)));
-            match under_way {
-                Some(under_way) => under_way,
-                None => {
-                    // A task of its own, so that a request that goes away does not cut it for
-                    // the others waiting; the last one to go stops it.
-                    let digest = digest_of(object);
-                    let (mirror, object) = (self.clone(), object.clone());
-                    let task = tokio::spawn(async move {
-                        let result = mirror.check(&object).await;
-                        mirror.checks.lock().remove(&object.id());
-                        result
-                    });
-                    let waiters = Arc::new(Waiters(task.abort_handle()));
-                    let result = async move {
-                        task.await.unwrap_or_else(|_| {
-                            Err(MirrorError::Manifest {
-                                what: digest.map(|d| d.to_string()).unwrap_or_default(),
-                                reason: "the check was abandoned".into(),
-                            })
-                        })
-                    }
-                    .boxed()
-                    .shared();
-                    let check = Check {
-                        result: result.clone(),
-                        waiters: Arc::downgrade(&waiters),
-                    };
-                    checks.insert(id, check);
-                    (result, waiters)
-                }
-            }
+        let mut checks = self.checks.lock();
+        if let Some(check) = checks.get(&id)
+            && let Some(waiting) = check.waiters.upgrade()
+        {
+            return Following::UnderWay {
+                result: check.result.clone(),
+                progress: check.progress.clone(),
+                waiting,
+            };
+        }
+        // A task of its own, so that a request that goes away does not cut it for the others
+        // waiting; the last one to go stops it.
+        let digest = digest_of(object);
+        let (mirror, object) = (self.clone(), object.clone());
+        let (progress, following) = tokio::sync::watch::channel(Progress::default());
+        let task = tokio::spawn(async move {
+            let result = mirror.check(&object, &progress).await;
+            mirror.checks.lock().remove(&object.id());
+            result
+        });
+        let waiting = Arc::new(Waiters(task.abort_handle()));
+        let result = async move {
+            task.await.unwrap_or_else(|_| {
+                Err(MirrorError::Manifest {
+                    what: digest.map(|d| d.to_string()).unwrap_or_default(),
+                    reason: "the check was abandoned".into(),
+                })
+            })
+        }
+        .boxed()
+        .shared();
+        let check = Check {
+            result: result.clone(),
+            progress: following.clone(),
+            waiters: Arc::downgrade(&waiting),
         };
-        check.await
+        checks.insert(id, check);
+        Following::UnderWay {
+            result,
+            progress: following,
+            waiting,
+        }
     }
 
-    /// Fills `object` whole and hashes it against its digest; a mismatch drops it from the
-    /// cache and tries once more.
-    async fn check(&self, object: &Arc<OpenObject>) -> Result<Verified, MirrorError> {
+    /// Fills `object` whole and hashes it against its digest, saying in `progress` how far it
+    /// has hashed; a mismatch drops it from the cache and tries once more.
+    async fn check(
+        &self,
+        object: &Arc<OpenObject>,
+        progress: &tokio::sync::watch::Sender<Progress>,
+    ) -> Result<Verified, MirrorError> {
         let digest = digest_of(object).ok_or_else(|| MirrorError::Manifest {
             what: object.version().key.clone(),
             reason: "not content named by a digest".into(),
         })?;
-        for _ in 0..2 {
+        let store = self.cache.store();
+        let blocks = object.version().size.div_ceil(store.block_size()) as u32;
+        for attempt in 0..2 {
+            let early = (0..blocks).all(|index| !store.contains(object.id(), index));
+            progress.send_replace(Progress {
+                attempt,
+                early,
+                hashes: Vec::new(),
+            });
             let failed = Mutex::new(None);
-            self.cache
+            // The parts are fetched ahead, several at once, while the blocks are hashed in
+            // order as they arrive.
+            let fills = self
+                .cache
                 .fill_objects(vec![object.clone()], PARTS_AT_ONCE, |_, _, result| match result {
                     Ok(_) => true,
                     Err(error) => {
                         failed.lock().get_or_insert(error);
                         false
                     }
-                })
-                .await;
+                });
+            add(&self.stats.registry_digest_checks, 1);
+            let ((), hashed) = tokio::join!(fills, self.hash(object, &digest, progress));
             if let Some(source) = failed.into_inner() {
                 self.unfetchable(object, &digest).await;
                 return Err(MirrorError::Fill { digest, source });
             }
-            add(&self.stats.registry_digest_checks, 1);
-            let (sha256, hashes) = self.hash(object, &digest).await?;
+            let (sha256, hashes) = hashed?;
             if sha256.as_slice() == hex::decode(digest.hex()).unwrap_or_default().as_slice() {
                 let hashes: Verified = hashes.into();
                 {
@@ -614,6 +678,7 @@ impl Mirror {
         &self,
         object: &Arc<OpenObject>,
         digest: &Digest,
+        progress: &tokio::sync::watch::Sender<Progress>,
     ) -> Result<([u8; 32], Vec<[u8; 32]>), MirrorError> {
         let count = object.version().size.div_ceil(self.cache.store().block_size()) as u32;
         let mut sha = Sha256::new();
@@ -638,12 +703,18 @@ impl Mirror {
             })?;
             sha = back;
             hashes.push(hash);
+            progress.send_modify(|progress| progress.hashes.push(hash));
         }
         Ok((sha.finalize().into(), hashes))
     }
 
     /// Block `index` of a verified `object`, if it is still the block that was verified.
-    async fn verified_block(&self, object: &Arc<OpenObject>, hashes: &Verified, index: u32) -> Option<Bytes> {
+    async fn verified_block(
+        &self,
+        object: &Arc<OpenObject>,
+        expected: &[u8; 32],
+        index: u32,
+    ) -> Option<Bytes> {
         let bytes = match self.cache.block_for_peer(object, index).await {
             Ok(bytes) => bytes,
             Err(error) => {
@@ -651,7 +722,7 @@ impl Mirror {
                 return None;
             }
         };
-        if hashes.get(index as usize) == Some(blake3::hash(&bytes).as_bytes()) {
+        if expected == blake3::hash(&bytes).as_bytes() {
             return Some(bytes);
         }
         // Refetched since it was verified, and not the same bytes: dropped, and the content
@@ -673,14 +744,14 @@ impl Mirror {
     async fn read_manifest(self: &Arc<Self>, object: &Arc<OpenObject>) -> Result<Bytes, MirrorError> {
         let hashes = self.verified(object).await?;
         let mut bytes = Vec::with_capacity(object.version().size as usize);
-        for index in 0..hashes.len() as u32 {
-            let block =
-                self.verified_block(object, &hashes, index)
-                    .await
-                    .ok_or_else(|| MirrorError::Manifest {
-                        what: object.version().key.clone(),
-                        reason: "changed in the cache while read".into(),
-                    })?;
+        for (index, hash) in hashes.iter().enumerate() {
+            let block = self
+                .verified_block(object, hash, index as u32)
+                .await
+                .ok_or_else(|| MirrorError::Manifest {
+                    what: object.version().key.clone(),
+                    reason: "changed in the cache while read".into(),
+                })?;
             bytes.extend_from_slice(&block);
         }
         Ok(bytes.into())

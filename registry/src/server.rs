@@ -2,12 +2,12 @@
 //! blobs, a repository's tags (from the upstream, uncached), and errors in the distribution
 //! API's shape (`{"errors":[{"code","message"}]}`) with its codes.
 //!
-//! A `GET` of content waits for it to be verified ([`Mirror::verified`]) up to
-//! [`HEADERS_WITHIN`]: what fails by then (an unknown blob, an upstream down) gets its error
-//! status. Past it, the headers go out (the length and digest are known) so that the client's
-//! wait for them does not run out while a large layer is fetched, and the body follows once the
-//! content is verified, or is cut short if it fails: the client's pull then fails, and no
-//! unverified byte is ever sent. A client that goes away stops waiting; once no request or
+//! A `GET` of content follows its check (`Mirror::follow`): the blocks of a whole object go
+//! out as the check hashes them in order, all but the last, which waits for the SHA-256 to
+//! match the digest, so content that does not never completes at the client (a range, and an
+//! object of one block, wait for the verdict). The headers go once the first block can, once
+//! the content is verified, or after [`HEADERS_WITHIN`]: what fails by then (an unknown blob,
+//! an upstream down) gets its error status. A client that goes away stops waiting; once no request or
 //! job waits for the content, its fetch stops (the parts in flight end, no more start).
 //! Content larger than the cache's capacity is refused (`503`) before anything is fetched.
 
@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use super::reference::{Reference, Route, RouteError};
 use super::upstream::UpstreamError;
-use super::{INDEX_TYPES, Mirror, MirrorError};
+use super::{Following, INDEX_TYPES, Mirror, MirrorError, Progress};
 
 /// How long a `GET` waits for its content to be verified before its headers go out.
 pub const HEADERS_WITHIN: Duration = Duration::from_secs(5);
@@ -265,13 +265,33 @@ async fn content(
     let mut response = if head {
         http::full(status, "application/octet-stream", Bytes::new())
     } else {
-        // What fails at once gets its status; what takes long gets its headers first.
-        let checked = tokio::time::timeout(HEADERS_WITHIN, mirror.verified(&object)).await;
-        if let Ok(Err(error)) = checked {
-            return Err(error);
+        // What fails at once gets its status; the headers go once a block can (the first of
+        // content of several blocks, whole, is hashed), once the content is verified, or after
+        // HEADERS_WITHIN whatever takes long.
+        let mut following = mirror.follow(&object);
+        let streams = range == (0..size) && size > mirror.cache.store().block_size();
+        if let Following::UnderWay { result, progress, .. } = &mut following {
+            let started = async {
+                let first_block = async {
+                    let hashed = progress
+                        .wait_for(|p| p.early && !p.hashes.is_empty())
+                        .await
+                        .is_ok();
+                    if !(hashed && streams) {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    verified = result.clone() => verified.map(drop),
+                    () = first_block => Ok(()),
+                }
+            };
+            if let Ok(Err(error)) = tokio::time::timeout(HEADERS_WITHIN, started).await {
+                return Err(error);
+            }
         }
         let (tx, rx) = mpsc::channel(2);
-        tokio::spawn(send(mirror.clone(), object, range.clone(), tx));
+        tokio::spawn(send(mirror.clone(), object, range.clone(), tx, following));
         let mut response = Response::new(http::channel_body(rx));
         *response.status_mut() = status;
         response
@@ -291,34 +311,76 @@ async fn content(
     Ok(response)
 }
 
-/// Sends `range` of `object` once it is verified, each block checked against the BLAKE3 it
-/// was verified with; stops (cutting the answer short) on any failure.
+/// Sends `range` of `object`, each block checked against the BLAKE3 it was hashed with, as
+/// `following` allows: a block of the whole content as soon as the check has hashed it in
+/// order, but the last only once the whole content matches its digest (so that content that
+/// does not never completes at the client); a range only once the whole is verified. Stops
+/// (cutting the answer short) on any failure, and when the client goes away.
 async fn send(
     mirror: Arc<Mirror>,
     object: Arc<OpenObject>,
     range: std::ops::Range<u64>,
     tx: mpsc::Sender<Bytes>,
+    following: Following,
 ) {
-    // A client that goes away stops waiting: when none waits any more, the fetch stops.
-    let verified = tokio::select! {
-        verified = mirror.verified(&object) => verified,
-        () = tx.closed() => {
-            tracing::debug!(key = %object.version().key, "the client went away before the content was verified");
-            return;
-        }
-    };
-    let hashes = match verified {
-        Ok(hashes) => hashes,
-        Err(error) => {
-            tracing::warn!(key = %object.version().key, %error, "registry answer cut: the content could not be verified");
-            return;
-        }
-    };
+    let key = object.version().key.clone();
+    let size = object.version().size;
     let block_size = mirror.cache.store().block_size();
+    let whole = range == (0..size);
+    let (mut hashes, mut under_way) = match following {
+        Following::Verified(hashes) => (Some(hashes), None),
+        Following::UnderWay {
+            result,
+            progress,
+            waiting,
+        } => (None, Some((result, progress, waiting))),
+    };
+    // The check's attempt the bytes sent so far came from.
+    let mut sent_from = None;
     let mut at = range.start;
     while at < range.end {
         let index = (at / block_size) as u32;
-        let Some(block) = mirror.verified_block(&object, &hashes, index).await else {
+        let holds_end = u64::from(index + 1) * block_size >= size;
+        let expected = match (&hashes, &mut under_way) {
+            (Some(hashes), _) => hashes.get(index as usize).copied(),
+            (None, None) => None,
+            (None, Some((result, progress, _))) => {
+                let hashed = tokio::select! {
+                    hashed = hashed_block(progress, index, whole && !holds_end) => Ok(hashed),
+                    verified = result.clone() => Err(verified),
+                    () = tx.closed() => {
+                        tracing::debug!(%key, at, "the client went away before the content was verified");
+                        return;
+                    }
+                };
+                match hashed {
+                    Ok((attempt, hash)) if sent_from.is_none_or(|from| from == attempt) => {
+                        sent_from = Some(attempt);
+                        Some(hash)
+                    }
+                    Ok(_) => None,
+                    Err(Ok(verified)) => {
+                        let attempt = progress.borrow().attempt;
+                        if sent_from.is_some_and(|from| from != attempt) {
+                            tracing::warn!(%key, "registry answer cut: the bytes sent were of an attempt that failed its digest");
+                            return;
+                        }
+                        let hash = verified.get(index as usize).copied();
+                        hashes = Some(verified);
+                        hash
+                    }
+                    Err(Err(error)) => {
+                        tracing::warn!(%key, %error, "registry answer cut: the content could not be verified");
+                        return;
+                    }
+                }
+            }
+        };
+        let Some(expected) = expected else {
+            tracing::warn!(%key, index, "registry answer cut: the check started again after a mismatch");
+            return;
+        };
+        let Some(block) = mirror.verified_block(&object, &expected, index).await else {
             return;
         };
         let start = (at - u64::from(index) * block_size) as usize;
@@ -327,10 +389,28 @@ async fn send(
         at += chunk.len() as u64;
         add(&mirror.stats.registry_sent_bytes, chunk.len() as u64);
         if tx.send(chunk).await.is_err() {
-            tracing::debug!(key = %object.version().key, at, "the client went away");
+            tracing::debug!(%key, at, "the client went away");
             return;
         }
     }
+}
+
+/// The attempt and BLAKE3 of block `index` once the check has hashed it, if it may go before
+/// the whole content is verified (`early`, and the attempt's blocks may); else never (the
+/// caller waits for the result).
+async fn hashed_block(
+    progress: &mut tokio::sync::watch::Receiver<Progress>,
+    index: u32,
+    early: bool,
+) -> (u32, [u8; 32]) {
+    if early
+        && let Ok(progress) = progress
+            .wait_for(|p| p.early && p.hashes.len() > index as usize)
+            .await
+    {
+        return (progress.attempt, progress.hashes[index as usize]);
+    }
+    std::future::pending().await
 }
 
 /// The distribution API's error answer.
