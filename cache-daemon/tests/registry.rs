@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use larder_tests::daemon::DaemonProcess;
 use larder_tests::free_port;
 use larder_tests::oci::{
-    Containerd, Registry, TestImage, hosts_dir, http_get, inspect, is_blob_get, push, write_auth_file,
+    Containerd, Podman, Registry, TestImage, hosts_dir, http_get, inspect, is_blob_get, push, write_auth_file,
 };
 use larder_tests::{Bucket, Fault, RecordingProxy, S3Server};
 
@@ -721,4 +721,50 @@ fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() 
     mirror.proxy.set_fault(Fault::PassThrough);
     let (status, head, _) = http_get(&mirror.address, &path, &[]).expect("GET");
     assert_eq!(status, 200, "{head}");
+}
+
+/// podman (the containers/image library CRI-O uses) pulls through the mirror with the
+/// registries.conf of docs/REGISTRY.md ("CRI-O (and podman)"), the registry itself
+/// unreachable (its name resolves nowhere): every layer right; after a restart of the daemon
+/// the same pull fetches no blob from the upstream.
+#[test]
+fn podman_pulls_through_the_mirror_with_the_documented_registries_conf() {
+    let image = TestImage::write(21, 8 << 20).expect("image");
+    let mut mirror = Mirror::start(&image, None, &[]);
+    let conf = format!(
+        "[[registry]]\nlocation = \"{HOST}\"\n\n[[registry.mirror]]\nlocation = \"{}/{HOST}\"\ninsecure = true\n",
+        mirror.address
+    );
+    let reference = format!("{HOST}/{REPO_TAG}");
+    let amd64 = image.image("linux/amd64").expect("amd64");
+    let layers: Vec<&str> = amd64.layers.iter().map(|l| l.digest.as_str()).collect();
+    let mut upstream = 0;
+    for round in ["cold", "after a restart"] {
+        let podman = Podman::new(&conf).expect("podman");
+        podman
+            .run_ok(&["pull", "--quiet", "--arch", "amd64", "--os", "linux", &reference])
+            .unwrap_or_else(|e| panic!("{round}: {e:#}"));
+        // The test's layers are plain tar: their digests are their diff ids.
+        let pulled = podman
+            .run_ok(&[
+                "image",
+                "inspect",
+                "--format",
+                "{{json .RootFS.Layers}}",
+                &reference,
+            ])
+            .expect("inspect");
+        let pulled: Vec<String> = serde_json::from_str(pulled.trim()).expect("JSON");
+        assert_eq!(pulled, layers, "{round}");
+        if round == "cold" {
+            upstream = mirror.upstream_blob_bytes();
+            assert!(upstream > 0);
+            mirror.restart();
+        }
+    }
+    assert_eq!(
+        mirror.upstream_blob_bytes(),
+        upstream,
+        "the pull after a restart fetched blobs"
+    );
 }

@@ -895,6 +895,45 @@ pub fn inspect(registry: &str, reference: &str) -> anyhow::Result<serde_json::Va
     Ok(serde_json::from_slice(&output.stdout)?)
 }
 
+/// `podman` (the containers/image library CRI-O pulls with) with a storage of its own under a
+/// temporary directory (`--root`, `--runroot`, the `vfs` driver: the host's is untouched) and
+/// a `registries.conf` of its own.
+#[derive(Debug)]
+pub struct Podman {
+    dir: TempDir,
+}
+
+impl Podman {
+    /// A podman reading `registries_conf` (the text of a `registries.conf`).
+    pub fn new(registries_conf: &str) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("larder-podman").tempdir()?;
+        std::fs::write(dir.path().join("registries.conf"), registries_conf)?;
+        Ok(Self { dir })
+    }
+
+    /// Runs `podman args...`; its output, whatever its status.
+    pub fn run(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let root = self.dir.path();
+        let mut podman = Command::new("podman");
+        podman
+            .env("CONTAINERS_REGISTRIES_CONF", root.join("registries.conf"))
+            .arg("--root")
+            .arg(root.join("storage"))
+            .arg("--runroot")
+            .arg(root.join("run"))
+            .args(["--storage-driver", "vfs", "--events-backend", "none"])
+            .args(args);
+        run(&mut podman)
+    }
+
+    /// Runs `podman args...` and fails unless it succeeds; its standard output.
+    pub fn run_ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = self.run(args)?;
+        ensure!(output.status.success(), "podman {args:?}: {}", said(&output));
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
 /// Writes the credentials `user` and `password` of the registry at `registry` (`host:port`)
 /// into the Docker config file `path` (`{"auths": {"<registry>": {"auth": ...}}}`, what
 /// `docker login` writes), with `skopeo login`, which checks them with the registry first.
