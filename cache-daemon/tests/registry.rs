@@ -768,3 +768,26 @@ fn podman_pulls_through_the_mirror_with_the_documented_registries_conf() {
         "the pull after a restart fetched blobs"
     );
 }
+
+/// Tokens that last two seconds: once the mirror's token has expired, its next request to the
+/// registry gets a 401, the mirror asks the token service for a new one, and the client never
+/// sees the 401. Both pulls' tag resolutions reach the registry (tag TTL 0), the second one
+/// past the first token's life.
+#[test]
+fn an_expired_token_is_renewed() {
+    let image = TestImage::write(22, 4 << 20).expect("image");
+    let registry = Registry::start_with_short_tokens(Duration::from_secs(2)).expect("registry");
+    let mirror = Mirror::start_on(registry, &image, None, &["--registry-tag-ttl", "0s"]);
+    let path = format!("/v2/larder/test/manifests/v1?ns={HOST}");
+    let (status, body) = get(&mirror.address, &path);
+    assert_eq!(status, 200, "{body}");
+    let issued = mirror.registry.tokens_issued().len();
+    // Past the token's life.
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, body) = get(&mirror.address, &path);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        mirror.registry.tokens_issued().len() > issued,
+        "no new token after the first expired"
+    );
+}

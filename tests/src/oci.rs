@@ -182,8 +182,9 @@ enum Auth<'a> {
     Anyone,
     /// htpasswd Basic auth with this user and password.
     Htpasswd(&'a str, &'a str),
-    /// Token auth with a [`TokenServer`] of this user (anyone when `None`), on this address.
-    Token(Option<(&'a str, &'a str)>, Ipv4Addr),
+    /// Token auth with a [`TokenServer`] of this user (anyone when `None`), on this address,
+    /// whose tokens the registry takes for this many seconds.
+    Token(Option<(&'a str, &'a str)>, Ipv4Addr, u64),
 }
 
 /// A running `docker-registry serve` on `127.0.0.1:<free port>` with filesystem storage in a
@@ -213,13 +214,20 @@ impl Registry {
     /// `Bearer` challenge naming its own token server, which gives pull and push tokens for any
     /// repository to anyone, or only to `user` (user and password, as Basic credentials).
     pub fn start_with_token_auth(user: Option<(&str, &str)>) -> anyhow::Result<Self> {
-        Self::start_with_auth(Auth::Token(user, Ipv4Addr::LOCALHOST))
+        Self::start_with_auth(Auth::Token(user, Ipv4Addr::LOCALHOST, TOKEN_LIFE))
     }
 
     /// As [`Registry::start_with_token_auth`], with the token server on `address` (another
     /// host than the registry's 127.0.0.1, such as 127.0.0.2).
     pub fn start_with_token_auth_at(user: Option<(&str, &str)>, address: Ipv4Addr) -> anyhow::Result<Self> {
-        Self::start_with_auth(Auth::Token(user, address))
+        Self::start_with_auth(Auth::Token(user, address, TOKEN_LIFE))
+    }
+
+    /// As [`Registry::start_with_token_auth`], with tokens that last `life` (what the token
+    /// server says, `expires_in`, and their `exp`; the registry itself allows a minute past
+    /// it): a client must ask for a new token when its own expires.
+    pub fn start_with_short_tokens(life: Duration) -> anyhow::Result<Self> {
+        Self::start_with_auth(Auth::Token(None, Ipv4Addr::LOCALHOST, life.as_secs().max(1)))
     }
 
     /// Starts the registry with `auth`. Its port is free when chosen but not held until the
@@ -263,8 +271,8 @@ impl Registry {
                 std::fs::write(&htpasswd, &hashed.stdout)?;
                 config["auth"] = json!({ "htpasswd": { "realm": "larder-test", "path": htpasswd } });
             }
-            Auth::Token(user, address) => {
-                let server = TokenServer::start(dir.path(), user, address)?;
+            Auth::Token(user, address, life) => {
+                let server = TokenServer::start(dir.path(), user, address, life)?;
                 config["auth"] = json!({ "token": {
                     "realm": server.realm(),
                     "service": TOKEN_SERVICE,
@@ -382,12 +390,14 @@ struct TokenIssuer {
     user: Option<(String, String)>,
     /// Every token given, oldest first.
     issued: Mutex<Vec<String>>,
+    /// Seconds the tokens are good for (their `exp`, and the `expires_in` of the answer).
+    life: u64,
 }
 
 impl TokenServer {
     /// Makes a key and its certificate in `dir` and starts serving tokens to `user` (anyone
-    /// when `None`) on `address`.
-    fn start(dir: &Path, user: Option<(&str, &str)>, address: Ipv4Addr) -> anyhow::Result<Self> {
+    /// when `None`) on `address`, good for `life` seconds.
+    fn start(dir: &Path, user: Option<(&str, &str)>, address: Ipv4Addr, life: u64) -> anyhow::Result<Self> {
         let key = dir.join("token-key.pem");
         let certificate = dir.join("token-cert.pem");
         let made = run(Command::new("openssl")
@@ -409,6 +419,7 @@ impl TokenServer {
                 (name.to_owned(), basic)
             }),
             issued: Mutex::new(Vec::new()),
+            life,
         });
         let listener = TcpListener::bind((address, 0))?;
         let address = listener.local_addr()?.to_string();
@@ -544,7 +555,7 @@ impl TokenIssuer {
             })
             .collect();
         let token = self.sign(subject, &access)?;
-        let answer = json!({ "token": token, "access_token": token, "expires_in": TOKEN_LIFE });
+        let answer = json!({ "token": token, "access_token": token, "expires_in": self.life });
         self.issued.lock().push(token);
         Ok(("200 OK", String::new(), answer.to_string()))
     }
@@ -560,7 +571,7 @@ impl TokenIssuer {
             "iss": TOKEN_ISSUER,
             "sub": subject,
             "aud": TOKEN_SERVICE,
-            "exp": now + TOKEN_LIFE,
+            "exp": now + self.life,
             "nbf": now,
             "iat": now,
             "jti": format!("larder-test-{now}-{serial}"),
