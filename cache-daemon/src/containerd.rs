@@ -39,7 +39,7 @@ pub fn hosts_toml(host: &str, server: &str, mirror: SocketAddr) -> String {
 
 /// Runs `larder containerd-config`.
 pub fn run(args: ContainerdConfigArgs) -> anyhow::Result<()> {
-    let config = args.config.load()?;
+    let config = args.config.load_sources_optional()?;
     let registry = &config.registry;
     let Some(mirror) = registry.listen else {
         bail!(

@@ -176,3 +176,34 @@ async fn an_unknown_larder_variable_is_warned_about() {
         "a known variable is warned about:\n{log}"
     );
 }
+
+/// `larder containerd-config` reads only `[registry]`: it needs no source, with or without a
+/// config file, and writes or prints the same files.
+#[test]
+fn containerd_config_needs_no_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("larder.toml");
+    std::fs::write(&config, "[registry]\nupstreams = [\"nvcr.io\"]\n").expect("config");
+    let hosts = dir.path().join("certs.d");
+    let runs: [&[&str]; 2] = [
+        &["containerd-config", "--registry-upstream", "nvcr.io"],
+        &[
+            "containerd-config",
+            "--config",
+            config.to_str().unwrap(),
+            "--dir",
+            hosts.to_str().unwrap(),
+        ],
+    ];
+    for args in runs {
+        let output = Command::new(BIN)
+            .args(args)
+            .env_remove("LARDER_SOURCES")
+            .env_remove("LARDER_CONFIG")
+            .output()
+            .expect("run larder");
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+    }
+    let written = std::fs::read_to_string(hosts.join("nvcr.io/hosts.toml")).expect("hosts.toml");
+    assert!(written.contains("server = \"https://nvcr.io\""), "{written}");
+}

@@ -661,6 +661,16 @@ impl ConfigArgs {
     /// validates. Errors name the file, flag, variable or key and the bad
     /// value.
     pub fn load(&self) -> Result<Config, ConfigError> {
+        let config = self.load_sources_optional()?;
+        if config.sources.is_empty() {
+            return Err(ConfigError::NoSources);
+        }
+        Ok(config)
+    }
+
+    /// As [`ConfigArgs::load`], without requiring a source: for commands that read the
+    /// configuration but serve no source (`larder containerd-config` reads `[registry]`).
+    pub fn load_sources_optional(&self) -> Result<Config, ConfigError> {
         for (variable, closest) in unknown_variables(std::env::vars_os().map(|(name, _)| name)) {
             match closest {
                 Some(closest) => tracing::warn!(
@@ -690,7 +700,9 @@ impl ConfigArgs {
         };
         self.apply(&mut config, &mut names)?;
         config.normalise();
-        config.validate().map_err(|err| err.named_by(&names.overridden))?;
+        config
+            .validate_sources_optional()
+            .map_err(|err| err.named_by(&names.overridden))?;
         Ok(config)
     }
 
@@ -1489,6 +1501,19 @@ mod tests {
     fn no_file_and_no_sources_is_an_error() {
         let err = args(&[]).load().unwrap_err();
         assert!(matches!(err, ConfigError::NoSources), "{err}");
+    }
+
+    #[test]
+    fn a_command_that_serves_no_source_needs_none_but_checks_those_given() {
+        let config = args(&["--registry-upstream", "nvcr.io"])
+            .load_sources_optional()
+            .unwrap();
+        assert!(config.sources.is_empty());
+        assert_eq!(config.registry.upstreams[0].host, "nvcr.io");
+        let err = args(&["--source", "bad name=s3://x"])
+            .load_sources_optional()
+            .unwrap_err();
+        assert!(err.to_string().contains("bad name"), "{err}");
     }
 
     #[test]

@@ -48,6 +48,16 @@ impl Config {
     /// `cache.dir` exists it must be a directory (a missing one is fine,
     /// the daemon creates it).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_sources_optional()?;
+        if self.sources.is_empty() {
+            return Err(ConfigError::NoSources);
+        }
+        Ok(())
+    }
+
+    /// As [`Config::validate`], without requiring a `[[source]]` (the sources given are
+    /// checked all the same): for commands that read the configuration but serve no source.
+    pub fn validate_sources_optional(&self) -> Result<(), ConfigError> {
         validate_cache(&self.cache)?;
         validate_origin(&self.origin, self.cache.block_size)?;
         if self.mount.path.as_os_str().is_empty() {
@@ -264,9 +274,6 @@ fn validate_registry(registry: &RegistryConfig) -> Result<(), ConfigError> {
 }
 
 fn validate_sources(sources: &[SourceConfig]) -> Result<(), ConfigError> {
-    if sources.is_empty() {
-        return Err(ConfigError::NoSources);
-    }
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, source) in sources.iter().enumerate() {
         check_source_name(index, &source.name)?;
