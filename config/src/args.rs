@@ -457,6 +457,16 @@ struct Flags {
     )]
     registry_tag_ttl: Option<OsString>,
 
+    /// containerd's hosts directory, e.g. /etc/containerd/certs.d: a hosts.toml per upstream
+    /// while the mirror serves, removed at stop [registry.containerd_hosts_dir].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR",
+        value_name = "DIR",
+        help_heading = "Registry mirror"
+    )]
+    registry_containerd_hosts_dir: Option<OsString>,
+
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
     /// In LARDER_SOURCES, separate several with commas [source.name, source.url].
@@ -1119,6 +1129,14 @@ impl ConfigArgs {
             "registry_tag_ttl",
             duration::parse,
         )?;
+        set(
+            names,
+            &mut registry.containerd_hosts_dir,
+            &flags.registry_containerd_hosts_dir,
+            "registry.containerd_hosts_dir",
+            "registry_containerd_hosts_dir",
+            |text| Ok::<_, String>(Some(PathBuf::from(text))),
+        )?;
         let upstreams = self.list(names, "registry_upstream", &flags.registry_upstream)?;
         if !upstreams.is_empty() {
             registry.upstreams.clear();
@@ -1307,6 +1325,10 @@ mod tests {
             ("registry-upstream", "LARDER_REGISTRY_UPSTREAMS"),
             ("registry-credentials", "LARDER_REGISTRY_CREDENTIALS"),
             ("registry-tag-ttl", "LARDER_REGISTRY_TAG_TTL"),
+            (
+                "registry-containerd-hosts-dir",
+                "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR",
+            ),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),
@@ -1718,6 +1740,7 @@ mod tests {
         config.warm.api_server = Some("http://h".into());
         config.registry.upstreams.push("h".parse().unwrap());
         config.registry.credentials = Some("c".into());
+        config.registry.containerd_hosts_dir = Some("d".into());
         let value = toml::Value::try_from(&config).unwrap();
         let mut schema = BTreeSet::new();
         keys("", &value, &mut schema);

@@ -67,6 +67,7 @@
 //! upstreams = ["nvcr.io", "docker.io", "registry.local:5000=http://10.0.0.5:5000"]
 //! credentials = "/etc/larder/registry-auth.json"  # docker config.json format
 //! tag_ttl = "30s"
+//! containerd_hosts_dir = "/etc/containerd/certs.d"  # a hosts.toml per upstream while serving
 //!
 //! [[source]]
 //! name = "datasets"
@@ -526,6 +527,11 @@ pub struct RegistryConfig {
     /// tag whose upstream cannot be reached is served from the last answer. Default 30s.
     #[serde(with = "humantime_serde")]
     pub tag_ttl: Duration,
+    /// containerd's hosts directory (its `config_path`, e.g. `/etc/containerd/certs.d`): while
+    /// the mirror serves, the daemon keeps a `hosts.toml` there for each upstream that sends
+    /// containerd's pulls of it through the mirror, and removes them when it stops. Default
+    /// none: the daemon writes nothing (`larder containerd-config` writes them by hand).
+    pub containerd_hosts_dir: Option<PathBuf>,
 }
 
 /// The mirror's address when none is configured: loopback, next to the peer port.
@@ -539,6 +545,7 @@ impl Default for RegistryConfig {
             upstreams: Vec::new(),
             credentials: None,
             tag_ttl: Duration::from_secs(30),
+            containerd_hosts_dir: None,
         }
     }
 }
@@ -898,6 +905,7 @@ mod tests {
         upstreams = ["nvcr.io", "docker.io", "localhost:5001=http://127.0.0.2:5001"]
         credentials = "/etc/larder/auth.json"
         tag_ttl = "1m"
+        containerd_hosts_dir = "/etc/containerd/certs.d"
 
         [[source]]
         name = "datasets"
@@ -1070,6 +1078,7 @@ mod tests {
                     .to_vec(),
                 credentials: Some(PathBuf::from("/etc/larder/auth.json")),
                 tag_ttl: Duration::from_secs(60),
+                containerd_hosts_dir: Some(PathBuf::from("/etc/containerd/certs.d")),
             },
             sources: vec![
                 SourceConfig {
@@ -1130,6 +1139,7 @@ mod tests {
                 .map(|text| text.parse().unwrap())
                 .to_vec(),
             credentials: Some("/etc/larder/registry-auth.json".into()),
+            containerd_hosts_dir: Some("/etc/containerd/certs.d".into()),
             ..RegistryConfig::default()
         };
         assert_eq!(config, expected);

@@ -260,6 +260,17 @@ fn validate_warm(warm: &WarmConfig) -> Result<(), ConfigError> {
 }
 
 fn validate_registry(registry: &RegistryConfig) -> Result<(), ConfigError> {
+    if registry
+        .containerd_hosts_dir
+        .as_ref()
+        .is_some_and(|dir| dir.as_os_str().is_empty())
+    {
+        return Err(ConfigError::invalid(
+            "registry.containerd_hosts_dir",
+            "",
+            "must not be empty",
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     for upstream in &registry.upstreams {
         if !seen.insert(upstream.host.as_str()) {
@@ -659,6 +670,18 @@ mod tests {
             .enumerate()
             .map(|(i, url)| SourceConfig::new(format!("s{i}"), *url))
             .collect();
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn registry_upstreams_once_each_and_a_hosts_dir_that_names_one() {
+        let mut config = valid();
+        config.registry.upstreams = vec!["nvcr.io".parse().unwrap(), "nvcr.io".parse().unwrap()];
+        assert_invalid(&config, "registry.upstreams", "nvcr.io");
+        config.registry.upstreams.pop();
+        config.registry.containerd_hosts_dir = Some("".into());
+        assert_invalid(&config, "registry.containerd_hosts_dir", "");
+        config.registry.containerd_hosts_dir = Some("/etc/containerd/certs.d".into());
         config.validate().unwrap();
     }
 
