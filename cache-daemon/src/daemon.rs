@@ -9,6 +9,10 @@
 //! `/readyz` says "mounting" until the mount is up, then ready while the cache dir is the
 //! daemon's own, and "stopping" from SIGTERM on.
 //!
+//! With `registry.containerd_hosts_dir`, a `hosts.toml` per upstream is written there once the
+//! mirror listens and removed at SIGTERM (or when the start fails after it), so that containerd
+//! pulls through the mirror exactly while it serves ([`crate::containerd`]).
+//!
 //! With `warm.plan`, the plan is prefetched once the mount is up and the Node labelled while it
 //! is complete ([`crate::warm`]); a plan file that cannot be read stops the daemon from starting.
 //!
@@ -47,6 +51,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::containerd::{HostsError, MirrorHostsFiles};
 use crate::control::{self, Control};
 use crate::kube::{KubeError, NodeClient};
 use crate::metrics::{self, Phase, Snapshot};
@@ -146,6 +151,9 @@ pub enum DaemonError {
     /// The Kubernetes API client for warm-node labels cannot be set up.
     #[error(transparent)]
     Kube(#[from] KubeError),
+    /// containerd's hosts files cannot be written.
+    #[error(transparent)]
+    ContainerdHosts(#[from] HostsError),
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -261,10 +269,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => None,
     };
     let mut jobs = Jobs::new(cache.clone(), origins.clone(), mountpoint.clone(), stats.clone());
+    // Removed when dropped: at SIGTERM, or on any error from here on.
+    let mut hosts_files = None;
     let registry_task = match mirror {
         Some((address, mirror)) => {
             jobs = jobs.with_mirror(mirror.clone());
-            Some(serve_registry(address, mirror, stop.clone()).await?)
+            let (task, bound) = serve_registry(address, mirror, stop.clone()).await?;
+            if let Some(dir) = &config.registry.containerd_hosts_dir {
+                hosts_files = Some(MirrorHostsFiles::write(dir, &config.registry.upstreams, bound)?);
+            }
+            Some(task)
         }
         None => None,
     };
@@ -342,6 +356,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         what: "waiting for signals",
         source,
     })?;
+    // containerd pulls straight from the registries from now on, not from a mirror that stops.
+    drop(hosts_files);
     tracing::info!("stopping: cancelling prefetch and seal jobs");
     phase.stopping();
     stop.cancel();
@@ -437,24 +453,26 @@ async fn serve_metrics(
     )))
 }
 
-/// Binds the registry mirror's listener and serves it on a task of its own until `stop`.
+/// Binds the registry mirror's listener and serves it on a task of its own until `stop`; the
+/// task and the address bound.
 async fn serve_registry(
     address: SocketAddr,
     mirror: Arc<Mirror>,
     stop: CancellationToken,
-) -> Result<JoinHandle<()>, DaemonError> {
+) -> Result<(JoinHandle<()>, SocketAddr), DaemonError> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|source| DaemonError::RegistryListen { address, source })?;
     let bound = listener.local_addr().unwrap_or(address);
     let upstreams: Vec<&str> = mirror.upstreams().map(|(host, _)| host).collect();
     tracing::info!(address = %bound, ?upstreams, "serving the registry mirror");
-    Ok(tokio::spawn(http::serve(
+    let task = tokio::spawn(http::serve(
         listener,
         registry::server::service(mirror),
         registry::server::LIMITS,
         stop,
-    )))
+    ));
+    Ok((task, bound))
 }
 
 /// This node as a rack peer: who it is, its key, how it asks others, and its members

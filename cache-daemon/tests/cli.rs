@@ -176,3 +176,66 @@ async fn an_unknown_larder_variable_is_warned_about() {
         "a known variable is warned about:\n{log}"
     );
 }
+
+/// `larder containerd-config` reads only `[registry]`: it needs no source, with or without a
+/// config file, and writes or prints the same files.
+#[test]
+fn containerd_config_needs_no_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("larder.toml");
+    std::fs::write(&config, "[registry]\nupstreams = [\"nvcr.io\"]\n").expect("config");
+    let hosts = dir.path().join("certs.d");
+    let runs: [&[&str]; 2] = [
+        &["containerd-config", "--registry-upstream", "nvcr.io"],
+        &[
+            "containerd-config",
+            "--config",
+            config.to_str().unwrap(),
+            "--dir",
+            hosts.to_str().unwrap(),
+        ],
+    ];
+    for args in runs {
+        let output = Command::new(BIN)
+            .args(args)
+            .env_remove("LARDER_SOURCES")
+            .env_remove("LARDER_CONFIG")
+            .output()
+            .expect("run larder");
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+    }
+    let written = std::fs::read_to_string(hosts.join("nvcr.io/hosts.toml")).expect("hosts.toml");
+    assert!(written.contains("server = \"https://nvcr.io\""), "{written}");
+}
+
+/// `larder containerd-config --dir` never replaces a `hosts.toml` that Larder did not write: it
+/// writes the others, names that one and exits 1. Its own files it replaces.
+#[test]
+fn containerd_config_leaves_hosts_files_it_did_not_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hosts = dir.path().join("certs.d");
+    let theirs = hosts.join("nvcr.io/hosts.toml");
+    std::fs::create_dir_all(theirs.parent().unwrap()).expect("dir");
+    let text = "server = \"https://nvcr.io\"\n\n[host.\"https://mirror.internal\"]\n";
+    std::fs::write(&theirs, text).expect("hosts.toml");
+    let run = |upstreams: &[&str]| {
+        let mut command = Command::new(BIN);
+        command.arg("containerd-config").arg("--dir").arg(&hosts);
+        for upstream in upstreams {
+            command.args(["--registry-upstream", upstream]);
+        }
+        command.env_remove("LARDER_CONFIG").output().expect("run larder")
+    };
+    let output = run(&["nvcr.io", "quay.io"]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains(&theirs.display().to_string()),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(std::fs::read_to_string(&theirs).expect("theirs"), text);
+    let ours = std::fs::read_to_string(hosts.join("quay.io/hosts.toml")).expect("ours");
+    assert!(ours.starts_with("# Written by Larder"), "{ours}");
+    let output = run(&["quay.io"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+}

@@ -1,18 +1,23 @@
-//! The Kubernetes manifests of `deploy/kubernetes`, checked three ways:
+//! The Kubernetes manifests of `deploy/kubernetes`, checked four ways:
 //! - against the Kubernetes schemas, offline (`kubernetes-validate --strict` in a network
 //!   namespace of its own, so it cannot fetch anything);
-//! - for what schemas miss: propagation modes and privileges, the host paths of the mount and
-//!   of the control socket as the DaemonSet, the example pod and the prefetch Job see them,
-//!   probe and scrape ports, the peer Service, the grace period, the config itself, and the
-//!   Grafana dashboard ConfigMap against `deploy/grafana/larder.json`;
+//! - through kustomize (`kubectl kustomize`, offline too): the kustomizations render every
+//!   manifest, unchanged;
+//! - for what schemas miss: propagation modes and privileges, the node's network and the
+//!   registry mirror on its loopback, the host paths of the mount, the cache, the control
+//!   socket and containerd's hosts dir as the DaemonSet, the example pod and the prefetch Job
+//!   see them, probe and scrape ports, the peer Service, the grace period, the update strategy,
+//!   the priority and Pod Security level, images by digest, the config itself, and the Grafana
+//!   dashboard ConfigMap against `deploy/grafana/larder.json`;
 //! - by running them: `larder daemon` started with the DaemonSet container's exact arguments,
 //!   environment and ConfigMap, against SeaweedFS, each container path replaced by a local
 //!   directory standing for its volume (a hostPath by the same directory wherever it is
-//!   mounted), and only what must be local replaced besides (the bucket, listen addresses, the
-//!   peer DNS name, the secrets' values, the API server); then the prefetch Job's and the
-//!   example pod's containers run as written against that node.
+//!   mounted), and only what must be local replaced besides (the bucket, the registry's
+//!   address, listen addresses, the peer DNS name, the secrets' values, the API server); then
+//!   the prefetch Job's and the example pod's containers run as written against that node, and
+//!   a real containerd pulls an image through the mirror by the hosts dir the daemon keeps.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -20,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use larder_config::Config;
 use larder_control_api::Plan;
-use larder_tests::kube::{ApiServer, manifest_dir, manifests, venv_bin};
+use larder_tests::kube::{ApiServer, manifest_dir, manifests, venv_bin, yaml_documents};
+use larder_tests::oci::{Containerd, Registry, TestImage, is_blob_get, push};
 use larder_tests::seaweed::Seaweed;
-use larder_tests::{content, seed, upload};
+use larder_tests::{Bucket, RecordingProxy, content, seed, upload};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
@@ -177,6 +183,56 @@ fn kubernetes_manifests_pass_the_schemas_offline() {
     }
 }
 
+/// `kubectl kustomize` renders the objects of every manifest, each unchanged: those of
+/// `deploy/kubernetes` from its kustomization, those of `monitoring/` from its own; the
+/// examples are in neither.
+#[test]
+fn kustomize_renders_every_manifest_offline() {
+    let kubectl = venv_bin().join("kubectl");
+    assert!(
+        kubectl.exists(),
+        "{} is missing: run scripts/test",
+        kubectl.display()
+    );
+    let all = manifests(&manifest_dir()).expect("manifests");
+    let key = |document: &Value| {
+        (
+            document["kind"].to_string(),
+            document["metadata"]["name"].to_string(),
+        )
+    };
+    for dir in [manifest_dir(), manifest_dir().join("monitoring")] {
+        // A network namespace of its own, with no interface up: nothing is fetched.
+        let output = Command::new("unshare")
+            .arg("--net")
+            .arg(&kubectl)
+            .arg("kustomize")
+            .arg(&dir)
+            .output()
+            .expect("run unshare (needs root)");
+        assert!(
+            output.status.success(),
+            "{}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut rendered = yaml_documents(&output.stdout).expect("kustomize's output");
+        let mut expected: Vec<Value> = all
+            .iter()
+            .filter(|(path, _)| path.parent() == Some(dir.as_path()))
+            .flat_map(|(_, documents)| documents.iter().cloned())
+            .collect();
+        assert!(expected.len() >= 2, "{}", dir.display());
+        rendered.sort_by_key(key);
+        expected.sort_by_key(key);
+        let names = |documents: &[Value]| documents.iter().map(key).collect::<Vec<_>>();
+        assert_eq!(names(&rendered), names(&expected), "{}", dir.display());
+        for (got, want) in rendered.iter().zip(&expected) {
+            assert!(got == want, "{:?} differs in kustomize's output", key(want));
+        }
+    }
+}
+
 #[test]
 fn kubernetes_manifests_agree() {
     let all = Manifests::load();
@@ -237,19 +293,33 @@ fn kubernetes_manifests_agree() {
     assert_eq!(fuse_volume["hostPath"]["type"], "CharDevice");
     let caps = larder["securityContext"]["capabilities"]["add"].to_string();
     assert!(caps.contains("SYS_ADMIN"), "{caps}");
+    // Privileged, the node's network, hostPaths: the namespace must admit them whatever the
+    // cluster's default Pod Security level.
+    let namespace = all.get("Namespace", str_of(&ds["metadata"]["namespace"]));
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+    // Evicted last, and replaced only by hand: a new pod breaks the files jobs hold open.
+    assert_eq!(spec["priorityClassName"], "system-node-critical");
+    assert_eq!(ds["spec"]["updateStrategy"]["type"], "OnDelete");
+    // Where a cluster admits the critical classes only under a quota that names them, the
+    // namespace has one.
+    let quota = all.get("ResourceQuota", "larder-critical-pods");
+    assert_eq!(quota["metadata"]["namespace"], ds["metadata"]["namespace"]);
+    let scope = &quota["spec"]["scopeSelector"]["matchExpressions"][0];
+    assert_eq!(scope["scopeName"], "PriorityClass");
+    assert_eq!(scope["operator"], "In");
+    assert!(
+        scope["values"]
+            .as_array()
+            .unwrap()
+            .contains(&spec["priorityClassName"]),
+        "{scope}"
+    );
 
-    // The cache and the control socket live on the node.
-    let (_, cache_host, _) = on_node(spec, larder, &config.cache.dir);
-    assert!(cache_host.is_some(), "the cache dir is not a hostPath");
-    let (_, control_host, socket_below) = on_node(spec, larder, &config.control.socket);
-    let host_socket = control_host
-        .expect("the control socket's dir is a hostPath")
-        .join(socket_below);
-
-    // The config file is the ConfigMap's, the warm plan one of its keys, the key the Secret's.
-    let configmap = all.get("ConfigMap", "larder-config");
-    let file = PathBuf::from(flag(&args, "config"));
-    let (config_volume, _, key) = on_node(spec, larder, &file);
+    // The cache and the control socket live on the node; the cache on a directory that must
+    // be there (made on the NVMe), never one the kubelet makes on the root disk.
     let volume_of = |name: &str| {
         spec["volumes"]
             .as_array()
@@ -259,6 +329,69 @@ fn kubernetes_manifests_agree() {
             .unwrap()
             .clone()
     };
+    let (cache_volume, cache_host, _) = on_node(spec, larder, &config.cache.dir);
+    assert!(cache_host.is_some(), "the cache dir is not a hostPath");
+    assert_eq!(volume_of(&cache_volume)["hostPath"]["type"], "Directory");
+    let (_, control_host, socket_below) = on_node(spec, larder, &config.control.socket);
+    let host_socket = control_host
+        .expect("the control socket's dir is a hostPath")
+        .join(socket_below);
+
+    // The node's network: the registry mirror on the node's loopback, where containerd (on
+    // the node) reaches it and no pod or other node does, its port declared for the
+    // scheduler; the metrics and peer listeners on the node's addresses, where the probes,
+    // Prometheus and the other nodes reach them; the cluster's DNS for --peer-dns.
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet");
+    let mirror = config.registry.listen.expect("the mirror listens");
+    assert!(mirror.ip().is_loopback(), "{mirror}");
+    assert!(config.registry.enabled(), "no upstream");
+    assert_eq!(port_named(larder, "registry"), u64::from(mirror.port()));
+    for listen in [config.metrics.listen, config.peer.listen] {
+        assert!(listen.expect("listens").ip().is_unspecified(), "{listen:?}");
+    }
+    // containerd's hosts dir is the node's own, where the daemon writes the hosts.toml files.
+    let hosts_dir = config
+        .registry
+        .containerd_hosts_dir
+        .clone()
+        .expect("the daemon keeps containerd's hosts files");
+    let (_, hosts_host, hosts_below) = on_node(spec, larder, &hosts_dir);
+    assert_eq!(hosts_host.map(|host| host.join(hosts_below)), Some(hosts_dir));
+
+    // One image for every Larder container, by the digest of its index (amd64 and arm64).
+    let ds_image = str_of(&larder["image"]);
+    let (name, digest) = ds_image.split_once('@').expect("an image by digest");
+    let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+    assert!(
+        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{ds_image}"
+    );
+    let mut images = BTreeSet::new();
+    let mut larder_containers = 0;
+    for ((kind, _), document) in &all.0 {
+        let pod_spec = match kind.as_str() {
+            "DaemonSet" | "Job" => &document["spec"]["template"]["spec"],
+            "Pod" => &document["spec"],
+            _ => continue,
+        };
+        for list in ["containers", "initContainers"] {
+            for c in pod_spec[list].as_array().into_iter().flatten() {
+                let image = str_of(&c["image"]);
+                if image.starts_with(name) {
+                    larder_containers += 1;
+                    images.insert(image.to_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(images, BTreeSet::from([ds_image.to_owned()]));
+    assert_eq!(larder_containers, 4);
+
+    // The config file is the ConfigMap's, the warm plan one of its keys, the key the Secret's.
+    let configmap = all.get("ConfigMap", "larder-config");
+    let file = PathBuf::from(flag(&args, "config"));
+    let (config_volume, _, key) = on_node(spec, larder, &file);
     assert_eq!(volume_of(&config_volume)["configMap"]["name"], "larder-config");
     assert!(configmap["data"][key.to_str().unwrap()].is_string());
     let plan_path = config.warm.plan.clone().expect("a warm plan");
@@ -473,6 +606,119 @@ fn run_larder(node: &Node, spec: &Value, container: &Value) -> std::process::Out
         .expect("run larder")
 }
 
+/// The daemon's command as the DaemonSet gives it, made local: its arguments and environment.
+struct Launch {
+    args: Vec<String>,
+    env: HashMap<String, String>,
+    /// The mount point, on this machine.
+    mount: PathBuf,
+    /// The metrics listener's address (the probes' port).
+    metrics: String,
+}
+
+impl Launch {
+    /// Starts the daemon with its log in `log`, and waits until the readiness probe's path
+    /// answers 200 on the metrics listener and the mount is up.
+    async fn start(&self, log: &Path, readiness: &Value) -> Daemon {
+        let child = Command::new(BIN)
+            .args(&self.args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .envs(&self.env)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .expect("start the daemon");
+        let mut daemon = Daemon {
+            child,
+            mount: self.mount.clone(),
+        };
+        let readyz = format!("http://{}{}", self.metrics, str_of(&readiness["httpGet"]["path"]));
+        let started = Instant::now();
+        loop {
+            if let Ok(response) = reqwest::get(&readyz).await
+                && response.status() == 200
+            {
+                break;
+            }
+            if let Some(status) = daemon.child.try_wait().unwrap() {
+                panic!(
+                    "the daemon exited with {status}:\n{}",
+                    std::fs::read_to_string(log).unwrap()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "not ready in 30s:\n{}",
+                std::fs::read_to_string(log).unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            larder_tests::daemon::is_mounted(&self.mount),
+            "{}",
+            self.mount.display()
+        );
+        daemon
+    }
+
+    /// The value of `series` on the daemon's `/metrics`; 0 if absent.
+    async fn metric(&self, series: &str) -> f64 {
+        let body = reqwest::get(format!("http://{}/metrics", self.metrics))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("metrics");
+        body.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.parse().expect("number"))
+    }
+}
+
+/// SIGTERM, as the kubelet stops the pod (a restart, an upgrade, an uninstall): the daemon
+/// exits 0 within the grace period, its mount gone.
+async fn stop(mut daemon: Daemon, grace: Duration, log: &Path) {
+    // SAFETY: signals our own child by its pid.
+    assert_eq!(unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) }, 0);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = daemon.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < grace, "not stopped within the grace period");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        status.success(),
+        "{status}:\n{}",
+        std::fs::read_to_string(log).unwrap()
+    );
+    assert!(!larder_tests::daemon::is_mounted(&daemon.mount));
+}
+
+/// Pulls `reference` for linux/amd64 with `containerd`, using the hosts dir `hosts`, and checks
+/// that containerd holds the image by every digest of it.
+fn pull_through(containerd: &Containerd, hosts: &Path, reference: &str, image: &TestImage) {
+    let pull = containerd
+        .pull(reference, Some(hosts), Some("linux/amd64"))
+        .expect("ctr");
+    assert!(
+        pull.status.success(),
+        "pull: {}; containerd: {}",
+        String::from_utf8_lossy(&pull.stderr),
+        containerd.log_tail(10)
+    );
+    assert_eq!(
+        containerd.image_digest(reference).expect("image"),
+        image.index.digest
+    );
+    assert_eq!(
+        containerd.content_digests().expect("content"),
+        image.pulled("linux/amd64").expect("platform")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_daemonset_runs_as_written_against_seaweedfs() {
     let weed = Seaweed::installed_binary();
@@ -493,8 +739,21 @@ async fn the_daemonset_runs_as_written_against_seaweedfs() {
             .expect("upload");
     }
     let api = ApiServer::start().await.expect("api server");
+    // The registry the ConfigMap's placeholder upstream stands for: an image in a real
+    // registry, behind a proxy that counts the blob bytes it sends.
+    let (registry, image) = tokio::task::spawn_blocking(|| {
+        let image = TestImage::write(21, 8 * MIB)?;
+        let registry = Registry::start()?;
+        push(image.path(), registry.address(), "larder/test:v1", None)?;
+        anyhow::Ok((registry, image))
+    })
+    .await
+    .expect("join")
+    .expect("a registry holding the test image");
+    let proxy = RecordingProxy::start_to(registry.address()).await.expect("proxy");
 
     let all = Manifests::load();
+    let config = all.config();
     let ds = all.daemonset();
     let spec = &ds["spec"]["template"]["spec"];
     let larder = container(spec, "larder");
@@ -503,17 +762,24 @@ async fn the_daemonset_runs_as_written_against_seaweedfs() {
         root: dir.path().to_owned(),
     };
 
-    // The volumes: hostPath directories (DirectoryOrCreate), the ConfigMap's files, and the
-    // Secrets with values that work here (the manifests hold placeholders).
+    // The volumes: hostPath directories, made as the kubelet makes those of type
+    // DirectoryOrCreate and as the operator makes those of type Directory before installing
+    // (the cache's, on the NVMe); the ConfigMap's files; the Secrets with values that work here
+    // (the manifests hold placeholders).
     for volume in spec["volumes"].as_array().unwrap() {
         if let Some(host) = volume["hostPath"]["path"].as_str()
-            && volume["hostPath"]["type"] == "DirectoryOrCreate"
+            && matches!(
+                volume["hostPath"]["type"].as_str(),
+                Some("DirectoryOrCreate" | "Directory")
+            )
         {
             std::fs::create_dir_all(node.root.join("host").join(&host[1..])).expect("hostPath");
         }
     }
     let metrics = format!("127.0.0.1:{}", free_port());
     let peer_port = free_port();
+    let mirror = format!("127.0.0.1:{}", free_port());
+    let upstream = &config.registry.upstreams[0].host;
     for volume in spec["volumes"].as_array().unwrap() {
         let local = node.root.join("pod").join(str_of(&volume["name"]));
         if let Some(name) = volume["configMap"]["name"].as_str() {
@@ -521,16 +787,28 @@ async fn the_daemonset_runs_as_written_against_seaweedfs() {
             for (key, value) in all.get("ConfigMap", name)["data"].as_object().unwrap() {
                 let mut text = node.rewrite(spec, larder, str_of(value));
                 if key == "larder.toml" {
-                    // What must be local: the bucket and the listen addresses.
-                    let (from, to) = (
-                        r#"url = "s3://REPLACE-WITH-YOUR-BUCKET/models""#,
-                        format!("url = \"{}\"", seaweed.url()),
-                    );
-                    assert!(text.contains(from), "{text}");
-                    text = text
-                        .replace(from, &to)
-                        .replace("\"0.0.0.0:9464\"", &format!("\"{metrics}\""))
-                        .replace("\"0.0.0.0:7470\"", &format!("\"127.0.0.1:{peer_port}\""));
+                    // What must be local: the bucket, the registry's address and the listen
+                    // addresses.
+                    let replaced = [
+                        (
+                            r#"url = "s3://REPLACE-WITH-YOUR-BUCKET/models""#.to_owned(),
+                            format!("url = \"{}\"", seaweed.url()),
+                        ),
+                        (
+                            format!("upstreams = [\"{upstream}\"]"),
+                            format!("upstreams = [\"{upstream}={}\"]", proxy.endpoint()),
+                        ),
+                        ("\"0.0.0.0:9464\"".to_owned(), format!("\"{metrics}\"")),
+                        (
+                            "\"0.0.0.0:7470\"".to_owned(),
+                            format!("\"127.0.0.1:{peer_port}\""),
+                        ),
+                        ("\"127.0.0.1:7471\"".to_owned(), format!("\"{mirror}\"")),
+                    ];
+                    for (from, to) in replaced {
+                        assert!(text.contains(&from), "no {from} in:\n{text}");
+                        text = text.replace(&from, &to);
+                    }
                 }
                 std::fs::write(local.join(key), text).unwrap();
             }
@@ -543,6 +821,17 @@ async fn the_daemonset_runs_as_written_against_seaweedfs() {
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
         }
     }
+    // containerd's hosts dir on the node, with a file of the operator's for another registry.
+    let hosts_dir = config
+        .registry
+        .containerd_hosts_dir
+        .clone()
+        .expect("containerd's hosts dir");
+    let hosts = node.path(spec, larder, &hosts_dir);
+    let theirs = hosts.join("quay.io/hosts.toml");
+    let their_text = "server = \"https://quay.io\"\n";
+    std::fs::create_dir_all(theirs.parent().unwrap()).unwrap();
+    std::fs::write(&theirs, their_text).unwrap();
     // The init container makes the mount point.
     let init = container(spec, "mountpoint");
     let command: Vec<String> = init["command"]
@@ -606,47 +895,17 @@ async fn the_daemonset_runs_as_written_against_seaweedfs() {
         })
         .collect();
     assert!(args.contains(&"--node-id=gpu-node-1".to_owned()), "{args:?}");
-    let config = all.config();
     let mount = node.path(spec, larder, &config.mount.path);
-    let log = node.root.join("daemon.log");
-    let child = Command::new(BIN)
-        .args(&args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .envs(&env)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start the daemon");
-    let mut daemon = Daemon {
-        child,
+    let launch = Launch {
+        args,
+        env,
         mount: mount.clone(),
+        metrics,
     };
-
-    // Ready: the probe's path on the probe's port (the metrics listener).
-    assert_eq!(larder["readinessProbe"]["httpGet"]["path"], "/readyz");
-    let readyz = format!("http://{metrics}/readyz");
-    let started = Instant::now();
-    loop {
-        if let Ok(response) = reqwest::get(&readyz).await
-            && response.status() == 200
-        {
-            break;
-        }
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            panic!(
-                "the daemon exited with {status}:\n{}",
-                std::fs::read_to_string(&log).unwrap()
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "not ready in 30s:\n{}",
-            std::fs::read_to_string(&log).unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(larder_tests::daemon::is_mounted(&mount), "{}", mount.display());
+    let readiness = &larder["readinessProbe"];
+    assert_eq!(readiness["httpGet"]["port"], "metrics");
+    let log = node.root.join("daemon.log");
+    let daemon = launch.start(&log, readiness).await;
 
     // The prefetch Job, as written, against this node's control socket.
     let job = all.get("Job", "larder-prefetch");
@@ -708,22 +967,60 @@ async fn the_daemonset_runs_as_written_against_seaweedfs() {
         .expect("the node is labelled warm");
     assert_eq!(patches[0].path, "/api/v1/nodes/gpu-node-1");
 
-    // SIGTERM, as the kubelet stops the pod: unmounted, exit 0 within the grace period.
-    // SAFETY: signals our own child by its pid.
-    assert_eq!(unsafe { libc::kill(daemon.child.id() as i32, libc::SIGTERM) }, 0);
-    let grace = Duration::from_secs(spec["terminationGracePeriodSeconds"].as_u64().unwrap());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = daemon.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(started.elapsed() < grace, "not stopped within the grace period");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // Images: the daemon wrote the upstream's hosts.toml into containerd's hosts dir, pointing
+    // at its mirror, and left the operator's file alone.
+    let ours = hosts.join(upstream).join("hosts.toml");
+    let written = std::fs::read_to_string(&ours).expect("the upstream's hosts.toml");
     assert!(
-        status.success(),
-        "{status}:\n{}",
-        std::fs::read_to_string(&log).unwrap()
+        written.starts_with("# Written by Larder")
+            && written.contains(&format!("[host.\"http://{mirror}\"]"))
+            && written.contains(&format!("server = \"{}\"", proxy.endpoint())),
+        "{written}"
     );
-    assert!(!larder_tests::daemon::is_mounted(&mount));
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), their_text);
+    // A real containerd, reading that hosts dir, pulls the image through the mirror: the
+    // upstream sends each blob once, the mirror sends them all to containerd.
+    let containerd = tokio::task::block_in_place(Containerd::start).expect("containerd");
+    let reference = format!("{upstream}/larder/test:v1");
+    tokio::task::block_in_place(|| pull_through(&containerd, &hosts, &reference, &image));
+    let amd64 = image.image("linux/amd64").expect("amd64");
+    let wanted = amd64.layer_bytes() + amd64.config.size;
+    let cold = proxy.body_bytes_of(is_blob_get);
+    assert!(
+        cold >= wanted && cold as f64 <= 1.05 * wanted as f64,
+        "the upstream sent {cold} blob bytes for {wanted}"
+    );
+    let sent = launch.metric("larder_registry_sent_bytes_total").await;
+    assert!(sent >= wanted as f64, "the mirror sent {sent} bytes for {wanted}");
+
+    // SIGTERM: the daemon stops, and takes its hosts.toml (and the directory it made) with it.
+    let grace = Duration::from_secs(spec["terminationGracePeriodSeconds"].as_u64().unwrap());
+    stop(daemon, grace, &log).await;
+    assert!(!ours.parent().unwrap().exists(), "{} is left", ours.display());
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), their_text);
+
+    // Started again on the same node: the file is back, and a pull of the image, gone from
+    // containerd, costs the upstream no blob byte.
+    let log = node.root.join("daemon-again.log");
+    let daemon = launch.start(&log, readiness).await;
+    assert_eq!(std::fs::read_to_string(&ours).expect("hosts.toml again"), written);
+    tokio::task::block_in_place(|| {
+        containerd.remove_all().expect("reset containerd");
+        pull_through(&containerd, &hosts, &reference, &image);
+    });
+    assert_eq!(
+        proxy.body_bytes_of(is_blob_get),
+        cold,
+        "a warm pull fetched blobs upstream"
+    );
+
+    // Uninstalled (the pod deleted: SIGTERM): nothing of Larder's is left in containerd's hosts
+    // dir, and the operator's file is as it was.
+    stop(daemon, grace, &log).await;
+    let left: Vec<PathBuf> = std::fs::read_dir(&hosts)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(left, [theirs.parent().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&theirs).unwrap(), their_text);
 }

@@ -469,6 +469,16 @@ struct Flags {
     )]
     registry_token_host: Vec<OsString>,
 
+    /// containerd's hosts directory, e.g. /etc/containerd/certs.d: a hosts.toml per upstream
+    /// while the mirror serves, removed at stop [registry.containerd_hosts_dir].
+    #[arg(
+        long,
+        env = "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR",
+        value_name = "DIR",
+        help_heading = "Registry mirror"
+    )]
+    registry_containerd_hosts_dir: Option<OsString>,
+
     /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
     /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
     /// In LARDER_SOURCES, separate several with commas [source.name, source.url].
@@ -673,6 +683,16 @@ impl ConfigArgs {
     /// validates. Errors name the file, flag, variable or key and the bad
     /// value.
     pub fn load(&self) -> Result<Config, ConfigError> {
+        let config = self.load_sources_optional()?;
+        if config.sources.is_empty() {
+            return Err(ConfigError::NoSources);
+        }
+        Ok(config)
+    }
+
+    /// As [`ConfigArgs::load`], without requiring a source: for commands that read the
+    /// configuration but serve no source (`larder containerd-config` reads `[registry]`).
+    pub fn load_sources_optional(&self) -> Result<Config, ConfigError> {
         for (variable, closest) in unknown_variables(std::env::vars_os().map(|(name, _)| name)) {
             match closest {
                 Some(closest) => tracing::warn!(
@@ -702,7 +722,9 @@ impl ConfigArgs {
         };
         self.apply(&mut config, &mut names)?;
         config.normalise();
-        config.validate().map_err(|err| err.named_by(&names.overridden))?;
+        config
+            .validate_sources_optional()
+            .map_err(|err| err.named_by(&names.overridden))?;
         Ok(config)
     }
 
@@ -1119,6 +1141,14 @@ impl ConfigArgs {
             "registry_tag_ttl",
             duration::parse,
         )?;
+        set(
+            names,
+            &mut registry.containerd_hosts_dir,
+            &flags.registry_containerd_hosts_dir,
+            "registry.containerd_hosts_dir",
+            "registry_containerd_hosts_dir",
+            |text| Ok::<_, String>(Some(PathBuf::from(text))),
+        )?;
         let upstreams = self.list(names, "registry_upstream", &flags.registry_upstream)?;
         if !upstreams.is_empty() {
             registry.upstreams.clear();
@@ -1318,6 +1348,10 @@ mod tests {
             ("registry-credentials", "LARDER_REGISTRY_CREDENTIALS"),
             ("registry-tag-ttl", "LARDER_REGISTRY_TAG_TTL"),
             ("registry-token-host", "LARDER_REGISTRY_TOKEN_HOSTS"),
+            (
+                "registry-containerd-hosts-dir",
+                "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR",
+            ),
             ("source", "LARDER_SOURCES"),
             ("source-immutable", "LARDER_SOURCE_IMMUTABLE"),
             ("source-metadata-ttl", "LARDER_SOURCE_METADATA_TTL"),
@@ -1512,6 +1546,19 @@ mod tests {
     fn no_file_and_no_sources_is_an_error() {
         let err = args(&[]).load().unwrap_err();
         assert!(matches!(err, ConfigError::NoSources), "{err}");
+    }
+
+    #[test]
+    fn a_command_that_serves_no_source_needs_none_but_checks_those_given() {
+        let config = args(&["--registry-upstream", "nvcr.io"])
+            .load_sources_optional()
+            .unwrap();
+        assert!(config.sources.is_empty());
+        assert_eq!(config.registry.upstreams[0].host, "nvcr.io");
+        let err = args(&["--source", "bad name=s3://x"])
+            .load_sources_optional()
+            .unwrap_err();
+        assert!(err.to_string().contains("bad name"), "{err}");
     }
 
     #[test]
@@ -1716,6 +1763,7 @@ mod tests {
         config.warm.api_server = Some("http://h".into());
         config.registry.upstreams.push("h".parse().unwrap());
         config.registry.credentials = Some("c".into());
+        config.registry.containerd_hosts_dir = Some("d".into());
         let value = toml::Value::try_from(&config).unwrap();
         let mut schema = BTreeSet::new();
         keys("", &value, &mut schema);

@@ -68,6 +68,7 @@
 //! credentials = "/etc/larder/registry-auth.json"  # docker config.json format
 //! tag_ttl = "30s"
 //! token_hosts = ["auth.docker.io"]  # token services, besides the upstream's, given credentials
+//! containerd_hosts_dir = "/etc/containerd/certs.d"  # a hosts.toml per upstream while serving
 //!
 //! [[source]]
 //! name = "datasets"
@@ -531,6 +532,11 @@ pub struct RegistryConfig {
     /// upstream's credentials when its challenge names them. Any other realm is asked for an
     /// anonymous token. Default `["auth.docker.io"]` (docker.io's token service).
     pub token_hosts: Vec<String>,
+    /// containerd's hosts directory (its `config_path`, e.g. `/etc/containerd/certs.d`): while
+    /// the mirror serves, the daemon keeps a `hosts.toml` there for each upstream that sends
+    /// containerd's pulls of it through the mirror, and removes them when it stops. Default
+    /// none: the daemon writes nothing (`larder containerd-config` writes them by hand).
+    pub containerd_hosts_dir: Option<PathBuf>,
 }
 
 /// The mirror's address when none is configured: loopback, next to the peer port.
@@ -545,6 +551,7 @@ impl Default for RegistryConfig {
             credentials: None,
             tag_ttl: Duration::from_secs(30),
             token_hosts: vec!["auth.docker.io".to_owned()],
+            containerd_hosts_dir: None,
         }
     }
 }
@@ -905,6 +912,7 @@ mod tests {
         credentials = "/etc/larder/auth.json"
         tag_ttl = "1m"
         token_hosts = ["auth.example"]
+        containerd_hosts_dir = "/etc/containerd/certs.d"
 
         [[source]]
         name = "datasets"
@@ -1078,6 +1086,7 @@ mod tests {
                 credentials: Some(PathBuf::from("/etc/larder/auth.json")),
                 tag_ttl: Duration::from_secs(60),
                 token_hosts: vec!["auth.example".into()],
+                containerd_hosts_dir: Some(PathBuf::from("/etc/containerd/certs.d")),
             },
             sources: vec![
                 SourceConfig {
@@ -1138,6 +1147,7 @@ mod tests {
                 .map(|text| text.parse().unwrap())
                 .to_vec(),
             credentials: Some("/etc/larder/registry-auth.json".into()),
+            containerd_hosts_dir: Some("/etc/containerd/certs.d".into()),
             ..RegistryConfig::default()
         };
         assert_eq!(config, expected);

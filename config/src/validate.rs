@@ -48,6 +48,16 @@ impl Config {
     /// `cache.dir` exists it must be a directory (a missing one is fine,
     /// the daemon creates it).
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_sources_optional()?;
+        if self.sources.is_empty() {
+            return Err(ConfigError::NoSources);
+        }
+        Ok(())
+    }
+
+    /// As [`Config::validate`], without requiring a `[[source]]` (the sources given are
+    /// checked all the same): for commands that read the configuration but serve no source.
+    pub fn validate_sources_optional(&self) -> Result<(), ConfigError> {
         validate_cache(&self.cache)?;
         validate_origin(&self.origin, self.cache.block_size)?;
         if self.mount.path.as_os_str().is_empty() {
@@ -250,6 +260,17 @@ fn validate_warm(warm: &WarmConfig) -> Result<(), ConfigError> {
 }
 
 fn validate_registry(registry: &RegistryConfig) -> Result<(), ConfigError> {
+    if registry
+        .containerd_hosts_dir
+        .as_ref()
+        .is_some_and(|dir| dir.as_os_str().is_empty())
+    {
+        return Err(ConfigError::invalid(
+            "registry.containerd_hosts_dir",
+            "",
+            "must not be empty",
+        ));
+    }
     let mut seen = std::collections::HashSet::new();
     for upstream in &registry.upstreams {
         if !seen.insert(upstream.host.as_str()) {
@@ -264,9 +285,6 @@ fn validate_registry(registry: &RegistryConfig) -> Result<(), ConfigError> {
 }
 
 fn validate_sources(sources: &[SourceConfig]) -> Result<(), ConfigError> {
-    if sources.is_empty() {
-        return Err(ConfigError::NoSources);
-    }
     let mut seen: HashMap<&str, usize> = HashMap::new();
     for (index, source) in sources.iter().enumerate() {
         check_source_name(index, &source.name)?;
@@ -652,6 +670,18 @@ mod tests {
             .enumerate()
             .map(|(i, url)| SourceConfig::new(format!("s{i}"), *url))
             .collect();
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn registry_upstreams_once_each_and_a_hosts_dir_that_names_one() {
+        let mut config = valid();
+        config.registry.upstreams = vec!["nvcr.io".parse().unwrap(), "nvcr.io".parse().unwrap()];
+        assert_invalid(&config, "registry.upstreams", "nvcr.io");
+        config.registry.upstreams.pop();
+        config.registry.containerd_hosts_dir = Some("".into());
+        assert_invalid(&config, "registry.containerd_hosts_dir", "");
+        config.registry.containerd_hosts_dir = Some("/etc/containerd/certs.d".into());
         config.validate().unwrap();
     }
 

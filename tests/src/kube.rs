@@ -31,7 +31,8 @@ pub fn venv_bin() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/.venv/bin")
 }
 
-/// Every `.yaml` file under `dir` (sorted), with its documents as JSON values.
+/// Every `.yaml` file under `dir` (sorted) but kustomize's own `kustomization.yaml` files,
+/// with its documents as JSON values.
 pub fn manifests(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Vec<serde_json::Value>)>> {
     let mut files = Vec::new();
     let mut dirs = vec![dir.to_owned()];
@@ -40,7 +41,7 @@ pub fn manifests(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Vec<serde_json::Val
             let path = entry?.path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "yaml") {
+            } else if path.extension().is_some_and(|e| e == "yaml") && !path.ends_with("kustomization.yaml") {
                 files.push(path);
             }
         }
@@ -61,6 +62,31 @@ pub fn manifests(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Vec<serde_json::Val
     }
     let documents: Vec<Vec<serde_json::Value>> = serde_json::from_slice(&output.stdout)?;
     Ok(files.into_iter().zip(documents).collect())
+}
+
+/// The documents of the YAML stream `text`, as JSON values.
+pub fn yaml_documents(text: &[u8]) -> anyhow::Result<Vec<serde_json::Value>> {
+    let script = "import json, sys, yaml\n\
+                  print(json.dumps(list(yaml.safe_load_all(sys.stdin))))";
+    let mut python = Command::new(venv_bin().join("python3"))
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("running the venv's python3 (scripts/test creates bench/.venv)")?;
+    let mut stdin = python.stdin.take().context("no stdin pipe")?;
+    let text = text.to_vec();
+    // Written from a thread of its own, so that a long stream cannot fill both pipes.
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut stdin, &text));
+    let output = python.wait_with_output()?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the writer panicked"))??;
+    if !output.status.success() {
+        bail!("reading YAML: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(serde_json::from_slice(&output.stdout)?)
 }
 
 /// One request the [`ApiServer`] received.
