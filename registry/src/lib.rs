@@ -149,7 +149,13 @@ pub(crate) struct Progress {
     pub(crate) early: bool,
     /// The blocks' BLAKE3 so far.
     pub(crate) hashes: Vec<[u8; 32]>,
+    /// The bytes of the last [`HASHED_KEPT`] blocks hashed, by index: a client following
+    /// closely is sent the very bytes hashed rather than reading them back from the cache.
+    pub(crate) recent: std::collections::VecDeque<(u32, Bytes)>,
 }
+
+/// Blocks a check keeps in memory after hashing them, for the clients streaming it.
+const HASHED_KEPT: usize = 4;
 
 /// The check of some content, for a request that follows it.
 #[derive(Debug)]
@@ -613,6 +619,7 @@ impl Mirror {
                 attempt,
                 early,
                 hashes: Vec::new(),
+                recent: std::collections::VecDeque::new(),
             });
             let failed = Mutex::new(None);
             // The parts are fetched ahead, several at once, while the blocks are hashed in
@@ -692,9 +699,10 @@ impl Mirror {
                         digest: digest.clone(),
                         source,
                     })?;
-            let (back, hash) = tokio::task::spawn_blocking(move || {
+            let (back, bytes, hash) = tokio::task::spawn_blocking(move || {
                 sha.update(&bytes);
-                (sha, *blake3::hash(&bytes).as_bytes())
+                let hash = *blake3::hash(&bytes).as_bytes();
+                (sha, bytes, hash)
             })
             .await
             .map_err(|_| MirrorError::Fill {
@@ -703,7 +711,13 @@ impl Mirror {
             })?;
             sha = back;
             hashes.push(hash);
-            progress.send_modify(|progress| progress.hashes.push(hash));
+            progress.send_modify(|progress| {
+                progress.hashes.push(hash);
+                progress.recent.push_back((index, bytes));
+                if progress.recent.len() > HASHED_KEPT {
+                    progress.recent.pop_front();
+                }
+            });
         }
         Ok((sha.finalize().into(), hashes))
     }

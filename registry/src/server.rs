@@ -341,8 +341,9 @@ async fn send(
     while at < range.end {
         let index = (at / block_size) as u32;
         let holds_end = u64::from(index + 1) * block_size >= size;
+        // The block's BLAKE3, and its bytes when the check hands over those it just hashed.
         let expected = match (&hashes, &mut under_way) {
-            (Some(hashes), _) => hashes.get(index as usize).copied(),
+            (Some(hashes), _) => hashes.get(index as usize).map(|&hash| (hash, None)),
             (None, None) => None,
             (None, Some((result, progress, _))) => {
                 let hashed = tokio::select! {
@@ -354,9 +355,9 @@ async fn send(
                     }
                 };
                 match hashed {
-                    Ok((attempt, hash)) if sent_from.is_none_or(|from| from == attempt) => {
-                        sent_from = Some(attempt);
-                        Some(hash)
+                    Ok(hashed) if sent_from.is_none_or(|from| from == hashed.attempt) => {
+                        sent_from = Some(hashed.attempt);
+                        Some((hashed.hash, hashed.bytes))
                     }
                     Ok(_) => None,
                     Err(Ok(verified)) => {
@@ -365,7 +366,7 @@ async fn send(
                             tracing::warn!(%key, "registry answer cut: the bytes sent were of an attempt that failed its digest");
                             return;
                         }
-                        let hash = verified.get(index as usize).copied();
+                        let hash = verified.get(index as usize).map(|&hash| (hash, None));
                         hashes = Some(verified);
                         hash
                     }
@@ -376,12 +377,16 @@ async fn send(
                 }
             }
         };
-        let Some(expected) = expected else {
-            tracing::warn!(%key, index, "registry answer cut: the check started again after a mismatch");
-            return;
-        };
-        let Some(block) = mirror.verified_block(&object, &expected, index).await else {
-            return;
+        let block = match expected {
+            None => {
+                tracing::warn!(%key, index, "registry answer cut: the check started again after a mismatch");
+                return;
+            }
+            Some((_, Some(hashed))) => hashed,
+            Some((expected, None)) => match mirror.verified_block(&object, &expected, index).await {
+                Some(block) => block,
+                None => return,
+            },
         };
         let start = (at - u64::from(index) * block_size) as usize;
         let end = (range.end - u64::from(index) * block_size).min(block.len() as u64) as usize;
@@ -395,22 +400,39 @@ async fn send(
     }
 }
 
-/// The attempt and BLAKE3 of block `index` once the check has hashed it, if it may go before
-/// the whole content is verified (`early`, and the attempt's blocks may); else never (the
-/// caller waits for the result).
+/// Block `index` once the check has hashed it, if it may go before the whole content is
+/// verified (`early`, and the attempt's blocks may); else never (the caller waits for the
+/// result).
 async fn hashed_block(
     progress: &mut tokio::sync::watch::Receiver<Progress>,
     index: u32,
     early: bool,
-) -> (u32, [u8; 32]) {
+) -> Hashed {
     if early
         && let Ok(progress) = progress
             .wait_for(|p| p.early && p.hashes.len() > index as usize)
             .await
     {
-        return (progress.attempt, progress.hashes[index as usize]);
+        let bytes = progress
+            .recent
+            .iter()
+            .find(|(kept, _)| *kept == index)
+            .map(|(_, bytes)| bytes.clone());
+        return Hashed {
+            attempt: progress.attempt,
+            hash: progress.hashes[index as usize],
+            bytes,
+        };
     }
     std::future::pending().await
+}
+
+/// A block the check has hashed: in which attempt, its BLAKE3, and its bytes if the check
+/// still holds them.
+struct Hashed {
+    attempt: u32,
+    hash: [u8; 32],
+    bytes: Option<Bytes>,
 }
 
 /// The distribution API's error answer.
