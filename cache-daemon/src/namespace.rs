@@ -6,7 +6,7 @@
 //! are listed page by page, as the kernel reads them, so a directory of 100,000 entries is
 //! never held whole. What a name is (file with its version, directory, missing) and listing
 //! pages are cached for the source's metadata TTL (forever for an immutable source; at most
-//! [`MISSING_TTL`] for a missing name), in bounded caches. Keys that cannot be file names are
+//! [`MISSING_NAME_TTL`] for a missing name), in bounded caches. Keys that cannot be file names are
 //! not shown and cannot be looked up: object_store refuses keys with empty, `.` or `..`
 //! segments or control characters (a listing steps over them), names longer than 255 bytes
 //! are skipped, and every key is parsed (never joined as text), so nothing outside a
@@ -63,7 +63,7 @@ const CACHED_PAGE_ENTRIES: u64 = 256 * 1024;
 
 /// Longest a missing name is trusted, even in an immutable source: objects do get added to
 /// those, they only never change.
-pub const MISSING_TTL: Duration = Duration::from_secs(30);
+pub const MISSING_NAME_TTL: Duration = Duration::from_secs(30);
 
 /// One configured source.
 #[derive(Debug)]
@@ -339,7 +339,7 @@ impl Namespace {
         if let Some(known) = self.names.get(&key) {
             let trusted = match known.value {
                 Some(_) => self.fresh(source, known.at),
-                None => known.at.elapsed() < MISSING_TTL && self.fresh(source, known.at),
+                None => known.at.elapsed() < MISSING_NAME_TTL && self.fresh(source, known.at),
             };
             if trusted {
                 return Ok(known.value);

@@ -205,18 +205,27 @@ fn mirror_cause(error: &MirrorError) -> FailureCause {
     }
 }
 
-/// The jobs the daemon remembers: every running one and the last [`KEEP_FINISHED_JOBS`]
-/// finished (the stats count them all).
-#[derive(Debug, Default)]
-struct History {
-    jobs: BTreeMap<u64, Arc<Job>>,
+/// The jobs of one kind (prefetch, seal) the daemon remembers: every running one and the last
+/// [`KEEP_FINISHED_JOBS`] finished, by number.
+#[derive(Debug)]
+pub(crate) struct History<J> {
+    pub(crate) jobs: BTreeMap<u64, Arc<J>>,
     /// Finished jobs still in `jobs`, in the order they finished.
     finished: VecDeque<u64>,
 }
 
-impl History {
+impl<J> Default for History<J> {
+    fn default() -> Self {
+        Self {
+            jobs: BTreeMap::new(),
+            finished: VecDeque::new(),
+        }
+    }
+}
+
+impl<J> History<J> {
     /// Job `id` ended: the oldest finished job is forgotten past the bound.
-    fn finished(&mut self, id: u64) {
+    pub(crate) fn finished(&mut self, id: u64) {
         self.finished.push_back(id);
         while self.finished.len() > KEEP_FINISHED_JOBS {
             if let Some(old) = self.finished.pop_front() {
@@ -442,7 +451,7 @@ pub struct Jobs {
     cache: Cache,
     targets: Targets,
     stats: Arc<Stats>,
-    jobs: Mutex<History>,
+    jobs: Mutex<History<Job>>,
     next: AtomicU64,
     /// Parent of every job's token: cancelled at shutdown.
     shutdown: CancellationToken,

@@ -14,7 +14,6 @@
 //! Sealing is idempotent: an unchanged object gets the same manifest, byte for byte. An
 //! object replaced while it is read fails (its version changed) and is left for a rerun.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,7 +30,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::prefetch::{KEEP_FINISHED_JOBS, MAX_KEY_LEN, PrefetchError, Targets};
+use crate::prefetch::{History, MAX_KEY_LEN, PrefetchError, Targets};
 
 /// Objects a seal job reads at a time.
 pub const SEAL_OBJECTS: usize = 2;
@@ -107,10 +106,6 @@ impl SealJob {
             objects: self.objects.lock().clone(),
         }
     }
-
-    fn running(&self) -> bool {
-        self.outcome.lock().0 == JobState::Running
-    }
 }
 
 /// The daemon's seal jobs.
@@ -121,8 +116,8 @@ pub struct Sealer {
     block_size: u64,
     /// Blocks in one origin part read.
     part_blocks: u64,
-    /// Every running job and the last [`KEEP_FINISHED_JOBS`] finished.
-    jobs: Mutex<BTreeMap<u64, Arc<SealJob>>>,
+    /// Every running job and the last [`crate::prefetch::KEEP_FINISHED_JOBS`] finished.
+    jobs: Mutex<History<SealJob>>,
     next: AtomicU64,
     /// Parent of every job's token: cancelled at shutdown.
     shutdown: CancellationToken,
@@ -145,7 +140,7 @@ impl Sealer {
             manifests,
             block_size,
             part_blocks: (part_size / block_size.max(1)).max(1),
-            jobs: Mutex::new(BTreeMap::new()),
+            jobs: Mutex::new(History::default()),
             next: AtomicU64::new(1),
             shutdown: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -196,18 +191,7 @@ impl Sealer {
             objects: Mutex::new(objects),
             cancel: self.shutdown.child_token(),
         });
-        {
-            let mut jobs = self.jobs.lock();
-            jobs.insert(job.id, job.clone());
-            let finished: Vec<u64> = jobs
-                .iter()
-                .filter(|(_, job)| !job.running())
-                .map(|(id, _)| *id)
-                .collect();
-            for old in &finished[..finished.len().saturating_sub(KEEP_FINISHED_JOBS)] {
-                jobs.remove(old);
-            }
-        }
+        self.jobs.lock().jobs.insert(job.id, job.clone());
         tracing::info!(
             job = job.id,
             objects = plan.len(),
@@ -251,6 +235,7 @@ impl Sealer {
             }
         };
         *job.outcome.lock() = (state, Some(job.started.elapsed()));
+        self.jobs.lock().finished(job.id);
         let report = job.report();
         let sealed = report
             .objects
@@ -310,7 +295,7 @@ impl Sealer {
 
     /// A job's progress.
     pub fn report(&self, id: u64) -> Option<SealReport> {
-        self.jobs.lock().get(&id).map(|job| job.report())
+        self.jobs.lock().jobs.get(&id).map(|job| job.report())
     }
 
     /// Cancels every job and waits until their tasks have ended. Manifests already written

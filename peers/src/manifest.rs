@@ -21,13 +21,13 @@
 //! its hash is the plain BLAKE3 of exactly those bytes: the hash the block store records for
 //! the block (`VerifiedBlock`), so a block checked against a manifest can be stored as it is.
 //!
-//! Parsing is strict and bounded ([`Manifest::parse`]): at most [`MAX_MANIFEST_BYTES`], no
+//! Parsing is strict and bounded ([`Manifest::parse`]): at most [`MAX_SEAL_MANIFEST_BYTES`], no
 //! unknown field, the format named, a power-of-two block size, exactly one hash per block of
 //! the size, each 64 lower-case hex digits. Anything else is a typed [`ManifestError`].
 //!
 //! [`Manifests`] is the loader the peer fill path calls: it gives a manifest only when it
 //! describes exactly the pinned version (key, ETag or version id, size, block size), and
-//! remembers the answer per object version, a missing manifest for [`MISSING_TTL`].
+//! remembers the answer per object version, a missing manifest for [`MISSING_MANIFEST_TTL`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,11 +46,11 @@ pub const SEAL_DIR: &str = ".larder-seal";
 pub const FORMAT: &str = "larder-seal-v1";
 
 /// The largest manifest read: 64 MiB, about a million blocks (4 TiB of object at 4 MiB blocks).
-pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+pub const MAX_SEAL_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// How long a missing (or unreadable, or mismatched) manifest is remembered before the store is
 /// asked again: an object sealed while a node runs is checked on that node within this time.
-pub const MISSING_TTL: Duration = Duration::from_secs(60);
+pub const MISSING_MANIFEST_TTL: Duration = Duration::from_secs(60);
 
 /// Block hashes the loader keeps in memory, over every manifest (32 bytes each: 32 MiB).
 const CACHED_HASHES: u64 = 1 << 20;
@@ -69,7 +69,7 @@ pub fn is_seal_key(key: &str) -> bool {
 /// Why bytes are not a manifest.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    /// Longer than [`MAX_MANIFEST_BYTES`].
+    /// Longer than [`MAX_SEAL_MANIFEST_BYTES`].
     #[error("the manifest is {size} bytes, more than the {max} read")]
     TooLarge {
         /// Its size.
@@ -182,10 +182,10 @@ impl Manifest {
 
     /// Reads a manifest; anything that is not exactly one is an error, never a panic.
     pub fn parse(bytes: &[u8]) -> Result<Self, ManifestError> {
-        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        if bytes.len() as u64 > MAX_SEAL_MANIFEST_BYTES {
             return Err(ManifestError::TooLarge {
                 size: bytes.len() as u64,
-                max: MAX_MANIFEST_BYTES,
+                max: MAX_SEAL_MANIFEST_BYTES,
             });
         }
         let wire: Wire = serde_json::from_slice(bytes)?;
@@ -334,7 +334,7 @@ struct Loaded {
 type Slot = Arc<OnceCell<Loaded>>;
 
 /// The manifests of the object versions the daemon checks blocks of, loaded from the sources
-/// and remembered per [`ObjectId`] (bounded in hashes; a missing one for [`MISSING_TTL`]).
+/// and remembered per [`ObjectId`] (bounded in hashes; a missing one for [`MISSING_MANIFEST_TTL`]).
 /// Cheap to clone: clones share what they remember.
 #[derive(Debug, Clone)]
 pub struct Manifests {
@@ -369,7 +369,7 @@ impl Manifests {
     /// Never an error: a manifest that is missing, cannot be read or parsed (logged at warn,
     /// naming the object) or describes another version (logged at debug) is `None`. The first
     /// call for a version GETs the manifest (callers at the same time wait for that one GET);
-    /// later calls are answered from memory, a `None` for [`MISSING_TTL`].
+    /// later calls are answered from memory, a `None` for [`MISSING_MANIFEST_TTL`].
     pub async fn for_version(
         &self,
         origin: &Origin,
@@ -380,7 +380,7 @@ impl Manifests {
         let mut slot = self.slots.get_with(id, Slot::default);
         if slot
             .get()
-            .is_some_and(|loaded| loaded.manifest.is_none() && loaded.at.elapsed() >= MISSING_TTL)
+            .is_some_and(|loaded| loaded.manifest.is_none() && loaded.at.elapsed() >= MISSING_MANIFEST_TTL)
         {
             self.slots.invalidate(&id);
             slot = self.slots.get_with(id, Slot::default);
@@ -414,13 +414,16 @@ impl Manifests {
 async fn load(origin: &Origin, version: &ObjectVersion, block_size: u64) -> Option<Manifest> {
     let source = origin.name();
     let key = version.key.as_str();
-    let bytes = match origin.get_at_most(&manifest_key(key), MAX_MANIFEST_BYTES).await {
+    let bytes = match origin
+        .get_at_most(&manifest_key(key), MAX_SEAL_MANIFEST_BYTES)
+        .await
+    {
         Ok(Some(bytes)) => bytes,
         Ok(None) => {
             tracing::warn!(
                 source,
                 key,
-                max = MAX_MANIFEST_BYTES,
+                max = MAX_SEAL_MANIFEST_BYTES,
                 "the object's seal manifest is larger than Larder reads: ignored"
             );
             return None;
@@ -567,7 +570,7 @@ mod tests {
             let error = Manifest::parse(&bytes).expect_err(what).to_string();
             assert!(error.contains(what), "{what}: {error}");
         }
-        let huge = vec![b' '; MAX_MANIFEST_BYTES as usize + 1];
+        let huge = vec![b' '; MAX_SEAL_MANIFEST_BYTES as usize + 1];
         assert!(matches!(
             Manifest::parse(&huge),
             Err(ManifestError::TooLarge { .. })

@@ -48,7 +48,7 @@ const DEFAULT_TOKEN_LIFE: Duration = Duration::from_secs(60);
 const BASIC_LIFE: Duration = Duration::from_secs(24 * 3600);
 
 /// The largest manifest or index served: OCI registries refuse to store larger ones.
-pub const MAX_MANIFEST_BYTES: u64 = 4 << 20;
+pub const MAX_IMAGE_MANIFEST_BYTES: u64 = 4 << 20;
 
 /// The largest token answer read.
 const MAX_TOKEN_BYTES: usize = 64 << 10;
@@ -436,10 +436,10 @@ impl Upstream {
             .ok_or_else(|| self.bad_answer(&what, "no Content-Type"))?;
         let size =
             content_length(response.headers()).ok_or_else(|| self.bad_answer(&what, "no Content-Length"))?;
-        if size > MAX_MANIFEST_BYTES {
+        if size > MAX_IMAGE_MANIFEST_BYTES {
             return Err(self.bad_answer(
                 &what,
-                format!("a manifest of {size} bytes is larger than the {MAX_MANIFEST_BYTES} served"),
+                format!("a manifest of {size} bytes is larger than the {MAX_IMAGE_MANIFEST_BYTES} served"),
             ));
         }
         if let Ok(named) = reference.parse::<Digest>()
