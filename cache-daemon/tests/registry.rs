@@ -81,7 +81,19 @@ impl Mirror {
         credentials: Option<(&str, &str)>,
         extra: &[&str],
     ) -> Self {
-        push(image.path(), registry.address(), REPO_TAG, credentials).expect("push");
+        Self::start_pushed_as(registry, image, credentials, credentials, extra)
+    }
+
+    /// As [`Mirror::start_on`], the image pushed with `pusher`'s credentials and the daemon
+    /// given `credentials` (none: it cannot pull a private image).
+    fn start_pushed_as(
+        registry: Registry,
+        image: &TestImage,
+        pusher: Option<(&str, &str)>,
+        credentials: Option<(&str, &str)>,
+        extra: &[&str],
+    ) -> Self {
+        push(image.path(), registry.address(), REPO_TAG, pusher).expect("push");
         let runtime = runtime();
         let server = runtime
             .block_on(S3Server::start("larder-test"))
@@ -785,5 +797,46 @@ fn an_expired_token_is_renewed() {
     assert!(
         mirror.registry.tokens_issued().len() > issued,
         "no new token after the first expired"
+    );
+}
+
+/// A private image whose credentials the daemon does not have, only the client (a pod's pull
+/// secret, handed to containerd by the kubelet): the mirror answers 401 without a challenge,
+/// containerd falls back to the registry its hosts.toml names, asks the token service with
+/// its OAuth2 POST, and the pull succeeds, every digest right, without the mirror.
+#[test]
+fn a_private_image_the_daemon_cannot_pull_falls_back_to_the_registry_with_the_clients_credentials() {
+    let image = TestImage::write(23, 4 << 20).expect("image");
+    let user = ("larder", "s3cret-pass");
+    let registry = Registry::start_with_token_auth(Some(user)).expect("registry");
+    let mirror = Mirror::start_pushed_as(registry, &image, Some(user), None, &[]);
+    let hosts = mirror.dir.path().join("fallback-hosts");
+    let mirror_url = format!("http://{}", mirror.address);
+    let registry_url = format!("http://{}", mirror.registry.address());
+    hosts_dir(&hosts, HOST, &mirror_url, &registry_url).expect("hosts");
+    let containerd = Containerd::start().expect("containerd");
+    let posts = mirror.registry.token_posts();
+    let reference = format!("{HOST}/{REPO_TAG}");
+    let pull = containerd
+        .pull_as(&reference, Some(&hosts), Some("linux/amd64"), Some(user))
+        .expect("ctr");
+    assert!(
+        pull.status.success(),
+        "{}; containerd: {}",
+        String::from_utf8_lossy(&pull.stderr),
+        containerd.log_tail(10)
+    );
+    assert_eq!(
+        containerd.content_digests().expect("content"),
+        image.pulled("linux/amd64").expect("digests")
+    );
+    assert!(
+        mirror.registry.token_posts() > posts,
+        "containerd asked for no token with POST"
+    );
+    assert_eq!(
+        mirror.upstream_blob_bytes(),
+        0,
+        "the mirror fetched blobs it could not serve"
     );
 }

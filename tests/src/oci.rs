@@ -35,7 +35,7 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -341,6 +341,13 @@ impl Registry {
     pub fn tokens_issued(&self) -> Vec<String> {
         self.tokens.as_ref().map(TokenServer::issued).unwrap_or_default()
     }
+
+    /// Token requests its token server took as an OAuth2 `POST` (0 without token auth).
+    pub fn token_posts(&self) -> u64 {
+        self.tokens
+            .as_ref()
+            .map_or(0, |tokens| tokens.issuer.posts.load(Ordering::SeqCst))
+    }
 }
 
 impl Drop for Registry {
@@ -390,6 +397,8 @@ struct TokenIssuer {
     user: Option<(String, String)>,
     /// Every token given, oldest first.
     issued: Mutex<Vec<String>>,
+    /// Token requests that came as an OAuth2 `POST`.
+    posts: AtomicU64,
     /// Seconds the tokens are good for (their `exp`, and the `expires_in` of the answer).
     life: u64,
 }
@@ -419,6 +428,7 @@ impl TokenServer {
                 (name.to_owned(), basic)
             }),
             issued: Mutex::new(Vec::new()),
+            posts: AtomicU64::new(0),
             life,
         });
         let listener = TcpListener::bind((address, 0))?;
@@ -500,10 +510,14 @@ impl TokenIssuer {
                 }
             }
         }
-        // The body (a POST's form) is read so that closing the connection does not reset it
-        // before the client reads the answer.
-        std::io::copy(&mut reader.by_ref().take(length), &mut std::io::sink())?;
-        let (status, extra, body) = self.answer(&method, &target, authorization.as_deref())?;
+        // The body: a POST's form (containerd's OAuth2 request, when it has credentials).
+        let mut form = Vec::new();
+        reader.by_ref().take(length).read_to_end(&mut form)?;
+        let (status, extra, body) = if method == "POST" {
+            self.answer_form(&target, &String::from_utf8_lossy(&form))?
+        } else {
+            self.answer(&method, &target, authorization.as_deref())?
+        };
         let mut stream = stream;
         write!(
             stream,
@@ -513,6 +527,31 @@ impl TokenIssuer {
         )?;
         stream.write_all(body.as_bytes())?;
         Ok(())
+    }
+
+    /// The answer to an OAuth2 token request (`POST /token` with a form, as containerd sends
+    /// with credentials): `grant_type=password` with the user's name and password, the scopes
+    /// in `scope`. Asked the same, in the form a GET's query and `Authorization` would carry.
+    fn answer_form(&self, target: &str, form: &str) -> anyhow::Result<(&'static str, String, String)> {
+        let field = |name: &str| {
+            form.split('&')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=")))
+                .map(|value| percent_decoded(&value.replace('+', " ")))
+        };
+        self.posts.fetch_add(1, Ordering::SeqCst);
+        let authorization = match (field("username"), field("password")) {
+            (Some(user), Some(password)) => Some(format!(
+                "Basic {}",
+                base64(format!("{user}:{password}").as_bytes(), true)
+            )),
+            _ => None,
+        };
+        let scopes: Vec<String> = field("scope")
+            .map(|scopes| scopes.split(' ').map(|s| format!("scope={s}")).collect())
+            .unwrap_or_default();
+        let path = target.split_once('?').map_or(target, |(path, _)| path);
+        let target = format!("{path}?{}", scopes.join("&"));
+        self.answer("GET", &target, authorization.as_deref())
     }
 
     /// The status line's status, any extra header lines, and the body that answer `method
@@ -1142,6 +1181,18 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         hosts_dir: Option<&Path>,
         platform: Option<&str>,
     ) -> anyhow::Result<Output> {
+        self.pull_as(reference, hosts_dir, platform, None)
+    }
+
+    /// As [`Containerd::pull`], with the registry credentials `user` (`--user name:password`,
+    /// as the kubelet hands containerd a pod's pull secret).
+    pub fn pull_as(
+        &self,
+        reference: &str,
+        hosts_dir: Option<&Path>,
+        platform: Option<&str>,
+        user: Option<(&str, &str)>,
+    ) -> anyhow::Result<Output> {
         let mut args = vec![
             "images".to_owned(),
             "pull".to_owned(),
@@ -1153,6 +1204,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
         }
         if let Some(platform) = platform {
             args.push(format!("--platform={platform}"));
+        }
+        if let Some((name, password)) = user {
+            args.push(format!("--user={name}:{password}"));
         }
         args.push(reference.to_owned());
         self.ctr(&args.iter().map(String::as_str).collect::<Vec<_>>())
