@@ -503,8 +503,8 @@ async fn the_hit_rate_follows_the_bytes_the_origin_sent() {
 /// The figures every exporter has, against what the kernel says of the daemon's process (its
 /// `/proc/<pid>`) and what the test saw: the start time within the seconds the start took,
 /// the open descriptors within a few (the scrape's own connection comes and goes), the
-/// descriptor limit exactly, resident memory within a factor of two; and the build's version
-/// and commit.
+/// descriptor limit exactly, resident memory within a factor of two, the CPU time between what
+/// /proc said before the scrape and after it; and the build's version and commit.
 #[tokio::test(flavor = "multi_thread")]
 async fn process_figures_agree_with_proc_and_build_info_names_the_commit() {
     let server = S3Server::start("larder-test").await.expect("s3 server");
@@ -515,8 +515,20 @@ async fn process_figures_agree_with_proc_and_build_info_names_the_commit() {
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
     let after = std::time::SystemTime::now();
     let pid = daemon.pid().expect("pid");
-    let metrics = Metrics::scrape(&address).await;
     let proc = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}")).expect(file);
+    // CPU seconds by /proc/<pid>/stat (user and system ticks, fields 14 and 15).
+    let cpu = || {
+        let stat = proc("stat");
+        let fields: Vec<&str> = stat[stat.rfind(')').expect(")") + 1..]
+            .split_whitespace()
+            .collect();
+        let ticks: u64 =
+            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        ticks as f64 / rustix::param::clock_ticks_per_second() as f64
+    };
+    let cpu_before = cpu();
+    let metrics = Metrics::scrape(&address).await;
+    let cpu_after = cpu();
 
     let epoch = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     let started = metrics.value("process_start_time_seconds", None);
@@ -547,7 +559,11 @@ async fn process_figures_agree_with_proc_and_build_info_names_the_commit() {
         (0.5..=2.0).contains(&ratio),
         "{resident} resident, /proc says {rss_kib} KiB"
     );
-    assert!(metrics.value("process_cpu_seconds_total", None) > 0.0);
+    let seconds = metrics.value("process_cpu_seconds_total", None);
+    assert!(
+        (cpu_before..=cpu_after).contains(&seconds),
+        "{seconds} CPU seconds, /proc said {cpu_before} before the scrape and {cpu_after} after"
+    );
     assert!(metrics.value("process_virtual_memory_bytes", None) >= resident);
 
     let build = metrics
