@@ -432,19 +432,20 @@ async fn serve_metrics(
     let bound = listener.local_addr().unwrap_or(address);
     tracing::info!(address = %bound, "serving metrics at /metrics, health at /healthz and /readyz");
     let ready = {
-        let store = store.clone();
+        let (store, phase) = (store.clone(), phase.clone());
         move || phase.readiness(store.usage().dir_lost, store.disk_failure())
     };
-    let ready = Arc::new(ready);
-    let (stats, store, scrape_ready) = (stats.clone(), store.clone(), ready.clone());
-    let snapshot = move || Snapshot {
-        stats: stats.snapshot(),
-        usage: store.usage(),
-        members: membership.as_ref().map(Membership::states).unwrap_or_default(),
-        ready: scrape_ready().is_ok(),
-        process: ProcessStats::of_self(),
+    let (stats, store) = (stats.clone(), store.clone());
+    let snapshot = move || {
+        let usage = store.usage();
+        Snapshot {
+            stats: stats.snapshot(),
+            members: membership.as_ref().map(Membership::states).unwrap_or_default(),
+            ready: phase.readiness(usage.dir_lost, store.disk_failure()).is_ok(),
+            usage,
+            process: ProcessStats::of_self(),
+        }
     };
-    let ready = move || ready();
     Ok(tokio::spawn(http::serve(
         listener,
         metrics::service(snapshot, ready),

@@ -641,12 +641,13 @@ impl Jobs {
 
     /// Jobs since start by state, forgotten ones included.
     pub fn counts(&self) -> JobCounts {
-        let stats = self.stats.snapshot();
+        let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as usize;
+        let stats = &self.stats;
         JobCounts {
-            running: stats.prefetch_jobs_running as usize,
-            done: stats.prefetch_jobs_done as usize,
-            failed: stats.prefetch_jobs_failed as usize,
-            cancelled: stats.prefetch_jobs_cancelled as usize,
+            running: count(&stats.prefetch_jobs_running),
+            done: count(&stats.prefetch_jobs_done),
+            failed: count(&stats.prefetch_jobs_failed),
+            cancelled: count(&stats.prefetch_jobs_cancelled),
         }
     }
 

@@ -24,8 +24,10 @@ impl ProcessStats {
     /// Reads this process's figures; `None` if `/proc` cannot be read (they are then left out
     /// of the exposition rather than shown as zeros).
     pub fn of_self() -> Option<Self> {
+        // The boot time does not change: read once.
+        static BOOT: std::sync::OnceLock<Option<SystemTime>> = std::sync::OnceLock::new();
+        let boot = (*BOOT.get_or_init(|| boot_time(&std::fs::read_to_string("/proc/stat").ok()?)))?;
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        let boot = boot_time(&std::fs::read_to_string("/proc/stat").ok()?)?;
         let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
         let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
         Self::parse(&stat, boot, open_fds, limit.current.unwrap_or(u64::MAX))

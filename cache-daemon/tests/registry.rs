@@ -228,9 +228,20 @@ fn assert_ok(output: &Output, what: &str) {
 
 /// Pulls `platform` of the image through `hosts` and checks every digest.
 fn pull_and_check(containerd: &Containerd, hosts: &Path, image: &TestImage, platform: &str) {
+    pull_as_and_check(containerd, hosts, image, platform, None);
+}
+
+/// As [`pull_and_check`], containerd given the registry credentials `user`.
+fn pull_as_and_check(
+    containerd: &Containerd,
+    hosts: &Path,
+    image: &TestImage,
+    platform: &str,
+    user: Option<(&str, &str)>,
+) {
     let reference = format!("{HOST}/{REPO_TAG}");
     let pull = containerd
-        .pull(&reference, Some(hosts), Some(platform))
+        .pull_as(&reference, Some(hosts), Some(platform), user)
         .expect("ctr");
     assert!(
         pull.status.success(),
@@ -816,20 +827,7 @@ fn a_private_image_the_daemon_cannot_pull_falls_back_to_the_registry_with_the_cl
     hosts_dir(&hosts, HOST, &mirror_url, &registry_url).expect("hosts");
     let containerd = Containerd::start().expect("containerd");
     let posts = mirror.registry.token_posts();
-    let reference = format!("{HOST}/{REPO_TAG}");
-    let pull = containerd
-        .pull_as(&reference, Some(&hosts), Some("linux/amd64"), Some(user))
-        .expect("ctr");
-    assert!(
-        pull.status.success(),
-        "{}; containerd: {}",
-        String::from_utf8_lossy(&pull.stderr),
-        containerd.log_tail(10)
-    );
-    assert_eq!(
-        containerd.content_digests().expect("content"),
-        image.pulled("linux/amd64").expect("digests")
-    );
+    pull_as_and_check(&containerd, &hosts, &image, "linux/amd64", Some(user));
     assert!(
         mirror.registry.token_posts() > posts,
         "containerd asked for no token with POST"

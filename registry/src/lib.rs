@@ -472,21 +472,27 @@ impl Mirror {
             return Ok(content.size);
         }
         let size = registry.upstream.blob_size(name, digest).await?;
-        let room = self.cache.store().capacity();
-        if size > room {
-            // Not kept: only a claim, and one the mirror acts on by not fetching.
-            return Err(MirrorError::TooLarge {
-                digest: digest.clone(),
-                size,
-                room,
-            });
-        }
+        // Not kept when too large: only a claim, and one the mirror acts on by not fetching.
+        self.fits(digest, size)?;
         let content = ContentEntry {
             size,
             media_type: None,
         };
         self.index.learned([(digest.clone(), content)]).await;
         Ok(size)
+    }
+
+    /// Whether content of `size` bytes can be fetched through the cache at all.
+    fn fits(&self, digest: &Digest, size: u64) -> Result<(), MirrorError> {
+        let room = self.cache.store().capacity();
+        if size > room {
+            return Err(MirrorError::TooLarge {
+                digest: digest.clone(),
+                size,
+                room,
+            });
+        }
+        Ok(())
     }
 
     /// The object holding `digest`'s `size` bytes, fetched (when missing) from `name` in
@@ -499,14 +505,7 @@ impl Mirror {
         size: u64,
         manifest: bool,
     ) -> Result<Arc<OpenObject>, MirrorError> {
-        let room = self.cache.store().capacity();
-        if size > room {
-            return Err(MirrorError::TooLarge {
-                digest: digest.clone(),
-                size,
-                room,
-            });
-        }
+        self.fits(digest, size)?;
         let identity = digest.identity(size).map_err(|e| MirrorError::Manifest {
             what: digest.to_string(),
             reason: e.to_string(),

@@ -248,6 +248,19 @@ impl Upstream {
         }
     }
 
+    /// `response` to a request for `what`, if its status is a success; else the error naming it.
+    fn succeeded(&self, what: &str, response: Response) -> Result<Response, UpstreamError> {
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        Err(UpstreamError::Status {
+            host: self.host.clone(),
+            what: what.to_owned(),
+            status,
+        })
+    }
+
     fn bad_answer(&self, what: &str, reason: impl Into<String>) -> UpstreamError {
         UpstreamError::BadAnswer {
             host: self.host.clone(),
@@ -356,13 +369,7 @@ impl Upstream {
             _ => {}
         }
         let response = request.send().await.map_err(|e| self.unreachable(&what, &e))?;
-        if !response.status().is_success() {
-            return Err(UpstreamError::Status {
-                host: self.host.clone(),
-                what,
-                status: response.status(),
-            });
-        }
+        let response = self.succeeded(&what, response)?;
         let body = read_at_most(response, MAX_TOKEN_BYTES)
             .await
             .map_err(|e| self.unreachable(&what, &e))?
@@ -418,14 +425,7 @@ impl Upstream {
             HeaderValue::from_str(accept).map_err(|_| self.bad_answer(&what, "bad Accept"))?,
         );
         let response = self.send(Method::HEAD, repository, &path, headers).await?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(UpstreamError::Status {
-                host: self.host.clone(),
-                what,
-                status,
-            });
-        }
+        let response = self.succeeded(&what, response)?;
         let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok());
         let digest = header("docker-content-digest")
             .ok_or_else(|| self.bad_answer(&what, "no Docker-Content-Digest"))?
@@ -475,14 +475,7 @@ impl Upstream {
         let response = self
             .send(Method::GET, repository, &path, HeaderMap::new())
             .await?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(UpstreamError::Status {
-                host: self.host.clone(),
-                what,
-                status,
-            });
-        }
+        let response = self.succeeded(&what, response)?;
         let link = response
             .headers()
             .get(LINK)
@@ -504,13 +497,7 @@ impl Upstream {
         let response = self
             .send(Method::HEAD, repository, &path, HeaderMap::new())
             .await?;
-        if !response.status().is_success() {
-            return Err(UpstreamError::Status {
-                host: self.host.clone(),
-                what,
-                status: response.status(),
-            });
-        }
+        let response = self.succeeded(&what, response)?;
         content_length(response.headers()).ok_or_else(|| self.bad_answer(&what, "no Content-Length"))
     }
 }
