@@ -33,6 +33,7 @@ use larder_control_api::{Plan, Settings};
 use larder_engine as engine;
 use larder_fuse_mount::{Detached, MountOptions, detach};
 use larder_http as http;
+use larder_origin::environment::Environment;
 use larder_origin::{Origin, OriginError};
 use larder_peer_proto::auth::{ClusterKey, Verifier};
 use larder_peer_proto::client::Client;
@@ -582,11 +583,13 @@ fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
 }
 
 fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {
+    let env = Environment::process();
     config
         .sources
         .iter()
         .map(|source| {
-            let origin = Origin::from_config(source, &config.origin, stats.clone()).map_err(Box::new)?;
+            let origin =
+                Origin::from_config(source, &config.origin, stats.clone(), &env).map_err(Box::new)?;
             let origin = Arc::new(origin);
             let ttl = (!source.immutable).then_some(source.metadata_ttl);
             Ok((source.name.clone(), Source { origin, ttl }))

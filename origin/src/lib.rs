@@ -8,6 +8,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod environment;
 pub mod published;
 
 use std::fmt;
@@ -33,6 +34,7 @@ use parking_lot::Mutex;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::environment::{Cloud, Environment};
 use crate::published::{Convention, Published, PublishedChecksums};
 
 /// Why an origin request failed, sorted by what the caller does about it.
@@ -351,12 +353,13 @@ fn install_crypto_provider() {
 }
 
 impl Origin {
-    /// Builds the origin for a configured source. S3, GCS and Azure credentials, endpoints and
-    /// regions come from their standard environment variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`).
+    /// Builds the origin for a configured source. Endpoints, regions and credentials come from
+    /// `env`, as each cloud's own tools take them (see [`environment`]).
     pub fn from_config(
         source: &SourceConfig,
         config: &OriginConfig,
         stats: Arc<Stats>,
+        env: &Environment,
     ) -> Result<Self, OriginError> {
         install_crypto_provider();
         // object_store's messages may quote the URL: its secrets are hidden there too.
@@ -368,9 +371,7 @@ impl Origin {
         let url =
             url::Url::parse(source.url.as_str()).map_err(|e| config_error(format!("not a URL: {e}")))?;
         let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| config_error(e.to_string()))?;
-        // Set key by key: replacing the builder's ClientOptions would drop what the
-        // environment set (AWS_ALLOW_HTTP, proxies). Larder bounds attempts itself; the
-        // client's own timeout only backs it up.
+        // Larder bounds attempts itself; the client's own timeout only backs it up.
         let client = [
             (
                 ClientConfigKey::ConnectTimeout,
@@ -381,6 +382,26 @@ impl Origin {
                 humantime::format_duration(config.read_deadline).to_string(),
             ),
         ];
+        // A cloud's builder with what the environment sets (names it does not know are
+        // ignored, as object_store's own `from_env` does) and the client settings above.
+        fn configured<B, K: std::str::FromStr>(
+            builder: B,
+            settings: Vec<environment::Setting>,
+            client: &[(ClientConfigKey, String)],
+            set: fn(B, K, String) -> B,
+            client_key: fn(ClientConfigKey) -> K,
+        ) -> B {
+            let builder = settings
+                .into_iter()
+                .fold(builder, |b, (name, value)| match name.parse() {
+                    Ok(key) => set(b, key, value),
+                    Err(_) => b,
+                });
+            client
+                .iter()
+                .fold(builder, |b, (key, value)| set(b, client_key(*key), value.clone()))
+        }
+        let settings = |cloud| env.settings(cloud).map_err(&config_error);
         // Larder retries itself, under its budget; the store must not multiply attempts.
         let no_retries = RetryConfig {
             backoff: BackoffConfig::default(),
@@ -406,48 +427,59 @@ impl Origin {
                 (store, None)
             }
             ObjectStoreScheme::AmazonS3 => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
                 let s3 = Arc::new(
-                    client
-                        .iter()
-                        .fold(object_store::aws::AmazonS3Builder::from_env(), |b, (k, v)| {
-                            b.with_config(object_store::aws::AmazonS3ConfigKey::Client(*k), v)
-                        })
-                        .with_url(url.as_str())
-                        .with_retry(no_retries)
-                        .build()
-                        .map_err(|e| config_error(e.to_string()))?,
-                );
-                published = Some((s3.clone() as Arc<dyn Signer>, Convention::S3));
-                paged(s3)
-            }
-            ObjectStoreScheme::GoogleCloudStorage => {
-                let gcs = Arc::new(
-                    client
-                        .iter()
-                        .fold(
-                            object_store::gcp::GoogleCloudStorageBuilder::from_env(),
-                            |b, (k, v)| b.with_config(object_store::gcp::GoogleConfigKey::Client(*k), v),
-                        )
-                        .with_url(url.as_str())
-                        .with_retry(no_retries)
-                        .build()
-                        .map_err(|e| config_error(e.to_string()))?,
-                );
-                published = Some((gcs.clone() as Arc<dyn Signer>, Convention::Gcs));
-                paged(gcs)
-            }
-            ObjectStoreScheme::MicrosoftAzure => paged(Arc::new(
-                client
-                    .iter()
-                    .fold(
-                        object_store::azure::MicrosoftAzureBuilder::from_env(),
-                        |b, (k, v)| b.with_config(object_store::azure::AzureConfigKey::Client(*k), v),
+                    configured(
+                        AmazonS3Builder::new(),
+                        settings(Cloud::S3)?,
+                        &client,
+                        AmazonS3Builder::with_config,
+                        AmazonS3ConfigKey::Client,
                     )
                     .with_url(url.as_str())
                     .with_retry(no_retries)
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
-            )),
+                );
+                published = Some((s3.clone() as Arc<dyn Signer>, Convention::S3));
+                paged(s3)
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                let gcs = Arc::new(
+                    configured(
+                        GoogleCloudStorageBuilder::new(),
+                        settings(Cloud::Gcs)?,
+                        &client,
+                        GoogleCloudStorageBuilder::with_config,
+                        GoogleConfigKey::Client,
+                    )
+                    .with_url(url.as_str())
+                    .with_retry(no_retries)
+                    .build()
+                    .map_err(|e| config_error(e.to_string()))?,
+                );
+                published = Some((gcs.clone() as Arc<dyn Signer>, Convention::Gcs));
+                paged(gcs)
+            }
+            ObjectStoreScheme::MicrosoftAzure => {
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                let azure = Arc::new(
+                    configured(
+                        MicrosoftAzureBuilder::new(),
+                        settings(Cloud::Azure)?,
+                        &client,
+                        MicrosoftAzureBuilder::with_config,
+                        AzureConfigKey::Client,
+                    )
+                    .with_url(url.as_str())
+                    .with_retry(no_retries)
+                    .build()
+                    .map_err(|e| config_error(e.to_string()))?,
+                );
+                published = Some((azure.clone() as Arc<dyn Signer>, Convention::Azure));
+                paged(azure)
+            }
             ObjectStoreScheme::Http => {
                 let mut base = url.clone();
                 base.set_path("");

@@ -9,6 +9,9 @@
 //!   ETag checkable without guessing (uploaders cut every part but the last to one size).
 //! - GCS sends `x-goog-hash: crc32c=…,md5=…` with every object HEAD; a composite object has the
 //!   CRC32C only (its ETag is not an MD5).
+//! - Azure sends `Content-MD5` with a blob's properties where the blob has one: the service
+//!   computes it for a blob uploaded in one request, and keeps what an uploader of blocks set.
+//!   Azure's ETag says nothing of the bytes.
 //!
 //! object_store asks for none of these, so this sends its own HEAD to a URL presigned with the
 //! origin's own credentials (object_store's [`Signer`], so the endpoint, addressing style and
@@ -35,6 +38,8 @@ pub struct Published {
     pub crc: Option<FullCrc>,
     /// A multipart upload's first part size, where the store says it.
     pub first_part: Option<u64>,
+    /// The whole object's MD5, where the store publishes it apart from the ETag.
+    pub md5: Option<[u8; 16]>,
 }
 
 /// Why the origin's published checksums could not be had.
@@ -61,6 +66,8 @@ pub enum Convention {
     S3,
     /// Google Cloud Storage (XML API).
     Gcs,
+    /// Azure Blob Storage.
+    Azure,
 }
 
 /// Asks one origin store for what it publishes.
@@ -98,9 +105,19 @@ impl PublishedChecksums {
         multipart: bool,
     ) -> Result<Published, PublishedError> {
         let headers = self.head(location, None, etag).await?;
-        let crc = match self.convention {
-            Convention::S3 => s3_full_crc(&headers),
-            Convention::Gcs => gcs_crc32c(&headers),
+        let (crc, md5) = match self.convention {
+            Convention::S3 => (s3_full_crc(&headers), None),
+            Convention::Gcs => (
+                gcs_hash(&headers, "crc32c=").map(|crc| FullCrc::Crc32c(u32::from_be_bytes(crc))),
+                gcs_hash(&headers, "md5="),
+            ),
+            Convention::Azure => (
+                None,
+                headers
+                    .get("content-md5")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(base64_number::<16>),
+            ),
         };
         // The multipart ETag is checked before the CRC (the stronger), so its part size is
         // asked whether or not a CRC is published.
@@ -112,7 +129,7 @@ impl PublishedChecksums {
         } else {
             None
         };
-        Ok(Published { crc, first_part })
+        Ok(Published { crc, first_part, md5 })
     }
 
     /// A HEAD of `location` (of one part of it), its answer's headers; the ETag must still be
@@ -183,16 +200,16 @@ fn s3_full_crc(headers: &HeaderMap) -> Option<FullCrc> {
         .map(|crc| FullCrc::Crc32(u32::from_be_bytes(crc)))
 }
 
-/// The CRC32C in GCS's `x-goog-hash` headers (one header per hash, or several in one).
-fn gcs_crc32c(headers: &HeaderMap) -> Option<FullCrc> {
+/// The hash named by `name` (`crc32c=`, `md5=`) in GCS's `x-goog-hash` headers (one header per
+/// hash, or several in one), if it is `N` bytes long.
+fn gcs_hash<const N: usize>(headers: &HeaderMap, name: &str) -> Option<[u8; N]> {
     headers
         .get_all("x-goog-hash")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .find_map(|hash| hash.trim().strip_prefix("crc32c="))
-        .and_then(base64_number::<4>)
-        .map(|crc| FullCrc::Crc32c(u32::from_be_bytes(crc)))
+        .find_map(|hash| hash.trim().strip_prefix(name))
+        .and_then(base64_number::<N>)
 }
 
 #[cfg(test)]
@@ -245,23 +262,25 @@ mod tests {
 
     #[test]
     fn gcs_hash_headers() {
-        let crc = Some(FullCrc::Crc32c(0x94e4_c0e7));
+        let crc = Some(0x94e4_c0e7_u32.to_be_bytes());
+        // The MD5 of nothing.
+        let md5 = Some([
+            0xd4, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04, 0xe9, 0x80, 0x09, 0x98, 0xec, 0xf8, 0x42, 0x7e,
+        ]);
+        let one = headers(&[("x-goog-hash", "crc32c=lOTA5w==,md5=1B2M2Y8AsgTpgAmY7PhCfg==")]);
+        let two = headers(&[
+            ("x-goog-hash", "md5=1B2M2Y8AsgTpgAmY7PhCfg=="),
+            ("x-goog-hash", "crc32c=lOTA5w=="),
+        ]);
+        for both in [one, two] {
+            assert_eq!(gcs_hash::<4>(&both, "crc32c="), crc);
+            assert_eq!(gcs_hash::<16>(&both, "md5="), md5);
+        }
+        let composite = headers(&[("x-goog-hash", "crc32c=lOTA5w==")]);
+        assert_eq!(gcs_hash::<16>(&composite, "md5="), None);
+        // A value of the wrong length is no hash.
         assert_eq!(
-            gcs_crc32c(&headers(&[(
-                "x-goog-hash",
-                "crc32c=lOTA5w==,md5=1B2M2Y8AsgTpgAmY7PhCfg=="
-            )])),
-            crc
-        );
-        assert_eq!(
-            gcs_crc32c(&headers(&[
-                ("x-goog-hash", "md5=1B2M2Y8AsgTpgAmY7PhCfg=="),
-                ("x-goog-hash", "crc32c=lOTA5w=="),
-            ])),
-            crc
-        );
-        assert_eq!(
-            gcs_crc32c(&headers(&[("x-goog-hash", "md5=1B2M2Y8AsgTpgAmY7PhCfg==")])),
+            gcs_hash::<16>(&headers(&[("x-goog-hash", "md5=lOTA5w==")]), "md5="),
             None
         );
     }

@@ -4,7 +4,8 @@
 //! in the background, one object at a time, reading the blocks from the cache. The strongest
 //! of these the origin has is used:
 //!
-//! - A single-part upload's ETag: the MD5 of the object (32 hex digits).
+//! - The object's MD5: GCS's `x-goog-hash` md5, Azure's `Content-MD5`, or else a single-part
+//!   upload's ETag (32 hex digits).
 //! - A multipart upload's ETag: the MD5 of its parts' binary MD5s and `-N`, N the number of
 //!   parts. The part sizes are not in the ETag; S3 gives the first part's size
 //!   (`HEAD ?partNumber=1`), and every part but the last is taken to have it. Where the store
@@ -16,8 +17,8 @@
 //!   `crc_only`, not `match`: a CRC is linear, so whoever chooses the bytes can make any change
 //!   keep it (a flipped byte and 4 or 8 solved ones per block); it catches corruption, never a
 //!   member that lies on purpose.
-//! - Any other ETag (Azure's, a local file's), or none: nothing to check against; counted
-//!   `unchecked`, and the blocks are kept.
+//! - Any other ETag (a local file's, an Azure blob's without `Content-MD5`), or none: nothing
+//!   to check against; counted `unchecked`, and the blocks are kept.
 //!
 //! Why MD5 over CRC: forging an MD5 to a given value takes a second preimage, which no one can
 //! compute; an MD5 collision (two chosen inputs with one MD5, which is practical) does not
@@ -452,6 +453,8 @@ impl Cache {
             },
             etag => etag,
         });
+        // An MD5 the store publishes apart from the ETag is the content's for sure.
+        let etag = published.md5.map(Checksum::Md5).or(etag);
         let identity = object.origin.identity_url();
         let usable = |kind: Kind| {
             let shape = (identity.to_owned(), kind);

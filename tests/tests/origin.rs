@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use larder_config::{IoEngineKind, OriginConfig, SourceConfig};
 use larder_engine as engine;
+use larder_origin::environment::Environment;
 use larder_origin::{ListEntry, Origin, OriginError};
 use larder_read_path::{Cache, OpenObject, Reader};
 use larder_stats::Stats;
@@ -152,8 +153,15 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
     let cache_dir = tempfile::tempdir().expect("tempdir");
     let config = test_config(cache_dir.path(), 1 << 20, IoEngineKind::Psync, &url);
     let stats = Arc::new(Stats::default());
-    let origin =
-        Arc::new(Origin::from_config(&config.sources[0], &config.origin, stats.clone()).expect("origin"));
+    let origin = Arc::new(
+        Origin::from_config(
+            &config.sources[0],
+            &config.origin,
+            stats.clone(),
+            &Environment::default(),
+        )
+        .expect("origin"),
+    );
     assert_eq!(
         origin.list_page("", None).await.expect("list").entries,
         vec![ListEntry::Prefix("datasets".into())]
@@ -175,8 +183,13 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
 fn unusable_source_urls_are_config_errors() {
     for url in ["ftp://host/x", "memory:///", "s3:///no-bucket"] {
         let source = SourceConfig::new("bad", url);
-        let error = Origin::from_config(&source, &OriginConfig::default(), Arc::new(Stats::default()))
-            .expect_err(url);
+        let error = Origin::from_config(
+            &source,
+            &OriginConfig::default(),
+            Arc::new(Stats::default()),
+            &Environment::default(),
+        )
+        .expect_err(url);
         assert!(matches!(error, OriginError::Config { .. }), "{url}: {error}");
         assert!(error.to_string().contains("bad"), "{error}");
     }

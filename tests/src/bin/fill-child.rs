@@ -11,6 +11,7 @@ use anyhow::Context;
 use larder_config::IoEngineKind;
 use larder_engine as engine;
 use larder_origin::Origin;
+use larder_origin::environment::Environment;
 use larder_read_path::{Cache, OpenObject, Reader};
 use larder_stats::Stats;
 use larder_store::BlockStore;
@@ -29,6 +30,7 @@ async fn main() -> anyhow::Result<()> {
         &config.sources[0],
         &config.origin,
         stats.clone(),
+        &Environment::process(),
     )?);
     let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth)?;
     let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
