@@ -6,10 +6,12 @@
 //!   `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, `AWS_ENDPOINT_URL`, ...). Where
 //!   no access key is set, the AWS CLI's shared files: the profile `AWS_PROFILE` (else
 //!   `default`) of `~/.aws/credentials` (`AWS_SHARED_CREDENTIALS_FILE`) for the keys and of
-//!   `~/.aws/config` (`AWS_CONFIG_FILE`) for `region` and `endpoint_url`. A profile that is
-//!   named but in neither file is an error, as it is for the CLI.
+//!   `~/.aws/config` (`AWS_CONFIG_FILE`) for `region` and `endpoint_url` (an `http://` endpoint
+//!   there is allowed as written). A profile that is named but in neither file is an error, as
+//!   it is for the CLI.
 //! - **GCS**: `GOOGLE_*` variables; `STORAGE_EMULATOR_HOST`, the name Google's client libraries
-//!   give an emulator's address (requests go there, unsigned); and where no credentials are
+//!   give an emulator's address (requests go there, unsigned, and no credentials are looked
+//!   for); and where no credentials are
 //!   named, gcloud's application default credentials
 //!   (`~/.config/gcloud/application_default_credentials.json`).
 //! - **Azure**: `AZURE_*` variables, over `AZURE_STORAGE_CONNECTION_STRING`, the connection
@@ -137,6 +139,12 @@ impl Environment {
             take(&credentials, &keys);
             take(&config, &keys);
         }
+        // The files have no key for it: an endpoint written with http:// is meant as it is.
+        if let Some(endpoint) = config.as_ref().and_then(|c| c.get("endpoint_url"))
+            && endpoint.starts_with("http://")
+        {
+            settings.push(("aws_allow_http".to_owned(), "true".to_owned()));
+        }
         Ok(settings)
     }
 
@@ -149,6 +157,13 @@ impl Environment {
             } else {
                 format!("http://{host}")
             };
+            // Nothing is signed, and no credentials are looked for: object_store's writes ask
+            // for a token even when told to sign nothing, which a key that disables OAuth
+            // gives without leaving the node.
+            let key = format!(
+                r#"{{"gcs_base_url":"{url}","disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}}"#
+            );
+            settings.push(("google_service_account_key".to_owned(), key));
             settings.push(("google_base_url".to_owned(), url));
             settings.push(("google_skip_signature".to_owned(), "true".to_owned()));
         }
@@ -312,6 +327,7 @@ mod tests {
                 ("aws_access_key_id", "AKGPU"),
                 ("aws_secret_access_key", "s2"),
                 ("aws_session_token", "t2"),
+                ("aws_allow_http", "true"),
                 ("aws_profile", "gpu"),
             ])
         );
@@ -344,6 +360,10 @@ mod tests {
         assert_eq!(
             settings(&[("STORAGE_EMULATOR_HOST", "127.0.0.1:4443")], Cloud::Gcs),
             pairs(&[
+                (
+                    "google_service_account_key",
+                    r#"{"gcs_base_url":"http://127.0.0.1:4443","disable_oauth":true,"client_email":"","private_key":"","private_key_id":""}"#
+                ),
                 ("google_base_url", "http://127.0.0.1:4443"),
                 ("google_skip_signature", "true"),
             ])

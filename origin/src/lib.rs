@@ -25,7 +25,6 @@ use larder_object::{Identity, ObjectVersion};
 use larder_stats::{Stats, add};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
-use object_store::signer::Signer;
 use object_store::{
     BackoffConfig, ClientConfigKey, GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt,
     ObjectStoreScheme, RetryConfig,
@@ -35,7 +34,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::environment::{Cloud, Environment};
-use crate::published::{Convention, Published, PublishedChecksums};
+use crate::published::{Convention, Published, PublishedChecksums, Urls};
 
 /// Why an origin request failed, sorted by what the caller does about it.
 #[derive(Debug, thiserror::Error)]
@@ -227,7 +226,7 @@ pub enum ListEntry {
 }
 
 /// Most entries asked for in one listing request (S3's own limit).
-const PAGE_KEYS: usize = 1000;
+pub const PAGE_KEYS: usize = 1000;
 
 /// One page of a delimited listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -441,25 +440,39 @@ impl Origin {
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
                 );
-                published = Some((s3.clone() as Arc<dyn Signer>, Convention::S3));
+                published = Some((Urls::Presigned(s3.clone()), Convention::S3));
                 paged(s3)
             }
             ObjectStoreScheme::GoogleCloudStorage => {
                 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-                let gcs = Arc::new(
-                    configured(
-                        GoogleCloudStorageBuilder::new(),
-                        settings(Cloud::Gcs)?,
-                        &client,
-                        GoogleCloudStorageBuilder::with_config,
-                        GoogleConfigKey::Client,
-                    )
-                    .with_url(url.as_str())
-                    .with_retry(no_retries)
-                    .build()
-                    .map_err(|e| config_error(e.to_string()))?,
-                );
-                published = Some((gcs.clone() as Arc<dyn Signer>, Convention::Gcs));
+                let builder = configured(
+                    GoogleCloudStorageBuilder::new(),
+                    settings(Cloud::Gcs)?,
+                    &client,
+                    GoogleCloudStorageBuilder::with_config,
+                    GoogleConfigKey::Client,
+                )
+                .with_url(url.as_str())
+                .with_retry(no_retries);
+                let gcs = Arc::new(builder.clone().build().map_err(|e| config_error(e.to_string()))?);
+                // An emulator is sent no credentials: its signer would go looking for some
+                // (the metadata server, Google's signing service).
+                let unsigned = builder
+                    .get_config_value(&GoogleConfigKey::SkipSignature)
+                    .as_deref()
+                    == Some("true");
+                let urls = if unsigned {
+                    let base = builder
+                        .get_config_value(&GoogleConfigKey::BaseUrl)
+                        .unwrap_or_else(|| "https://storage.googleapis.com".to_owned());
+                    let bucket = builder
+                        .get_config_value(&GoogleConfigKey::Bucket)
+                        .unwrap_or_default();
+                    Urls::Unsigned(format!("{}/{bucket}", base.trim_end_matches('/')))
+                } else {
+                    Urls::Presigned(gcs.clone())
+                };
+                published = Some((urls, Convention::Gcs));
                 paged(gcs)
             }
             ObjectStoreScheme::MicrosoftAzure => {
@@ -477,15 +490,19 @@ impl Origin {
                     .build()
                     .map_err(|e| config_error(e.to_string()))?,
                 );
-                published = Some((azure.clone() as Arc<dyn Signer>, Convention::Azure));
+                published = Some((Urls::Presigned(azure.clone()), Convention::Azure));
                 paged(azure)
             }
             ObjectStoreScheme::Http => {
                 let mut base = url.clone();
                 base.set_path("");
+                // A source written with http:// is meant as it is (object_store refuses plain
+                // HTTP unless told).
+                let plain = (ClientConfigKey::AllowHttp, (url.scheme() == "http").to_string());
                 let store: Arc<dyn ObjectStore> = Arc::new(
                     client
                         .iter()
+                        .chain([&plain])
                         .fold(object_store::http::HttpBuilder::new(), |b, (k, v)| {
                             b.with_config(*k, v)
                         })
@@ -516,8 +533,8 @@ impl Origin {
             None => origin,
         };
         Ok(match published {
-            Some((signer, convention)) => {
-                let checksums = PublishedChecksums::new(signer, convention, config.request_timeout)
+            Some((urls, convention)) => {
+                let checksums = PublishedChecksums::new(urls, convention, config.request_timeout)
                     .map_err(|e| config_error(format!("cannot build an HTTP client: {e}")))?;
                 origin.with_published_checksums(checksums)
             }
@@ -929,6 +946,11 @@ impl Origin {
                         0,
                         Failure::Transient(TransientError::Timeout(self.request_timeout)),
                     ));
+                }
+                // The pinned generation (GCS) or version ID is no longer there: the object was
+                // replaced or deleted since it was opened.
+                Ok(Err(object_store::Error::NotFound { .. })) if version.version.is_some() => {
+                    return Err((0, Failure::Final(self.version_changed(version))));
                 }
                 Ok(Err(e)) => return Err((0, self.classify(&version.key, e))),
                 Ok(Ok(response)) => response,

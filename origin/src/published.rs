@@ -14,7 +14,7 @@
 //!   Azure's ETag says nothing of the bytes.
 //!
 //! object_store asks for none of these, so this sends its own HEAD to a URL presigned with the
-//! origin's own credentials (object_store's [`Signer`], so the endpoint, addressing style and
+//! origin's own credentials (or plain, to an emulator sent none) (object_store's [`Signer`], so the endpoint, addressing style and
 //! signature are exactly the store's), with the extra query and header folded into the signature.
 //! Anything that goes wrong leaves the check to the ETag: nothing here can fail a read.
 
@@ -48,6 +48,9 @@ pub enum PublishedError {
     /// The store could not presign the HEAD (no signing credentials, say).
     #[error("cannot presign a HEAD: {0}")]
     Presign(#[from] object_store::Error),
+    /// The store's URL and the key make no URL.
+    #[error("no URL for the HEAD: {0}")]
+    Url(#[from] url::ParseError),
     /// The HEAD itself failed.
     #[error("HEAD failed: {0}")]
     Request(#[from] reqwest::Error),
@@ -70,27 +73,33 @@ pub enum Convention {
     Azure,
 }
 
+/// How a HEAD's URL is made.
+#[derive(Debug)]
+pub enum Urls {
+    /// Presigned with the origin's own credentials.
+    Presigned(Arc<dyn Signer>),
+    /// Under this base (the bucket's URL), unsigned: for a store that is sent no credentials
+    /// (an emulator), whose signer would go looking for some.
+    Unsigned(String),
+}
+
 /// Asks one origin store for what it publishes.
 #[derive(Debug)]
 pub struct PublishedChecksums {
-    signer: Arc<dyn Signer>,
+    urls: Urls,
     convention: Convention,
     http: reqwest::Client,
 }
 
 impl PublishedChecksums {
-    /// Asks through `signer`'s presigned URLs, with requests bounded by `timeout`.
-    pub fn new(
-        signer: Arc<dyn Signer>,
-        convention: Convention,
-        timeout: Duration,
-    ) -> Result<Self, reqwest::Error> {
+    /// Asks at `urls`, with requests bounded by `timeout`.
+    pub fn new(urls: Urls, convention: Convention, timeout: Duration) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
             .build()?;
         Ok(Self {
-            signer,
+            urls,
             convention,
             http,
         })
@@ -153,14 +162,16 @@ impl PublishedChecksums {
                 options = options.with_query([("partNumber", part.to_string())]);
             }
         }
-        let url = if options.is_empty() {
-            self.signer
-                .signed_url(Method::HEAD, location, URL_LIFETIME)
-                .await?
-        } else {
-            self.signer
-                .signed_url_opts(Method::HEAD, location, URL_LIFETIME, &options)
-                .await?
+        let url = match &self.urls {
+            Urls::Unsigned(base) => url::Url::parse(&format!("{base}/{location}"))?,
+            Urls::Presigned(signer) if options.is_empty() => {
+                signer.signed_url(Method::HEAD, location, URL_LIFETIME).await?
+            }
+            Urls::Presigned(signer) => {
+                signer
+                    .signed_url_opts(Method::HEAD, location, URL_LIFETIME, &options)
+                    .await?
+            }
         };
         let mut response = self.http.head(url).headers(headers).send().await?;
         if !response.status().is_success() {

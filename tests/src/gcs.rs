@@ -4,8 +4,9 @@
 //!
 //! Where it differs from the real service, as far as Larder meets it: it answers the XML API
 //! (the one object_store's GCS client lists and reads with) only for requests whose host is its
-//! `-public-host`, so it is started with its own address there; and it lists ETags bare where a
-//! GET's answer quotes them (GCS quotes both).
+//! `-public-host`, so it is started with its own address there; it lists ETags bare where a
+//! GET's answer quotes them (GCS quotes both); its XML API takes no uploads (objects are written
+//! through its JSON API) and ignores `max-keys`, answering a whole level in one page.
 
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::PathBuf;
@@ -93,13 +94,47 @@ impl FakeGcs {
         bail!("fake-gcs-server is not in bench/.venv: run scripts/test")
     }
 
-    /// What the daemon's environment needs to reach it: its base URL and no signing.
-    pub fn env(&self) -> [(&'static str, String); 2] {
-        [
-            ("GOOGLE_BASE_URL", self.endpoint.clone()),
-            ("GOOGLE_SKIP_SIGNATURE", "true".to_owned()),
-        ]
+    /// What the daemon's environment needs to reach it: its address, named as Google's client
+    /// libraries name an emulator's.
+    pub fn env(&self) -> [(&'static str, String); 1] {
+        [("STORAGE_EMULATOR_HOST", self.endpoint.clone())]
     }
+
+    /// Uploads `bytes` at `key`, replacing what is there. Through the JSON API: the emulator's
+    /// XML API (object_store's) takes no uploads.
+    pub fn put(&self, key: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        let target = format!(
+            "/upload/storage/v1/b/{}/o?uploadType=media&name={}",
+            self.bucket,
+            encoded(key)
+        );
+        self.call("POST", &target, bytes)
+    }
+
+    /// Deletes the object at `key`.
+    pub fn delete(&self, key: &str) -> anyhow::Result<()> {
+        let target = format!("/storage/v1/b/{}/o/{}", self.bucket, encoded(key));
+        self.call("DELETE", &target, b"")
+    }
+
+    fn call(&self, method: &str, target: &str, body: &[u8]) -> anyhow::Result<()> {
+        let address = self.endpoint.trim_start_matches("http://");
+        let (status, answer) = crate::http1::request(address, method, target, &[], body)?;
+        if !(200..300).contains(&status) {
+            bail!("fake-gcs-server answered {method} {target} with {status}: {answer}");
+        }
+        Ok(())
+    }
+}
+
+/// `key` as one percent-encoded URL component.
+fn encoded(key: &str) -> String {
+    key.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 impl Bucket for FakeGcs {

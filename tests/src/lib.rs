@@ -19,15 +19,19 @@
 //!   flipped byte, connections closed unanswered): the TCP fault proxy of process tests.
 //! - [`oci`] holds the real components of the OCI registry mirror's tests: a registry
 //!   ([`oci::Registry`]), a multi-platform test image, a pusher (skopeo) and containerd.
+//! - [`gcs::FakeGcs`], [`azurite::Azurite`] and [`webdav::WebDav`] run the emulators of GCS and
+//!   Azure Blob Storage and a WebDAV server (the HTTP origin's), each on a port of its own.
 //! - [`FaultStore`] forwards every `ObjectStore` method to a real store, logging requests and
 //!   injecting the faults of a [`FaultPlan`].
 
+pub mod azurite;
 pub mod daemon;
 pub mod dns;
 pub mod fake_peer;
 mod fault;
 pub mod fixture;
 pub mod gcs;
+mod http1;
 pub mod kube;
 pub mod oci;
 mod ports;
@@ -35,6 +39,7 @@ mod proxy;
 pub mod rack;
 pub mod seaweed;
 mod server;
+pub mod webdav;
 
 pub use fault::{FaultPlan, FaultStore, Request, RequestKind};
 pub use ports::free_port;
