@@ -760,33 +760,6 @@ async fn a_rack_over_tls_shares_blocks_and_a_member_of_another_ca_gets_none() {
     .expect("join");
 }
 
-/// Member 0's objects checked against the origin's checksum that ended with `result`.
-fn origin_checks(rack: &Rack, result: &str) -> f64 {
-    let series = format!("larder_peer_origin_checks_total{{result=\"{result}\"}}");
-    rack.metric(0, &series).expect("metrics")
-}
-
-/// Waits up to a minute for member 0 to count `n` origin checks that ended with `result`;
-/// says whether it did.
-fn wait_for_checks(rack: &Rack, result: &str, n: f64) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while origin_checks(rack, result) < n {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    true
-}
-
-/// The state of member `id` in member 0's status.
-fn member_state(rack: &Rack, id: &str) -> String {
-    let status = rack.daemon(0).status();
-    let members = status["peers"]["members"].as_array().cloned().unwrap_or_default();
-    let member = members.iter().find(|m| m["id"] == id);
-    member.map_or_else(|| format!("missing from {status}"), |m| m["state"].to_string())
-}
-
 /// A member that lies (wrong bytes with their own BLAKE3 and tags) and no sealed manifest:
 /// its bytes reach the reader, but once the object is complete its check against the origin's
 /// ETag drops them; a reread gets the origin's bytes, fetched again; the liar is marked down.
@@ -804,7 +777,7 @@ async fn a_lying_member_is_caught_by_the_origin_checksum(
     let (rack, proxy, first, caught) = tokio::task::spawn_blocking(move || {
         let rack = Rack::start(Path::new(BIN), &proxy, 1, extra, &[member]).expect("rack");
         let first = std::fs::read(rack.daemon(0).mount.join(MODEL)).expect("first read");
-        let caught = wait_for_checks(&rack, "mismatch", 1.0);
+        let caught = rack.wait_for_origin_checks(0, "mismatch", 1.0);
         (rack, proxy, first, caught)
     })
     .await
@@ -830,9 +803,9 @@ async fn a_lying_member_is_caught_by_the_origin_checksum(
         proxy.body_bytes() > before,
         "the reread did not fetch the dropped blocks from the origin"
     );
-    assert_eq!(origin_checks(&rack, "match"), 0.0);
-    assert_eq!(origin_checks(&rack, "crc_only"), 0.0);
-    assert_eq!(member_state(&rack, "f"), "\"down\"");
+    assert_eq!(rack.origin_checks(0, "match"), 0.0);
+    assert_eq!(rack.origin_checks(0, "crc_only"), 0.0);
+    assert_eq!(rack.member_state(0, "f"), "\"down\"");
     let log = rack.log(0);
     assert!(
         log.lines().any(|l| l.contains("WARN")
@@ -890,7 +863,7 @@ async fn a_truthful_rack_passes_the_origin_check_and_nothing_is_fetched_twice() 
                 "{key}: wrong bytes"
             );
         }
-        let checked = wait_for_checks(&rack, "match", objects.len() as f64);
+        let checked = rack.wait_for_origin_checks(0, "match", objects.len() as f64);
         (rack, proxy, checked)
     })
     .await
@@ -898,9 +871,9 @@ async fn a_truthful_rack_passes_the_origin_check_and_nothing_is_fetched_twice() 
     report_failures(&rack, &[0, 1]);
     assert!(peer_bytes(&rack, 0) > 0, "n0 read nothing from its peer");
     assert!(checked, "not every object was checked; log:\n{}", rack.log(0));
-    assert_eq!(origin_checks(&rack, "mismatch"), 0.0);
-    assert_eq!(origin_checks(&rack, "unchecked"), 0.0);
-    assert_eq!(member_state(&rack, "n1"), "\"up\"");
+    assert_eq!(rack.origin_checks(0, "mismatch"), 0.0);
+    assert_eq!(rack.origin_checks(0, "unchecked"), 0.0);
+    assert_eq!(rack.member_state(0, "n1"), "\"up\"");
     // Each byte once (and the blocks of answers that came late on a loaded machine): the
     // checks read the cache, not the origin.
     let fetched = proxy.body_bytes();
@@ -914,7 +887,7 @@ async fn a_truthful_rack_passes_the_origin_check_and_nothing_is_fetched_twice() 
         .metric(0, "larder_peer_origin_check_read_bytes_total")
         .expect("metrics");
     assert_eq!(read_back, total as f64);
-    assert_eq!(origin_checks(&rack, "crc_only"), 0.0);
+    assert_eq!(rack.origin_checks(0, "crc_only"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -984,13 +957,13 @@ async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_o
             );
             // One object's check at a time, in the order read.
             assert!(
-                wait_for_checks(&rack, "match", 1.0),
+                rack.wait_for_origin_checks(0, "match", 1.0),
                 "no check; log:\n{}",
                 rack.log(0)
             );
         }
         assert!(
-            wait_for_checks(&rack, "unchecked", 1.0),
+            rack.wait_for_origin_checks(0, "unchecked", 1.0),
             "the second object was compared too"
         );
         (rack, proxy, first_from_peer)
@@ -998,8 +971,8 @@ async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_o
     .await
     .expect("join");
     assert!(peer_bytes(&rack, 0) > 0, "n0 read nothing from its peer");
-    assert_eq!(origin_checks(&rack, "match"), 1.0);
-    assert_eq!(origin_checks(&rack, "mismatch"), 0.0);
+    assert_eq!(rack.origin_checks(0, "match"), 1.0);
+    assert_eq!(rack.origin_checks(0, "mismatch"), 0.0);
     // Both objects once, and the first object's blocks from the peer a second time (and the
     // blocks of answers that came late on a loaded machine).
     let fetched = proxy.body_bytes() as f64;
@@ -1018,7 +991,7 @@ async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_o
             "wrong bytes"
         );
         assert!(
-            wait_for_checks(&rack, "crc_only", 1.0),
+            rack.wait_for_origin_checks(0, "crc_only", 1.0),
             "no CRC check; log:\n{}",
             rack.log(0)
         );
@@ -1030,7 +1003,7 @@ async fn etags_that_are_not_the_md5_cost_one_comparison_per_origin_not_one_per_o
             "{}",
             String::from_utf8_lossy(&prefetch.stderr)
         );
-        assert_eq!(origin_checks(&rack, "match"), 1.0, "a CRC was called a match");
+        assert_eq!(rack.origin_checks(0, "match"), 1.0, "a CRC was called a match");
         String::from_utf8_lossy(&prefetch.stderr).into_owned()
     })
     .await

@@ -229,6 +229,21 @@ impl Identity {
     }
 }
 
+/// The one spelling of an ETag that identities use: quoted, as HTTP writes it. Some stores list
+/// an ETag bare and quote it in a HEAD's answer (fake-gcs-server): one version must have one id
+/// however it was seen. A tag already quoted (S3's, always) is kept as it is.
+fn quoted(etag: &str) -> String {
+    let (weak, tag) = match etag.strip_prefix("W/") {
+        Some(tag) => ("W/", tag),
+        None => ("", etag),
+    };
+    if tag.len() >= 2 && tag.starts_with('"') && tag.ends_with('"') {
+        etag.to_owned()
+    } else {
+        format!("{weak}\"{tag}\"")
+    }
+}
+
 /// The one spelling of a source URL that identities use (the rules are in the module doc).
 /// A string that is not a URL object_store could serve stays as written: no source is ever
 /// built from it.
@@ -282,7 +297,7 @@ impl ObjectVersion {
             return (**content).clone();
         }
         let tag = match (&self.etag, &self.version) {
-            (Some(etag), _) => VersionTag::ETag(etag.clone()),
+            (Some(etag), _) => VersionTag::ETag(quoted(etag)),
             (None, Some(version)) => VersionTag::VersionId(version.clone()),
             (None, None) => VersionTag::Unversioned,
         };
@@ -319,6 +334,21 @@ mod tests {
             modified: SystemTime::UNIX_EPOCH,
             content: None,
         }
+    }
+
+    #[test]
+    fn an_etag_seen_bare_or_quoted_names_one_version() {
+        let with = |etag: &str| {
+            ObjectVersion {
+                etag: Some(etag.into()),
+                ..version()
+            }
+            .id()
+        };
+        assert_eq!(with("abc"), with("\"abc\""));
+        assert_eq!(with("W/abc"), with("W/\"abc\""));
+        assert_ne!(with("abc"), with("W/\"abc\""));
+        assert_ne!(with("abc"), with("\"abd\""));
     }
 
     /// The id of the version an origin configured with `url` gives.

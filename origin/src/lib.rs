@@ -465,9 +465,8 @@ impl Origin {
                     let base = builder
                         .get_config_value(&GoogleConfigKey::BaseUrl)
                         .unwrap_or_else(|| "https://storage.googleapis.com".to_owned());
-                    let bucket = builder
-                        .get_config_value(&GoogleConfigKey::Bucket)
-                        .unwrap_or_default();
+                    // `gs://BUCKET/...` (the builder reads its URL only when it builds).
+                    let bucket = url.host_str().unwrap_or_default();
                     Urls::Unsigned(format!("{}/{bucket}", base.trim_end_matches('/')))
                 } else {
                     Urls::Presigned(gcs.clone())

@@ -162,14 +162,21 @@ impl PublishedChecksums {
                 options = options.with_query([("partNumber", part.to_string())]);
             }
         }
+        // An Azure SAS grants permissions, not a method, and object_store grants none for a
+        // HEAD: one for reading (GET) lets a HEAD read the blob's properties. S3's and GCS's
+        // signatures cover the method itself.
+        let method = match self.convention {
+            Convention::Azure => Method::GET,
+            Convention::S3 | Convention::Gcs => Method::HEAD,
+        };
         let url = match &self.urls {
             Urls::Unsigned(base) => url::Url::parse(&format!("{base}/{location}"))?,
             Urls::Presigned(signer) if options.is_empty() => {
-                signer.signed_url(Method::HEAD, location, URL_LIFETIME).await?
+                signer.signed_url(method, location, URL_LIFETIME).await?
             }
             Urls::Presigned(signer) => {
                 signer
-                    .signed_url_opts(Method::HEAD, location, URL_LIFETIME, &options)
+                    .signed_url_opts(method, location, URL_LIFETIME, &options)
                     .await?
             }
         };

@@ -84,16 +84,11 @@ impl Azurite {
         Ok(binary)
     }
 
-    /// The account's blob endpoint.
-    fn blob_endpoint(&self) -> String {
-        format!("http://{}/{ACCOUNT}", self.address)
-    }
-
-    /// The connection string the Azure CLI and SDKs take, signing with `key`.
-    pub fn connection_string_with_key(&self, key: &str) -> String {
+    /// The connection string the Azure CLI and SDKs take, for the account at `endpoint`
+    /// (`http://host:port`: this emulator's, or a proxy's in front of it), signing with `key`.
+    pub fn connection_string(&self, endpoint: &str, key: &str) -> String {
         format!(
-            "DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};BlobEndpoint={};",
-            self.blob_endpoint()
+            "DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};BlobEndpoint={endpoint}/{ACCOUNT};"
         )
     }
 
@@ -101,17 +96,18 @@ impl Azurite {
     pub fn env(&self) -> [(&'static str, String); 1] {
         [(
             "AZURE_STORAGE_CONNECTION_STRING",
-            self.connection_string_with_key(ACCOUNT_KEY),
+            self.connection_string(&Bucket::endpoint(self), ACCOUNT_KEY),
         )]
     }
 
     /// A client of the container, for tests to write and delete blobs with.
     pub fn client(&self) -> anyhow::Result<Arc<MicrosoftAzure>> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Ok(Arc::new(
             MicrosoftAzureBuilder::new()
                 .with_account(ACCOUNT)
                 .with_access_key(ACCOUNT_KEY)
-                .with_endpoint(self.blob_endpoint())
+                .with_endpoint(format!("{}/{ACCOUNT}", Bucket::endpoint(self)))
                 .with_allow_http(true)
                 .with_container_name(&self.container)
                 .build()?,

@@ -22,6 +22,9 @@ use crate::Bucket;
 #[derive(Debug)]
 pub struct FakeGcs {
     child: Child,
+    /// Where it listens.
+    address: String,
+    /// `http://` and the host it answers the XML API for.
     endpoint: String,
     bucket: String,
     _dir: TempDir,
@@ -30,6 +33,18 @@ pub struct FakeGcs {
 impl FakeGcs {
     /// Starts the emulator with `bucket` holding `objects` (key and bytes).
     pub fn start(bucket: &str, objects: &[(&str, &[u8])]) -> anyhow::Result<Self> {
+        let port = crate::free_port(Ipv4Addr::LOCALHOST)?;
+        Self::start_at(bucket, objects, port, &format!("127.0.0.1:{port}"))
+    }
+
+    /// Starts the emulator on `port`, answering the XML API for requests to `public_host`: a
+    /// proxy in front of it (which passes the `Host` header on) has its own address there.
+    pub fn start_at(
+        bucket: &str,
+        objects: &[(&str, &[u8])],
+        port: u16,
+        public_host: &str,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new().prefix("larder-gcs").tempdir()?;
         let data = dir.path().join("data");
         for (key, bytes) in objects {
@@ -38,7 +53,6 @@ impl FakeGcs {
             std::fs::write(path, bytes)?;
         }
         std::fs::create_dir_all(data.join(bucket))?;
-        let port = crate::free_port(Ipv4Addr::LOCALHOST)?;
         let address = format!("127.0.0.1:{port}");
         let binary = Self::installed_binary()?;
         let child = Command::new(&binary)
@@ -50,7 +64,7 @@ impl FakeGcs {
                 "-port",
                 &port.to_string(),
             ])
-            .args(["-public-host", &address, "-log-level", "warn", "-data"])
+            .args(["-public-host", public_host, "-log-level", "warn", "-data"])
             .arg(&data)
             .arg("-filesystem-root")
             .arg(dir.path().join("storage"))
@@ -60,7 +74,8 @@ impl FakeGcs {
             .with_context(|| format!("starting {}", binary.display()))?;
         let gcs = Self {
             child,
-            endpoint: format!("http://{address}"),
+            address: address.clone(),
+            endpoint: format!("http://{public_host}"),
             bucket: bucket.to_owned(),
             _dir: dir,
         };
@@ -118,8 +133,7 @@ impl FakeGcs {
     }
 
     fn call(&self, method: &str, target: &str, body: &[u8]) -> anyhow::Result<()> {
-        let address = self.endpoint.trim_start_matches("http://");
-        let (status, answer) = crate::http1::request(address, method, target, &[], body)?;
+        let (status, answer) = crate::http1::request(&self.address, method, target, &[], body)?;
         if !(200..300).contains(&status) {
             bail!("fake-gcs-server answered {method} {target} with {status}: {answer}");
         }

@@ -214,6 +214,18 @@ impl Rack {
         others: &[String],
         listing: Listing,
     ) -> anyhow::Result<Self> {
+        Self::listed(bin, bucket, n, extra, others, listing, &[])
+    }
+
+    fn listed(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        n: usize,
+        extra: &[&str],
+        others: &[String],
+        listing: Listing,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let ip = |i| {
             if listing.one_address {
                 Ipv4Addr::LOCALHOST
@@ -239,7 +251,21 @@ impl Rack {
             rack,
             extra,
             &["--peers", &members.join(",")],
+            env,
         )
+    }
+
+    /// Starts members as [`Rack::start`] does, with the environment variables `env` set (an
+    /// origin's endpoint and credentials).
+    pub fn start_with_env(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        n: usize,
+        extra: &[&str],
+        others: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        Self::listed(bin, bucket, n, extra, others, Listing::HARNESS, env)
     }
 
     /// Starts `n` members as [`Rack::start`] does, all listening on one port, finding each
@@ -263,11 +289,11 @@ impl Rack {
             "--peer-dns-interval",
             "1s",
         ];
-        Self::launch(bin, bucket, addresses, Some("r1"), extra, &discovery)
+        Self::launch(bin, bucket, addresses, Some("r1"), extra, &discovery, &[])
     }
 
     /// Starts a member at each of `addresses` in `rack`, with `extra` and `discovery`
-    /// arguments.
+    /// arguments and the environment variables `env`.
     fn launch(
         bin: &Path,
         bucket: &dyn Bucket,
@@ -275,6 +301,7 @@ impl Rack {
         rack: Option<&str>,
         extra: &[&str],
         discovery: &[&str],
+        env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let root = tempfile::tempdir()?;
         let key_file = write_key_file(root.path(), SECRET)?;
@@ -305,9 +332,10 @@ impl Rack {
             args.extend_from_slice(discovery);
             args.extend_from_slice(extra);
             // Failed peer requests are logged at debug: the log says why a run went elsewhere.
-            let log = [("LARDER_LOG", "info,larder_peers=debug")];
+            let mut vars = vec![("LARDER_LOG", "info,larder_peers=debug")];
+            vars.extend_from_slice(env);
             daemons.push(Some(DaemonProcess::start_with_env(
-                bin, bucket, &dir, &args, &log,
+                bin, bucket, &dir, &args, &vars,
             )?));
             dirs.push(dir);
         }
@@ -358,6 +386,34 @@ impl Rack {
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
             .map_or(Ok(0.0), str::parse)?;
         Ok(value)
+    }
+
+    /// Member `index`'s objects checked against the origin's checksum that ended with
+    /// `result`.
+    pub fn origin_checks(&self, index: usize, result: &str) -> f64 {
+        let series = format!("larder_peer_origin_checks_total{{result=\"{result}\"}}");
+        self.metric(index, &series).expect("metrics")
+    }
+
+    /// Waits up to a minute for member `index` to count `n` origin checks that ended with
+    /// `result`; says whether it did.
+    pub fn wait_for_origin_checks(&self, index: usize, result: &str, n: f64) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while self.origin_checks(index, result) < n {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        true
+    }
+
+    /// The state of member `id` in member `index`'s status.
+    pub fn member_state(&self, index: usize, id: &str) -> String {
+        let status = self.daemon(index).status();
+        let members = status["peers"]["members"].as_array().cloned().unwrap_or_default();
+        let member = members.iter().find(|m| m["id"] == id);
+        member.map_or_else(|| format!("missing from {status}"), |m| m["state"].to_string())
     }
 
     /// Member `index`'s log so far.

@@ -27,6 +27,7 @@ use larder_tests::gcs::FakeGcs;
 use larder_tests::seaweed::Seaweed;
 use larder_tests::webdav::{WebDav, write_under};
 use larder_tests::{ACCESS_KEY, Bucket, S3Server, SECRET_KEY, content};
+use md5::Digest;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use test_case::test_case;
@@ -65,6 +66,9 @@ struct Store {
     paged: bool,
     /// Whether a version is pinned by a number of its own besides the ETag (GCS generations).
     generations: bool,
+    /// Whether the store publishes an object's MD5 apart from its ETag (GCS's `x-goog-hash`,
+    /// Azure's `Content-MD5`), which the origin check of rack peers' blocks uses.
+    publishes_md5: bool,
     _servers: Vec<Box<dyn std::any::Any>>,
 }
 
@@ -112,6 +116,7 @@ impl Store {
                     writer: Writer::Api(server.client().expect("client")),
                     paged: true,
                     generations: false,
+                    publishes_md5: false,
                     _servers: vec![Box::new(server)],
                 }
             }
@@ -127,6 +132,7 @@ impl Store {
                     writer: Writer::Api(server.client().expect("client")),
                     paged: true,
                     generations: false,
+                    publishes_md5: false,
                     _servers: vec![Box::new(server), Box::new(homes)],
                 }
             }
@@ -144,6 +150,7 @@ impl Store {
                     // (the service pages at 1000): paging is not proven against GCS here.
                     paged: false,
                     generations: true,
+                    publishes_md5: true,
                     _servers: vec![Box::new(server)],
                 }
             }
@@ -154,7 +161,7 @@ impl Store {
                 let wrong = azurite::ACCOUNT_KEY.replace('E', "F");
                 let denied: Environment = [(
                     "AZURE_STORAGE_CONNECTION_STRING",
-                    server.connection_string_with_key(&wrong),
+                    server.connection_string(&server.endpoint(), &wrong),
                 )]
                 .into_iter()
                 .collect();
@@ -165,6 +172,7 @@ impl Store {
                     writer: Writer::Api(server.client().expect("client")),
                     paged: true,
                     generations: false,
+                    publishes_md5: true,
                     _servers: vec![Box::new(server)],
                 }
             }
@@ -179,6 +187,7 @@ impl Store {
                     writer: Writer::Dir(dir.path().to_owned()),
                     paged: false,
                     generations: false,
+                    publishes_md5: false,
                     _servers: vec![Box::new(dir)],
                 }
             }
@@ -193,6 +202,7 @@ impl Store {
                     writer: Writer::Dir(server.root()),
                     paged: false,
                     generations: false,
+                    publishes_md5: false,
                     _servers: vec![Box::new(server), Box::new(guarded)],
                 }
             }
@@ -311,6 +321,9 @@ async fn reads_ranges_pins_versions_and_refuses_what_changed(store: &Store) {
     assert_eq!(pinned.size, size);
     assert!(pinned.etag.is_some(), "every store gives an ETag: {pinned:?}");
     assert_eq!(pinned.version.is_some(), store.generations, "{pinned:?}");
+    let published = origin.published(&pinned, false).await;
+    let md5: [u8; 16] = md5::Md5::digest(&old).into();
+    assert_eq!(published.md5, store.publishes_md5.then_some(md5), "{published:?}");
     for range in [
         0..1,
         BLOCK - 1..BLOCK + 1,
