@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures::StreamExt;
 use larder_config::{OriginConfig, Redacted, SourceConfig, SourceUrl};
@@ -26,8 +28,8 @@ use larder_stats::{Stats, add};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 use object_store::{
-    BackoffConfig, ClientConfigKey, GetOptions, GetRange, ListResult, ObjectStore, ObjectStoreExt,
-    ObjectStoreScheme, RetryConfig,
+    BackoffConfig, ClientConfigKey, ClientOptions, GetOptions, GetRange, ListResult, ObjectStore,
+    ObjectStoreExt, ObjectStoreScheme, RetryConfig,
 };
 use parking_lot::Mutex;
 use rand::Rng;
@@ -498,13 +500,37 @@ impl Origin {
                 // A source written with http:// is meant as it is (object_store refuses plain
                 // HTTP unless told).
                 let plain = (ClientConfigKey::AllowHttp, (url.scheme() == "http").to_string());
+                let mut options = client
+                    .iter()
+                    .chain([&plain])
+                    .fold(ClientOptions::new(), |o, (k, v)| o.with_config(*k, v));
+                // The URL's user and password are its credentials, sent as HTTP Basic: the
+                // client takes none from the URL (and its errors would quote them).
+                if !url.username().is_empty() {
+                    let decoded = |s: &str| {
+                        percent_encoding::percent_decode_str(s)
+                            .decode_utf8_lossy()
+                            .into_owned()
+                    };
+                    let pair = format!(
+                        "{}:{}",
+                        decoded(url.username()),
+                        decoded(url.password().unwrap_or_default())
+                    );
+                    let mut value =
+                        reqwest::header::HeaderValue::from_str(&format!("Basic {}", BASE64.encode(pair)))
+                            .map_err(|e| config_error(format!("the URL's user and password: {e}")))?;
+                    value.set_sensitive(true);
+                    let headers =
+                        reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, value)]);
+                    options = options.with_default_headers(headers);
+                    // Neither can fail on a URL with a host, which an http(s) URL has.
+                    let _ = base.set_username("");
+                    let _ = base.set_password(None);
+                }
                 let store: Arc<dyn ObjectStore> = Arc::new(
-                    client
-                        .iter()
-                        .chain([&plain])
-                        .fold(object_store::http::HttpBuilder::new(), |b, (k, v)| {
-                            b.with_config(*k, v)
-                        })
+                    object_store::http::HttpBuilder::new()
+                        .with_client_options(options)
                         .with_url(base.as_str())
                         .with_retry(no_retries)
                         .build()

@@ -388,3 +388,25 @@ async fn tells_missing_from_denied(store: &Store) {
     assert!(message.contains("conformance"), "{message}");
     assert!(!message.contains("wrong-secret"), "the secret leaked: {message}");
 }
+
+/// The user and password of an `http(s)://` source's URL are its credentials (HTTP Basic).
+#[tokio::test]
+async fn an_http_origin_signs_in_with_the_user_and_password_of_its_url() {
+    let server = WebDav::start_with_password().expect("wsgidav");
+    server.write("weights/a.bin", b"guarded").expect("write");
+    let url = server.url("").replace("http://", "http://larder:secret@");
+    let source = SourceConfig::new("conformance", url.as_str());
+    let origin = Origin::from_config(
+        &source,
+        &OriginConfig::default(),
+        Arc::new(Stats::default()),
+        &Environment::default(),
+    )
+    .expect("origin");
+    let version = origin
+        .head("weights/a.bin")
+        .await
+        .expect("head with the URL's password");
+    assert_eq!(version.size, 7);
+    assert!(read(&origin, &version, 0..7).await.expect("read") == b"guarded");
+}
