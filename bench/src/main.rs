@@ -120,6 +120,10 @@ pub(crate) struct MountArgs {
     /// The SeaweedFS binary (`bench/setup` installs it in bench/.venv).
     #[arg(long, default_value = "bench/.venv/bin/weed")]
     weed: PathBuf,
+    /// The object store read: SeaweedFS over S3, or the emulator of GCS or Azure
+    /// (`scripts/test` installs them); rclone and s3fs-fuse run over S3 only.
+    #[arg(long, value_enum, default_value = "s3")]
+    origin: mount::OriginKind,
     /// The rclone binary (`bench/setup` installs it in bench/.venv).
     #[arg(long, default_value = "bench/.venv/bin/rclone")]
     rclone: PathBuf,

@@ -102,16 +102,27 @@ impl Azurite {
 
     /// A client of the container, for tests to write and delete blobs with.
     pub fn client(&self) -> anyhow::Result<Arc<MicrosoftAzure>> {
+        self.client_at(&Bucket::endpoint(self))
+    }
+
+    /// A client of the container through `endpoint` (`http://host:port`: a proxy's in front of
+    /// it).
+    pub fn client_at(&self, endpoint: &str) -> anyhow::Result<Arc<MicrosoftAzure>> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         Ok(Arc::new(
             MicrosoftAzureBuilder::new()
                 .with_account(ACCOUNT)
                 .with_access_key(ACCOUNT_KEY)
-                .with_endpoint(format!("{}/{ACCOUNT}", Bucket::endpoint(self)))
+                .with_endpoint(format!("{endpoint}/{ACCOUNT}"))
                 .with_allow_http(true)
                 .with_container_name(&self.container)
                 .build()?,
         ))
+    }
+
+    /// Its process ID, for what it costs (`/proc/PID/stat`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Creates the container: a `Create Container` request signed with the account's Shared

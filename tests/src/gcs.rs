@@ -115,6 +115,31 @@ impl FakeGcs {
         [("STORAGE_EMULATOR_HOST", self.endpoint.clone())]
     }
 
+    /// Its process ID, for what it costs (`/proc/PID/stat`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// A client of the bucket (at its public host), for reading. It signs nothing and its key
+    /// turns OAuth off, so that no request goes looking for credentials.
+    pub fn client(&self) -> anyhow::Result<std::sync::Arc<object_store::gcp::GoogleCloudStorage>> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let key = serde_json::json!({
+            "gcs_base_url": self.endpoint,
+            "disable_oauth": true,
+            "client_email": "",
+            "private_key": "",
+            "private_key_id": "",
+        });
+        Ok(std::sync::Arc::new(
+            object_store::gcp::GoogleCloudStorageBuilder::new()
+                .with_bucket_name(&self.bucket)
+                .with_service_account_key(key.to_string())
+                .with_skip_signature(true)
+                .build()?,
+        ))
+    }
+
     /// Uploads `bytes` at `key`, replacing what is there. Through the JSON API: the emulator's
     /// XML API (object_store's) takes no uploads.
     pub fn put(&self, key: &str, bytes: &[u8]) -> anyhow::Result<()> {

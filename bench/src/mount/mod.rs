@@ -1,13 +1,15 @@
 //! `larder-bench mount`: Larder, rclone and s3fs-fuse through real kernel mounts of one
-//! SeaweedFS bucket on loopback, each workload against its limit, in interleaved rounds.
+//! bucket on loopback (SeaweedFS over S3; `--origin gcs|azure` for the emulators of GCS and
+//! Azure, read by Larder alone), each workload against its limit, in interleaved rounds.
 //!
-//! All systems, and the raw download, reach SeaweedFS through one [`RecordingProxy`]; the
+//! All systems, and the raw download, reach the store through one [`RecordingProxy`]; the
 //! stretch of its log that a workload adds gives the origin requests and bytes it cost. Within
 //! a round each workload runs for the limit first, then Larder, rclone and s3fs, so ratios
 //! are taken between runs minutes apart at most. One limit is measured inside Larder's run:
 //! that of the second warm read, Larder's own data file read right after it.
 
 mod measure;
+mod origin;
 mod report;
 mod systems;
 pub(crate) mod workloads;
@@ -20,15 +22,15 @@ use std::time::Instant;
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use larder_config::OriginConfig;
-use larder_tests::RecordingProxy;
-use larder_tests::seaweed::Seaweed;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
 
 use crate::MountArgs;
-use crate::common::{drop_page_cache, peak_rss_mib, raw_download, reset_peak_rss, upload_with_retries};
+use crate::common::{drop_page_cache, peak_rss_mib, raw_download, reset_peak_rss};
 use measure::{OriginUse, origin_use, process_cpu};
+use origin::Origin;
+pub(crate) use origin::OriginKind;
 use systems::{Setup, System};
 use workloads::Work;
 
@@ -83,7 +85,7 @@ pub(crate) struct Sample {
     pub(crate) work: Work,
     /// CPU seconds of the mount process during the workload.
     pub(crate) mount_cpu: Option<f64>,
-    /// CPU seconds of the object store's server (SeaweedFS) during the workload: on a machine
+    /// CPU seconds of the object store's server during the workload: on a machine
     /// where it shares the cores with the mount, the part of them the mount could not have.
     pub(crate) origin_cpu: Option<f64>,
     /// Peak RSS of the mount process during the workload (or since it started, where the
@@ -103,14 +105,12 @@ type Outcome = anyhow::Result<Vec<(Workload, System, Sample)>>;
 struct Bench<'a> {
     args: &'a MountArgs,
     runtime: &'a Handle,
-    proxy: RecordingProxy,
+    origin: Origin,
     /// A client of the bucket through the proxy, for the limits.
     client: Arc<dyn ObjectStore>,
     setups: Vec<Setup>,
     /// A local copy of the large file.
     local: PathBuf,
-    /// The object store's server process.
-    origin_pid: u32,
     seed: u64,
     /// When the run started, for the progress lines.
     started: Instant,
@@ -127,10 +127,16 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
         .prefix("mount-")
         .tempdir_in(&args.work_dir)?;
+    let started = Instant::now();
+    let progress = |what: &str| eprintln!("[{:4.0} s] {what}", started.elapsed().as_secs_f64());
+    let origin = runtime.block_on(Origin::start(args.origin, &args.weed, BUCKET))?;
+    progress(&format!("{} is up", origin.name()));
+    // rclone and s3fs-fuse are set up for S3.
+    let s3 = origin.is_s3();
     let systems = [
         (System::Larder, true, &args.larder),
-        (System::Rclone, !args.no_rclone, &args.rclone),
-        (System::S3fs, !args.no_s3fs, &args.s3fs),
+        (System::Rclone, s3 && !args.no_rclone, &args.rclone),
+        (System::S3fs, s3 && !args.no_s3fs, &args.s3fs),
     ];
     let setups = systems
         .into_iter()
@@ -143,12 +149,8 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
     for setup in &setups {
         setup.check_installed()?;
     }
-    let started = Instant::now();
-    let weed = Seaweed::start(&args.weed, BUCKET)?;
     let seed = larder_tests::seed(BIG_KEY, 0);
-    let progress = |what: &str| eprintln!("[{:4.0} s] {what}", started.elapsed().as_secs_f64());
-    progress("SeaweedFS is up");
-    runtime.block_on(upload(&args, &weed))?;
+    runtime.block_on(upload(&args, &origin))?;
     progress(&format!(
         "uploaded {}, {} small files and {} files of {}",
         args.size, args.small_files, args.many_files, args.many_size
@@ -156,17 +158,14 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
     let local = work.path().join("local").join(BIG_KEY);
     write_local_copy(&local, seed, args.size.as_u64())?;
     progress("wrote the local copy");
-    let proxy = runtime.block_on(RecordingProxy::start(&weed))?;
-    let client: Arc<dyn ObjectStore> =
-        larder_tests::s3_client(&larder_tests::Bucket::endpoint(&proxy), BUCKET)?;
+    let client = origin.client(BUCKET)?;
     let bench = Bench {
         args: &args,
         runtime,
-        proxy,
+        origin,
         client,
         setups,
         local,
-        origin_pid: weed.pid(),
         seed,
         started,
     };
@@ -191,6 +190,7 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
         duration: started.elapsed(),
         // The daemon inherits the harness's environment, this variable with it.
         memory_budget: std::env::var("LARDER_MEMORY_LIMIT").ok(),
+        origin: bench.origin.name(),
     });
     print!("{report}");
     if let Some(out) = &args.out {
@@ -212,26 +212,20 @@ fn many_key(i: usize) -> String {
 
 /// Puts the large object, the small ones and the many readers' files into the bucket (not
 /// through the proxy).
-async fn upload(args: &MountArgs, weed: &Seaweed) -> anyhow::Result<()> {
-    let direct = weed.client()?;
-    upload_with_retries(direct.as_ref(), BIG_KEY, args.size.as_u64()).await?;
-    let size = args.small_size.as_u64() as usize;
+async fn upload(args: &MountArgs, origin: &Origin) -> anyhow::Result<()> {
+    origin.put(BIG_KEY, args.size.as_u64()).await?;
+    let size = args.small_size.as_u64();
     futures::stream::iter(0..args.small_files)
         .map(|i| {
             let key = small_key(i);
-            let bytes = larder_tests::content(larder_tests::seed(&key, 0), 0, size);
-            let direct = direct.clone();
-            async move { direct.put(&StorePath::from(key), bytes.into()).await }
+            async move { origin.put(&key, size).await }
         })
         .buffer_unordered(UPLOADS)
-        .try_for_each(|_| async { Ok(()) })
+        .try_for_each(|()| async { Ok(()) })
         .await?;
     let size = args.many_size.as_u64();
     futures::stream::iter(0..args.many_files)
-        .map(|i| {
-            let direct = direct.clone();
-            async move { upload_with_retries(direct.as_ref(), &many_key(i), size).await }
-        })
+        .map(|i| async move { origin.put(&many_key(i), size).await })
         .buffer_unordered(MANY_UPLOADS)
         .try_for_each(|()| async { Ok(()) })
         .await?;
@@ -260,7 +254,7 @@ impl Bench<'_> {
 
     /// The size of the object a request path (`/bucket/key`) names; None for listings.
     fn size_of(&self, path: &str) -> Option<u64> {
-        let key = path.strip_prefix(&format!("/{BUCKET}/"))?;
+        let key = self.origin.key_of(path, BUCKET)?;
         if key == BIG_KEY {
             Some(self.size())
         } else if key.starts_with(&format!("{SMALL_DIR}/")) {
@@ -278,18 +272,18 @@ impl Bench<'_> {
         pid: Option<u32>,
         work: impl FnOnce() -> anyhow::Result<Work>,
     ) -> anyhow::Result<Sample> {
-        let from = self.proxy.requests().len();
+        let from = self.origin.proxy.requests().len();
         if let Some(pid) = pid {
             reset_peak_rss(pid);
         }
         let cpu = pid.and_then(process_cpu);
-        let origin_cpu = process_cpu(self.origin_pid);
+        let origin_cpu = process_cpu(self.origin.pid());
         let work = work()?;
         let spent = |before: Option<f64>, pid: Option<u32>| Some(pid.and_then(process_cpu)? - before?);
         let mount_cpu = spent(cpu, pid);
-        let origin_cpu = spent(origin_cpu, Some(self.origin_pid));
+        let origin_cpu = spent(origin_cpu, Some(self.origin.pid()));
         let peak_rss_mib = pid.and_then(peak_rss_mib);
-        let origin = origin_use(&self.proxy.requests()[from..], |path| self.size_of(path));
+        let origin = origin_use(&self.origin.proxy.requests()[from..], |path| self.size_of(path));
         Ok(Sample {
             work,
             mount_cpu,
@@ -387,7 +381,7 @@ impl Bench<'_> {
     fn start_cold(&self, setup: &Setup) -> anyhow::Result<systems::Mounted> {
         setup.wipe_cache()?;
         drop_page_cache();
-        setup.start(&self.proxy)
+        setup.start(&self.origin)
     }
 
     fn cold(&self, setup: &Setup) -> Outcome {
@@ -410,7 +404,7 @@ impl Bench<'_> {
     /// daemon reads its data file on the first warm read) reads slower buffered than one last
     /// read buffered. Its limit is Larder's data file itself, read right after it.
     fn warm(&self, setup: Option<&Setup>, seed: u64) -> Outcome {
-        let mount = setup.map(|s| s.start(&self.proxy)).transpose()?;
+        let mount = setup.map(|s| s.start(&self.origin)).transpose()?;
         let pid = mount.as_ref().and_then(|m| m.pid());
         let system = setup.map_or(System::Limit, |s| s.system);
         let path = setup.map_or(self.local.clone(), |s| s.mount_dir().join(BIG_KEY));

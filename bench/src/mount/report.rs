@@ -28,6 +28,8 @@ pub(crate) struct Context<'a> {
     pub(crate) duration: Duration,
     /// `LARDER_MEMORY_LIMIT` as the daemon inherited it; None for its default.
     pub(crate) memory_budget: Option<String>,
+    /// The object store read.
+    pub(crate) origin: &'a str,
 }
 
 impl Workload {
@@ -317,8 +319,9 @@ pub(crate) fn render(cx: &Context<'_>) -> String {
     );
     let _ = writeln!(
         out,
-        "\nOrigin: SeaweedFS (`weed mini`, data on tmpfs) on loopback, behind a recording proxy in the \
-         benchmark process that every system and the raw download go through. Systems:\n"
+        "\nOrigin: {} on loopback, behind a recording proxy in the benchmark process that every \
+         system and the raw download go through (rclone and s3fs-fuse run over S3 only). Systems:\n",
+        cx.origin
     );
     for (system, version) in cx.versions {
         let how = match system {

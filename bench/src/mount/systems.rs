@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::Origin;
 use anyhow::{Context, bail};
 use larder_tests::Bucket;
 use larder_tests::daemon::{DaemonProcess, is_mounted};
@@ -187,8 +188,21 @@ impl Setup {
         Ok(())
     }
 
-    /// Starts the system over `origin` and returns once its mount serves.
-    pub(crate) fn start(&self, origin: &dyn Bucket) -> anyhow::Result<Mounted> {
+    /// Starts the system over `store` and returns once its mount serves.
+    pub(crate) fn start(&self, store: &Origin) -> anyhow::Result<Mounted> {
+        if let System::Larder = self.system {
+            let (source, env) = store.source();
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            return Ok(Mounted::Larder(DaemonProcess::start_with_env(
+                &self.bin,
+                source,
+                &self.dir,
+                &["--metrics-listen", "off"],
+                &env,
+            )?));
+        }
+        // The others read S3, through the proxy.
+        let origin = &store.proxy;
         let bucket = origin
             .url()
             .strip_prefix("s3://")
@@ -196,12 +210,7 @@ impl Setup {
             .to_owned();
         match self.system {
             System::Limit => bail!("the limit is not a mount"),
-            System::Larder => Ok(Mounted::Larder(DaemonProcess::start(
-                &self.bin,
-                origin,
-                &self.dir,
-                &["--metrics-listen", "off"],
-            )?)),
+            System::Larder => unreachable!("started above"),
             System::Rclone => {
                 std::fs::create_dir_all(self.cache_dir())?;
                 // The remote comes from the environment; the config file named does not exist.
