@@ -60,20 +60,26 @@ pub struct ServedRequest {
     pub query: Option<String>,
     /// The `Range` header, if any.
     pub range: Option<String>,
+    /// The `Authorization` header, if any (tests of which credentials were used).
+    pub authorization: Option<String>,
 }
 
 impl ServedRequest {
     /// What a server saw of `request`.
     pub fn of<B>(request: &hyper::Request<B>) -> Self {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
         Self {
             method: request.method().to_string(),
             path: request.uri().path().to_owned(),
             query: request.uri().query().map(str::to_owned),
-            range: request
-                .headers()
-                .get("range")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
+            range: header("range"),
+            authorization: header("authorization"),
         }
     }
 

@@ -15,6 +15,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use base64::Engine;
 use bytes::Bytes;
 use futures::StreamExt;
 use larder_config::{OriginConfig, SourceConfig};
@@ -26,7 +27,7 @@ use larder_tests::azurite::{self, Azurite};
 use larder_tests::gcs::FakeGcs;
 use larder_tests::seaweed::Seaweed;
 use larder_tests::webdav::{WebDav, write_under};
-use larder_tests::{ACCESS_KEY, Bucket, S3Server, SECRET_KEY, content};
+use larder_tests::{ACCESS_KEY, Bucket, RecordingProxy, S3Server, SECRET_KEY, content};
 use md5::Digest;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -409,4 +410,87 @@ async fn an_http_origin_signs_in_with_the_user_and_password_of_its_url() {
         .expect("head with the URL's password");
     assert_eq!(version.size, 7);
     assert!(read(&origin, &version, 0..7).await.expect("read") == b"guarded");
+}
+
+/// GCS credentials from the file `GOOGLE_APPLICATION_CREDENTIALS` names (a service account's
+/// key, as the console and gcloud write it): requests carry a token signed with its key, and
+/// the published checksums are asked through a URL signed with it. fake-gcs-server takes any
+/// credentials, so what proves the file was used is what reached it, seen by a proxy.
+#[tokio::test]
+async fn gcs_signs_with_the_service_account_key_file_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pem = dir.path().join("key.pem");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&pem)
+        .output()
+        .expect("openssl (scripts/test installs it)");
+    assert!(made.status.success(), "{made:?}");
+    let key = serde_json::json!({
+        "type": "service_account",
+        "project_id": "larder-test",
+        "private_key_id": "larder-test-key",
+        "private_key": std::fs::read_to_string(&pem).expect("key"),
+        "client_email": "larder@larder-test.iam.gserviceaccount.com",
+        "client_id": "1",
+        // Never asked (the token is signed here), and on loopback if it were.
+        "token_uri": "http://127.0.0.1:9/token",
+    });
+    let file = dir.path().join("service-account.json");
+    std::fs::write(&file, key.to_string()).expect("write");
+
+    let port = larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port");
+    let proxy = RecordingProxy::start_to(&format!("127.0.0.1:{port}"))
+        .await
+        .expect("proxy");
+    let public = proxy.endpoint().trim_start_matches("http://").to_owned();
+    let server = FakeGcs::start_at("conformance", &[], port, &public).expect("fake-gcs-server");
+    let bytes = content(3, 0, 1000);
+    server.put("signed.bin", &bytes).expect("upload");
+    let env: Environment = [
+        (
+            "GOOGLE_APPLICATION_CREDENTIALS",
+            file.to_str().expect("utf-8").to_owned(),
+        ),
+        ("GOOGLE_BASE_URL", proxy.endpoint()),
+    ]
+    .into_iter()
+    .collect();
+    let source = SourceConfig::new("conformance", server.url().as_str());
+    let origin = Origin::from_config(
+        &source,
+        &OriginConfig::default(),
+        Arc::new(Stats::default()),
+        &env,
+    )
+    .expect("origin");
+    let version = origin.head("signed.bin").await.expect("head");
+    let published = origin.published(&version, false).await;
+    let md5: [u8; 16] = md5::Md5::digest(&bytes).into();
+    assert_eq!(published.md5, Some(md5), "the signed HEAD got no checksums");
+
+    let requests = proxy.requests();
+    let token = requests
+        .iter()
+        .find_map(|r| r.authorization.as_deref()?.strip_prefix("Bearer "))
+        .expect("a request with a bearer token");
+    let header = token.split('.').next().expect("a JWT");
+    let header = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(header)
+        .expect("base64url");
+    let header: serde_json::Value = serde_json::from_slice(&header).expect("JSON");
+    assert_eq!(header["kid"], "larder-test-key", "{header}");
+    assert!(
+        requests.iter().any(|r| r.query.as_deref().is_some_and(|q| {
+            q.contains("X-Goog-Signature=") && q.contains("larder%40larder-test.iam.gserviceaccount.com")
+        })),
+        "no HEAD signed with the key: {requests:?}"
+    );
 }

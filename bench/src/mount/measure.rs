@@ -82,6 +82,7 @@ mod tests {
             path: path.into(),
             query: None,
             range: range.map(str::to_owned),
+            authorization: None,
         }
     }
 
