@@ -344,6 +344,11 @@ pub fn render(snapshot: &Snapshot) -> String {
         s.peer_fetched_bytes,
     );
     out.counter(
+        "larder_peer_fetched_across_racks_bytes_total",
+        "The part of those bytes received from members of other racks (the run's fleet owner): what crossed the spine.",
+        s.peer_fetched_across_racks_bytes,
+    );
+    out.counter(
         "larder_peer_origin_check_read_bytes_total",
         "Bytes the origin checks read back from the cache: every block of an object checked against an MD5 ETag, and for a CRC only blocks whose CRCs were not kept as they arrived.",
         s.origin_check_read_bytes,
@@ -815,7 +820,7 @@ mod tests {
         );
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 58);
+        assert_eq!(families.len(), 59);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

@@ -173,6 +173,40 @@ async fn four_members_read_one_model(listing: Listing, size: u64) -> (Seaweed, R
     (server, proxy, rack)
 }
 
+/// Four nodes in two racks of two read one model at once: the origin sends it about once for
+/// the whole fleet, not once per rack, and what crosses the spine (bytes from members of the
+/// other rack) is at most the model once per rack. Before, each rack's owners filled their runs
+/// from the origin: it sent 2x the model.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_racks_reading_one_model_at_once_pull_it_from_the_origin_about_once() {
+    let size = 128 * MIB;
+    let listing = Listing {
+        racks: 2,
+        ..Listing::HARNESS
+    };
+    let (_server, _proxy, rack) = four_members_read_one_model(listing, size).await;
+    let spine: f64 = (0..4)
+        .map(|i| {
+            rack.metric(i, "larder_peer_fetched_across_racks_bytes_total")
+                .expect("metrics")
+        })
+        .sum();
+    eprintln!("across the spine: {spine} bytes for a model of {size}");
+    assert!(spine > 0.0, "no bytes crossed the spine: the racks did not share");
+    assert!(
+        spine <= 2.0 * size as f64,
+        "{:.2}x the model crossed the spine",
+        spine / size as f64
+    );
+    for i in 0..4 {
+        for (id, rack_label, state, _) in members_seen(&rack, i) {
+            let expected = if id == "n0" || id == "n1" { "r1" } else { "r2" };
+            assert_eq!(rack_label, expected, "n{i} sees {id}");
+            assert_ne!(state, "down", "n{i} sees {id}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn four_members_reading_one_model_at_once_pull_it_from_the_origin_about_once() {
     let (server, proxy, rack) = four_members_read_one_model(Listing::HARNESS, 512 * MIB).await;
@@ -243,6 +277,7 @@ async fn members_listed_without_a_rack_on_one_address_share_the_model() {
         one_address: true,
         racks_listed: false,
         node_rack: true,
+        racks: 1,
     };
     let (_server, _proxy, rack) = four_members_read_one_model(listing, 128 * MIB).await;
     for i in 0..4 {
@@ -261,6 +296,7 @@ async fn nodes_without_a_rack_listed_without_one_share_the_model() {
         one_address: false,
         racks_listed: false,
         node_rack: false,
+        racks: 1,
     };
     let (_server, _proxy, rack) = four_members_read_one_model(listing, 128 * MIB).await;
     for i in 0..4 {

@@ -1,10 +1,13 @@
 //! Which member owns a run of blocks: rendezvous (highest random weight) hashing.
 //!
-//! Every node ranks the live members for a run the same way, with no coordination: members of
-//! the asker's rack first, then the others, each group by a weight hashed from the member's id
-//! and the run. The first is the owner, the rest are the fallbacks in order. A member that
-//! leaves moves only the runs it owned (to their next candidate); one that joins takes only
-//! the runs it now weighs most for.
+//! Every node ranks the live members for a run the same way, with no coordination, by a weight
+//! hashed from the member's id and the run. A run has two owners: its **fleet owner**, the
+//! member that weighs most of all, which fills it from the origin; and in each rack its **rack
+//! owner**, the member of that rack that weighs most, which the rest of the rack asks and which
+//! asks the fleet owner in turn. The fleet owner is its own rack's owner. So a scale-up across
+//! racks pulls each run from the origin once, and across the spine once per rack. A member that
+//! leaves moves only the runs it owned, at each level (to their next candidate); one that joins
+//! takes only the runs it now weighs most for.
 
 /// A member of the cluster as ownership sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,13 +40,13 @@ pub fn weight(member: &str, run: &Run) -> u64 {
     u64::from_le_bytes(first)
 }
 
-/// The members to ask for `run`, in order: those in `rack` first, then the rest (those of
-/// unknown rack among them), each by descending weight (ties, which take a hash collision, by
-/// id).
-pub fn candidates<'a>(members: &'a [Member], run: &Run, rack: &str) -> Vec<&'a Member> {
+/// The members to ask for `run`, in order: with a `rack`, those in it first, then the rest
+/// (those of unknown rack among them); without one, all as one group (the fleet's ranking);
+/// each group by descending weight (ties, which take a hash collision, by id).
+pub fn candidates<'a>(members: &'a [Member], run: &Run, rack: Option<&str>) -> Vec<&'a Member> {
     let mut ranked: Vec<(bool, u64, &Member)> = members
         .iter()
-        .map(|m| (m.rack.as_deref() != Some(rack), weight(&m.id, run), m))
+        .map(|m| (rack.is_some() && m.rack.as_deref() != rack, weight(&m.id, run), m))
         .collect();
     ranked.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.id.cmp(&b.2.id)));
     ranked.into_iter().map(|(_, _, m)| m).collect()
@@ -74,7 +77,7 @@ mod tests {
         let members = members(8, 1);
         let mut owned = [0usize; 8];
         for run in runs(8000) {
-            let owner = candidates(&members, &run, "rack-0")[0];
+            let owner = candidates(&members, &run, Some("rack-0"))[0];
             owned[members.iter().position(|m| m == owner).expect("a member")] += 1;
         }
         // 1,000 each on average; a fair hash stays well within ±20%.
@@ -87,8 +90,8 @@ mod tests {
         let left: Vec<Member> = all.iter().filter(|m| m.id != "node-3").cloned().collect();
         let mut moved = 0;
         for run in runs(4000) {
-            let before = candidates(&all, &run, "rack-0");
-            let after = candidates(&left, &run, "rack-0");
+            let before = candidates(&all, &run, Some("rack-0"));
+            let after = candidates(&left, &run, Some("rack-0"));
             if before[0].id == "node-3" {
                 moved += 1;
                 assert_eq!(after[0], before[1]);
@@ -103,13 +106,34 @@ mod tests {
     fn members_of_the_askers_rack_come_first() {
         let members = members(6, 2);
         for run in runs(100) {
-            let order = candidates(&members, &run, "rack-1");
+            let order = candidates(&members, &run, Some("rack-1"));
             assert_eq!(order.len(), 6);
             assert!(order[..3].iter().all(|m| m.rack.as_deref() == Some("rack-1")));
             assert!(order[3..].iter().all(|m| m.rack.as_deref() == Some("rack-0")));
             // Every node ranks the same way within a rack.
-            let again = candidates(&members, &run, "rack-1");
+            let again = candidates(&members, &run, Some("rack-1"));
             assert_eq!(order, again);
+        }
+    }
+
+    #[test]
+    fn the_fleet_owner_owns_its_racks_runs_and_every_rack_agrees_on_it() {
+        let members = members(8, 2);
+        for run in runs(200) {
+            let fleet = candidates(&members, &run, None)[0];
+            let rack = fleet.rack.as_deref();
+            // The fleet owner is its own rack's owner, as every node of that rack ranks it.
+            assert_eq!(candidates(&members, &run, rack)[0], fleet);
+            // The other rack's owner is of that rack.
+            let other = if rack == Some("rack-0") {
+                "rack-1"
+            } else {
+                "rack-0"
+            };
+            assert_eq!(
+                candidates(&members, &run, Some(other))[0].rack.as_deref(),
+                Some(other)
+            );
         }
     }
 }

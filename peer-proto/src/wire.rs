@@ -169,6 +169,10 @@ pub struct RunRequest {
     pub first: u32,
     /// How many blocks.
     pub count: u32,
+    /// Whether the owner may ask the run's fleet owner (in another rack) for blocks it lacks:
+    /// set by a member of the owner's own rack. An owner asked across racks fills only from
+    /// its own origin, so a request is passed on once at most and never loops.
+    pub relay: bool,
 }
 
 impl RunRequest {
@@ -184,6 +188,12 @@ impl RunRequest {
             .append_pair("first", &self.first.to_string())
             .append_pair("count", &self.count.to_string())
             .finish();
+        // Sent only when set: an owner of an earlier version knows no such field.
+        let query = if self.relay {
+            format!("{query}&relay=1")
+        } else {
+            query
+        };
         format!("{RUN_PATH}?{query}")
     }
 
@@ -227,6 +237,11 @@ impl RunRequest {
                 .map_err(|_| invalid("first", "too large"))?,
             count: u32::try_from(number("count", fields.count)?)
                 .map_err(|_| invalid("count", "too large"))?,
+            relay: match fields.relay.as_deref() {
+                None => false,
+                Some("1") => true,
+                Some(_) => return Err(invalid("relay", "not 1")),
+            },
         };
         if !request.block_size.is_power_of_two() {
             return Err(invalid("block_size", "not a power of two"));
@@ -262,6 +277,7 @@ struct Fields {
     block_size: Option<String>,
     first: Option<String>,
     count: Option<String>,
+    relay: Option<String>,
 }
 
 impl Fields {
@@ -275,6 +291,7 @@ impl Fields {
             "block_size" => &mut self.block_size,
             "first" => &mut self.first,
             "count" => &mut self.count,
+            "relay" => &mut self.relay,
             other => return Err(WireError::Unknown(other.chars().take(64).collect())),
         };
         if slot.replace(value).is_some() {
@@ -357,13 +374,21 @@ mod tests {
             block_size: 4 << 20,
             first: 4,
             count: 7,
+            relay: false,
         }
     }
 
     #[test]
     fn a_request_reads_back_as_it_was_written() {
         let request = request();
-        assert_eq!(RunRequest::parse(&request.path_and_query()), Ok(request));
+        assert_eq!(RunRequest::parse(&request.path_and_query()), Ok(request.clone()));
+        let bad = format!("{}&relay=yes", request.path_and_query());
+        let relayed = RunRequest {
+            relay: true,
+            ..request
+        };
+        assert_eq!(RunRequest::parse(&relayed.path_and_query()), Ok(relayed));
+        assert!(RunRequest::parse(&bad).is_err());
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! from its configured sources, so no request can make it fetch anything else. The answer
 //! starts at once (`x-larder-run: hit` if every block was cached, else `filled`) and streams
 //! the blocks in order, each as it becomes available: from disk, from a fill in flight, or
-//! from this node's own fill from its origin (never from another peer). A block it cannot get
-//! ends the answer early; the asker takes the rest from elsewhere.
+//! from this node's own fill: from the run's fleet owner in another rack where a member of this
+//! node's rack asked (`relay`), else from its origin, never from another peer. A block it
+//! cannot get ends the answer early; the asker takes the rest from elsewhere.
 //!
 //! Bounds, besides the listener's own ([`LIMITS`]): at most [`RUNS_PER_PEER`] answers in
 //! flight per asking node and [`RUNS_IN_FLIGHT`] in all (then 503 at once), and each answer is
@@ -214,6 +215,7 @@ impl PeerListener {
             return http::error(StatusCode::SERVICE_UNAVAILABLE, "too many runs in flight");
         };
         let blocks = run.first..run.first + run.count;
+        let relay = run.relay;
         let store = self.cache.store();
         let hit = blocks.clone().all(|index| store.contains(object.id(), index));
         // Two frames in the channel at most: a slow asker holds one block here, not a run.
@@ -227,7 +229,7 @@ impl PeerListener {
                     // While the block is on its way (from this node's origin), a keepalive a
                     // second tells the asker this owner is alive, so that it does not take the
                     // run to the origin too.
-                    let block = listener.cache.block_for_peer(&object, index);
+                    let block = listener.cache.block_for_peer(&object, index, relay);
                     tokio::pin!(block);
                     let keepalive = frame(key.as_ref(), &sender.nonce, KEEPALIVE_INDEX, 0, [0; 32]).encode();
                     let bytes = loop {

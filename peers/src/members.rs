@@ -226,9 +226,19 @@ impl Membership {
     }
 
     /// The members to ask for `run`, best first: every member (this node included) whose
-    /// circuit is closed, ranked by rendezvous hashing with this node's rack first. When this
-    /// node comes first, it fills the run from the origin itself.
+    /// circuit is closed, ranked by rendezvous hashing with this node's rack first. The first
+    /// is the run's rack owner: the one this node asks, or this node itself.
     pub fn owners(&self, run: &Run) -> Vec<Peer> {
+        self.ranked(run, Some(&self.inner.self_rack))
+    }
+
+    /// The same members ranked for the whole fleet, racks aside: the first is the run's fleet
+    /// owner, which fills it from the origin.
+    pub fn fleet_owners(&self, run: &Run) -> Vec<Peer> {
+        self.ranked(run, None)
+    }
+
+    fn ranked(&self, run: &Run, rack: Option<&str>) -> Vec<Peer> {
         let now = Instant::now();
         let state = self.inner.state.lock();
         let mut members = vec![Member {
@@ -249,7 +259,7 @@ impl Membership {
             });
             addresses.insert(id, address);
         }
-        owner::candidates(&members, run, &self.inner.self_rack)
+        owner::candidates(&members, run, rack)
             .into_iter()
             .map(|m| Peer {
                 id: m.id.clone(),

@@ -1,4 +1,7 @@
-//! The peer tier of the fill path: ask the run's owner before the origin.
+//! The peer tier of the fill path: ask the run's owner before the origin. A node asks its
+//! rack's owner of the run; the rack owner (or a node that is its own rack's owner) asks the
+//! fleet owner, in another rack; the fleet owner fills from the origin (see
+//! `larder_peer_proto::owner`).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -10,12 +13,12 @@ use larder_engine::AlignedBuf;
 use larder_peer_proto::client::{BlockBuf, Client, PeerError};
 use larder_peer_proto::owner::Run as OwnedRun;
 use larder_peer_proto::wire::{RunRequest, VersionTag};
-use larder_read_path::fill::{BlockSource, PeerBlockError, Run};
+use larder_read_path::fill::{BlockSource, FillFor, PeerBlockError, Run};
 use larder_read_path::{OpenObject, ReadError, Source};
 use larder_stats::{Stats, add};
 
 use crate::manifest::Manifests;
-use crate::members::Membership;
+use crate::members::{Membership, Peer};
 
 /// Asks rack peers for runs.
 #[derive(Debug)]
@@ -71,7 +74,8 @@ enum NoPeer {
     /// No member is up.
     #[error("no members")]
     NoMembers,
-    /// This node owns the run: it fetches it from its origin.
+    /// This node owns the run (is its fleet owner, or was asked across racks): it fetches it
+    /// from its origin.
     #[error("this node owns the run")]
     OwnRun,
     /// The run's owner failed.
@@ -104,6 +108,32 @@ impl BlockBuf for PeerBuf {
     }
 }
 
+impl PeerSource {
+    /// Whom to ask for `run`, filled for `fill_for`, and whether that member may ask on: the
+    /// run's rack owner (which may ask the fleet owner); where this node is the rack owner, or
+    /// was asked by a member of its rack, the fleet owner, which fills from the origin.
+    fn owner(&self, run: &OwnedRun, fill_for: FillFor) -> Result<(Peer, bool), ReadError> {
+        let none = |why| Err(ReadError::Peer(Arc::new(why)));
+        let me = self.members.self_id();
+        if let FillFor::Node | FillFor::Job = fill_for {
+            let Some(owner) = self.members.owners(run).into_iter().next() else {
+                return none(NoPeer::NoMembers);
+            };
+            if owner.id != me {
+                // A member of this rack, or of another where this rack has no other: only one
+                // of this rack may pass the request on.
+                let relay = owner.rack.as_deref() == Some(self.members.self_rack());
+                return Ok((owner, relay));
+            }
+        }
+        match self.members.fleet_owners(run).into_iter().next() {
+            None => none(NoPeer::NoMembers),
+            Some(owner) if owner.id == me => none(NoPeer::OwnRun),
+            Some(owner) => Ok((owner, false)),
+        }
+    }
+}
+
 impl BlockSource for PeerSource {
     fn kind(&self) -> Source {
         Source::Peer
@@ -122,15 +152,10 @@ impl BlockSource for PeerSource {
                 object: object.id().0,
                 part: u64::from(first / run.part_blocks()),
             };
-            // Only the owner is asked. A fallback member would have to fill the run from the
+            // Only an owner is asked. A fallback member would have to fill the run from the
             // origin too, a second copy of it; a member whose circuit is open is left out of
             // the ranking, so the next one becomes the owner of its runs for everyone.
-            let Some(peer) = self.members.owners(&owned).into_iter().next() else {
-                return Err(ReadError::Peer(Arc::new(NoPeer::NoMembers)));
-            };
-            if peer.id == self.members.self_id() {
-                return Err(ReadError::Peer(Arc::new(NoPeer::OwnRun)));
-            }
+            let (peer, relay) = self.owner(&owned, run.fill_for())?;
             let version = object.version();
             // Looked up once per version and kept: where the version is sealed, every block
             // must match the manifest, which a peer cannot forge.
@@ -147,6 +172,7 @@ impl BlockSource for PeerSource {
                 block_size,
                 first: run.next_block(),
                 count: run.blocks_left(),
+                relay,
             };
             let started = Instant::now();
             let member: Arc<str> = peer.id.as_str().into();
@@ -162,6 +188,9 @@ impl BlockSource for PeerSource {
                 })
                 .await;
             add(&self.stats.peer_fetched_bytes, received);
+            if peer.rack.as_deref() != Some(self.members.self_rack()) {
+                add(&self.stats.peer_fetched_across_racks_bytes, received);
+            }
             self.members.received(&peer.id, received);
             match answer {
                 Ok(answer) => {

@@ -87,8 +87,13 @@ pub enum FillFor {
     /// This node's prefetch jobs: like `Node`, but no reader is expected to follow, so the
     /// blocks fetched are not kept in memory for one.
     Job,
-    /// A rack peer that asked this node.
-    Peer,
+    /// A rack peer that asked this node. With `relay`, a member of this node's rack, for
+    /// which this node may ask the run's fleet owner (in another rack); without, a member of
+    /// another rack: filled from the origin only, so that no request is passed on twice.
+    Peer {
+        /// Whether the peer tier may be asked.
+        relay: bool,
+    },
 }
 
 /// The object store, through the object's own origin: ranged GETs pinned to its version, as
@@ -196,6 +201,11 @@ pub struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// Whom the fill is for.
+    pub fn fill_for(&self) -> FillFor {
+        self.fill_for
+    }
+
     /// Bytes this node fetched from the origin: hashed here, each 16 KiB group as it completes;
     /// each block they complete is delivered and written.
     fn push_from_origin(&mut self, mut chunk: Bytes) {
@@ -452,7 +462,7 @@ impl Cache {
                 .inner
                 .sources
                 .iter()
-                .filter(|source| fill_for != FillFor::Peer || source.kind() != Source::Peer)
+                .filter(|source| fill_for != FillFor::Peer { relay: false } || source.kind() != Source::Peer)
                 .collect();
             let mut tier = 0;
             while let Some(source) = sources.get(tier) {

@@ -710,10 +710,19 @@ impl Cache {
     }
 
     /// The whole of block `index` for a rack peer that asked this node for it: from disk, a
-    /// fill in flight, or a new fill from this node's origin (never from another peer).
-    /// Nothing counts as served here; the peer listener counts what it sends.
-    pub async fn block_for_peer(&self, object: &Arc<OpenObject>, index: u32) -> Result<Bytes, ReadError> {
-        Ok(self.block(object, index, None, FillFor::Peer).await?.bytes)
+    /// fill in flight, or a new fill from this node's origin, or with `relay` (a member of
+    /// this node's rack asked) from the run's fleet owner first. Nothing counts as served
+    /// here; the peer listener counts what it sends.
+    pub async fn block_for_peer(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        relay: bool,
+    ) -> Result<Bytes, ReadError> {
+        Ok(self
+            .block(object, index, None, FillFor::Peer { relay })
+            .await?
+            .bytes)
     }
 
     /// Bytes `part` of block `index` (the whole block with `None`): from disk, else from a

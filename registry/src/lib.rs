@@ -690,14 +690,14 @@ impl Mirror {
         let mut sha = Sha256::new();
         let mut hashes = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let bytes =
-                self.cache
-                    .block_for_peer(object, index)
-                    .await
-                    .map_err(|source| MirrorError::Fill {
-                        digest: digest.clone(),
-                        source,
-                    })?;
+            let bytes = self
+                .cache
+                .block_for_peer(object, index, false)
+                .await
+                .map_err(|source| MirrorError::Fill {
+                    digest: digest.clone(),
+                    source,
+                })?;
             let (back, bytes, hash) = tokio::task::spawn_blocking(move || {
                 sha.update(&bytes);
                 let hash = *blake3::hash(&bytes).as_bytes();
@@ -728,7 +728,7 @@ impl Mirror {
         expected: &[u8; 32],
         index: u32,
     ) -> Option<Bytes> {
-        let bytes = match self.cache.block_for_peer(object, index).await {
+        let bytes = match self.cache.block_for_peer(object, index, false).await {
             Ok(bytes) => bytes,
             Err(error) => {
                 tracing::warn!(key = %object.version().key, index, %error, "a block of verified content could not be read: the answer is cut");

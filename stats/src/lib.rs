@@ -62,6 +62,8 @@ counters! {
     served_peer_bytes,
     /// Block bytes received from rack peers and checked: bytes the origin did not have to send.
     peer_fetched_bytes,
+    /// The part of them received from members of other racks: across the spine.
+    peer_fetched_across_racks_bytes,
     /// Block bytes this node sent to rack peers.
     peer_sent_bytes,
     /// Run requests to peers answered with blocks the peer had cached.

@@ -68,6 +68,9 @@ pub struct Listing {
     pub racks_listed: bool,
     /// Each node started with `--rack r1`, rather than with no `--rack`.
     pub node_rack: bool,
+    /// How many racks the nodes are split into, in order (`r1`, `r2`, ...; the first nodes in
+    /// `r1`).
+    pub racks: usize,
 }
 
 impl Listing {
@@ -76,6 +79,7 @@ impl Listing {
         one_address: false,
         racks_listed: true,
         node_rack: true,
+        racks: 1,
     };
 }
 
@@ -236,19 +240,22 @@ impl Rack {
         let addresses = (0..n)
             .map(|i| Ok(SocketAddr::from((ip(i), free_port(ip(i))?))))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let suffix = if listing.racks_listed { "@r1" } else { "" };
+        let label = |i: usize| format!("r{}", 1 + i * listing.racks.max(1) / n.max(1));
         let mut members: Vec<String> = addresses
             .iter()
             .enumerate()
-            .map(|(i, address)| format!("n{i}={address}{suffix}"))
+            .map(|(i, address)| match listing.racks_listed {
+                true => format!("n{i}={address}@{}", label(i)),
+                false => format!("n{i}={address}"),
+            })
             .collect();
         members.extend(others.iter().cloned());
-        let rack = listing.node_rack.then_some("r1");
+        let racks = (0..n).map(|i| listing.node_rack.then(|| label(i))).collect();
         Self::launch(
             bin,
             bucket,
             addresses,
-            rack,
+            racks,
             extra,
             &["--peers", &members.join(",")],
             env,
@@ -279,7 +286,7 @@ impl Rack {
         server: SocketAddr,
     ) -> anyhow::Result<Self> {
         let port = common_free_port(n)?;
-        let addresses = (0..n).map(|i| SocketAddr::from((member_ip(i), port))).collect();
+        let addresses: Vec<_> = (0..n).map(|i| SocketAddr::from((member_ip(i), port))).collect();
         let (dns, server) = (format!("{name}:{port}"), server.to_string());
         let discovery = [
             "--peer-dns",
@@ -289,16 +296,17 @@ impl Rack {
             "--peer-dns-interval",
             "1s",
         ];
-        Self::launch(bin, bucket, addresses, Some("r1"), extra, &discovery, &[])
+        let racks = vec![Some("r1".to_owned()); addresses.len()];
+        Self::launch(bin, bucket, addresses, racks, extra, &discovery, &[])
     }
 
-    /// Starts a member at each of `addresses` in `rack`, with `extra` and `discovery`
-    /// arguments and the environment variables `env`.
+    /// Starts a member at each of `addresses`, member `i` in `racks[i]` (none: no `--rack`),
+    /// with `extra` and `discovery` arguments and the environment variables `env`.
     fn launch(
         bin: &Path,
         bucket: &dyn Bucket,
         addresses: Vec<SocketAddr>,
-        rack: Option<&str>,
+        racks: Vec<Option<String>>,
         extra: &[&str],
         discovery: &[&str],
         env: &[(&str, &str)],
@@ -324,7 +332,7 @@ impl Rack {
             ];
             owned.extend(member_args(
                 &format!("n{i}"),
-                rack,
+                racks[i].as_deref(),
                 &address.to_string(),
                 &key_file,
             ));
