@@ -475,6 +475,64 @@ async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes(
     .expect("join");
 }
 
+/// Two racks of two; n2, an owner in the second rack (of its rack's runs, and the fleet owner
+/// of some), is killed while n0, n1 and n3 read a model through it: every reader gets the right
+/// bytes, and the origin sends the model about once more at most (only n2's runs move: to their
+/// next candidate at each level).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rack_owner_killed_mid_transfer_moves_only_its_runs_across_two_racks() {
+    let size = 128 * MIB;
+    let (_server, proxy) = origin(size).await;
+    // A slow origin, so that the owner dies with runs in flight.
+    proxy.set_fault(Fault::Latency(Duration::from_millis(200)));
+    let listing = Listing {
+        racks: 2,
+        ..Listing::HARNESS
+    };
+    let (rack, proxy) = tokio::task::spawn_blocking(move || {
+        let mut rack = Rack::start_listed(Path::new(BIN), &proxy, 4, LOADED, &[], listing).expect("racks");
+        let expected = content(seed(MODEL, 0), 0, size as usize);
+        std::thread::scope(|scope| {
+            let readers: Vec<_> = [0, 1, 3]
+                .into_iter()
+                .map(|i| {
+                    let path = rack.daemon(i).mount.join(MODEL);
+                    let expected = &expected;
+                    scope.spawn(move || {
+                        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
+                        assert!(bytes == *expected, "n{i} read wrong bytes");
+                    })
+                })
+                .collect();
+            let started = Instant::now();
+            while rack.metric(2, "larder_peer_sent_bytes_total").expect("metrics") == 0.0 {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "n2 never served a peer"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            rack.kill9(2).expect("kill n2");
+            for reader in readers {
+                reader.join().expect("reader");
+            }
+        });
+        (rack, proxy)
+    })
+    .await
+    .expect("join");
+    report_failures(&rack, &[0, 1, 3]);
+    let fetched = proxy.body_bytes() as f64 / size as f64;
+    eprintln!("the origin sent {fetched:.2}x the model");
+    assert!(fetched <= 2.0, "the origin sent {fetched:.2}x the model");
+    let across = |i| {
+        rack.metric(i, "larder_peer_fetched_across_racks_bytes_total")
+            .expect("metrics")
+    };
+    assert!(across(0) + across(1) + across(3) > 0.0, "nothing crossed racks");
+    assert_eq!(rack.member_state(3, "n2"), "\"down\"");
+}
+
 /// The answer to `request`, sent as is to `address`: its status line and headers, and its
 /// body as far as its `content-length` says.
 fn exchange(address: SocketAddr, request: &[u8]) -> String {
