@@ -159,6 +159,13 @@ pub(crate) struct FleetArgs {
     /// Bandwidth of each node's link to the rack, each way, in bytes a second.
     #[arg(long, default_value = "1250MB")]
     rack_rate: ByteSize,
+    /// Racks the nodes are split into, in order (each rack's nodes on a bridge of its own).
+    #[arg(long, default_value_t = 1)]
+    racks: usize,
+    /// Bandwidth of each rack's uplink to the spine (where the origin is), each way, in bytes
+    /// a second; with one rack there is no uplink.
+    #[arg(long, default_value = "1250MB")]
+    uplink_rate: ByteSize,
     /// Rounds, each without peers and then with; the report gives the median and the spread.
     #[arg(long, default_value_t = 3)]
     rounds: usize,

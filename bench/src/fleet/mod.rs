@@ -2,10 +2,12 @@
 //!
 //! Each node is a `larder daemon` in a network namespace of its own; the origin (SeaweedFS on
 //! loopback, behind the recording proxy) is reached through a relay in the origin's namespace,
-//! whose link to the rack is shaped to `--origin-rate` for all nodes together (see [`net`]).
-//! Each round starts the N daemons on fresh cache dirs without `--peers`, then again as one
-//! rack; all N read the whole model through their mounts at once. Measured: the time until the
-//! last node has read it, and the bytes the origin sent.
+//! whose link is shaped to `--origin-rate` for all nodes together; with `--racks`, each rack's
+//! nodes share an uplink to it of `--uplink-rate` (see [`net`]). Each round starts one node
+//! alone, then the N daemons on fresh cache dirs without `--peers`, then again as members of
+//! their racks; the nodes read the whole model through their mounts at once. Measured: the time
+//! until the last node has read it, the bytes the origin sent, and the bytes that crossed
+//! racks (what the daemons received from members of other racks).
 
 mod net;
 
@@ -57,6 +59,31 @@ struct Sample {
     origin_requests: u64,
     /// The most origin fills any node had in flight at once.
     fills_peak: u64,
+    /// Block bytes the nodes received from members of other racks.
+    spine_bytes: u64,
+}
+
+/// The kinds of round, in the order each round runs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// One node, no peers: the time one node needs under the origin cap.
+    Alone,
+    /// Every node, no peers.
+    NoPeers,
+    /// Every node, members of their racks.
+    Peers,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::Alone, Kind::NoPeers, Kind::Peers];
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Alone => "one node alone",
+            Kind::NoPeers => "without peers",
+            Kind::Peers => "with peers",
+        }
+    }
 }
 
 /// Builds the fleet's network, starts the origin, runs the rounds and writes the report.
@@ -65,9 +92,13 @@ pub(crate) fn run(args: FleetArgs, runtime: &Handle) -> anyhow::Result<()> {
         (1..=200).contains(&args.nodes) && args.rounds > 0,
         "--nodes must be 1 to 200 and --rounds positive"
     );
+    anyhow::ensure!(
+        (1..=args.nodes).contains(&args.racks),
+        "--racks must be 1 to --nodes"
+    );
     anyhow::ensure!(args.size.as_u64() >= 1 << 20, "--size must be at least 1MiB");
     anyhow::ensure!(
-        args.origin_rate.as_u64() > 0 && args.rack_rate.as_u64() > 0,
+        args.origin_rate.as_u64() > 0 && args.rack_rate.as_u64() > 0 && args.uplink_rate.as_u64() > 0,
         "the rates must be positive"
     );
     std::fs::create_dir_all(&args.work_dir)?;
@@ -78,7 +109,13 @@ pub(crate) fn run(args: FleetArgs, runtime: &Handle) -> anyhow::Result<()> {
     let key_file = write_key_file(&work_dir, SECRET)?;
     let started = Instant::now();
     let progress = |what: &str| eprintln!("[{:4.0} s] {what}", started.elapsed().as_secs_f64());
-    let network = Network::create(args.nodes, args.origin_rate.as_u64(), args.rack_rate.as_u64())?;
+    let network = Network::create(
+        args.nodes,
+        args.racks,
+        args.origin_rate.as_u64(),
+        args.rack_rate.as_u64(),
+        args.uplink_rate.as_u64(),
+    )?;
     progress(&format!("{} node namespaces are up", args.nodes));
     let weed = Seaweed::start(&args.weed, BUCKET)?;
     runtime.block_on(upload_with_retries(
@@ -107,22 +144,23 @@ pub(crate) fn run(args: FleetArgs, runtime: &Handle) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     for number in 0..args.rounds {
         let mut round = Vec::new();
-        for peers in [false, true] {
+        for kind in Kind::ALL {
             anyhow::ensure!(!net::interrupted(), "interrupted");
-            let kind = if peers { "with peers" } else { "without peers" };
-            let sample = fleet.round(number, peers).with_context(|| {
+            let sample = fleet.round(number, kind).with_context(|| {
                 let why = if net::interrupted() { ", interrupted" } else { "" };
-                format!("round {}, {kind}{why}", number + 1)
+                format!("round {}, {}{why}", number + 1, kind.name())
             })?;
             progress(&format!(
-                "round {}, {kind}: last node done after {:.1} s, origin sent {:.2}x the model",
+                "round {}, {}: last node done after {:.1} s, origin sent {:.2}x the model, {:.2}x crossed racks",
                 number + 1,
+                kind.name(),
                 sample.last.as_secs_f64(),
-                sample.origin_bytes as f64 / args.size.as_u64() as f64
+                sample.origin_bytes as f64 / args.size.as_u64() as f64,
+                sample.spine_bytes as f64 / args.size.as_u64() as f64
             ));
             round.push(sample);
         }
-        rounds.push((round[0], round[1]));
+        rounds.push([round[0], round[1], round[2]]);
     }
     let report = render(&args, &rounds, started.elapsed());
     print!("{report}");
@@ -143,24 +181,32 @@ struct Fleet<'a> {
 }
 
 impl Fleet<'_> {
-    /// Starts the N daemons on fresh cache dirs (as one rack if `peers`), has all of them read
-    /// the whole model at once, checks what they read and stops them.
-    fn round(&self, number: usize, peers: bool) -> anyhow::Result<Sample> {
+    /// The rack of node `i`.
+    fn rack(&self, i: usize) -> String {
+        format!("r{}", 1 + i * self.args.racks / self.args.nodes)
+    }
+
+    /// Starts the daemons `kind` runs on fresh cache dirs (members of their racks with
+    /// peers), has all of them read the whole model at once, checks what they read and stops
+    /// them.
+    fn round(&self, number: usize, kind: Kind) -> anyhow::Result<Sample> {
+        let peers = kind == Kind::Peers;
+        let nodes = if kind == Kind::Alone { 1 } else { self.args.nodes };
         let dirs = tempfile::Builder::new()
             .prefix(if peers { "peers-" } else { "alone-" })
             .tempdir_in(self.work_dir)?;
         drop_page_cache();
         let (bytes, requests) = (self.proxy.body_bytes(), self.proxy.requests().len());
-        let members = (0..self.args.nodes)
-            .map(|i| format!("n{i}={}:{PEER_PORT}@r1", node_ip(i)))
+        let members = (0..nodes)
+            .map(|i| format!("n{i}={}:{PEER_PORT}@{}", node_ip(i), self.rack(i)))
             .collect::<Vec<_>>()
             .join(",");
-        let daemons = (0..self.args.nodes)
+        let daemons = (0..nodes)
             .map(|i| {
                 let (id, listen) = (format!("n{i}"), format!("{}:{PEER_PORT}", node_ip(i)));
                 let mut owned = vec!["--metrics-listen".to_owned(), "off".to_owned()];
                 if peers {
-                    owned.extend(member_args(&id, Some("r1"), &listen, self.key_file));
+                    owned.extend(member_args(&id, Some(&self.rack(i)), &listen, self.key_file));
                     owned.extend(["--peers".to_owned(), members.clone()]);
                 }
                 let flags: Vec<&str> = owned.iter().map(String::as_str).collect();
@@ -184,11 +230,30 @@ impl Fleet<'_> {
             .filter_map(|d| d.status()["origin_fills_peak"].as_u64())
             .max()
             .unwrap_or(0);
+        // What each node received from members of racks not its own.
+        let spine_bytes = daemons
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let status = d.status();
+                let racks = status["peers"]["received_by_rack"].as_array().cloned();
+                racks
+                    .unwrap_or_default()
+                    .iter()
+                    .filter(|r| r["rack"].as_str() != Some(self.rack(i).as_str()))
+                    .filter_map(|r| r["bytes"].as_u64())
+                    .sum::<u64>()
+            })
+            .sum();
         // The logs are kept whether the reads succeeded or not.
         for (i, daemon) in daemons.into_iter().enumerate() {
             let status = daemon.stop()?;
             if let Some(keep) = &self.args.keep_logs {
-                let kind = if peers { "peers" } else { "alone" };
+                let kind = match kind {
+                    Kind::Alone => "one",
+                    Kind::NoPeers => "alone",
+                    Kind::Peers => "peers",
+                };
                 let name = format!("round-{}-{kind}-n{i}.log", number + 1);
                 std::fs::create_dir_all(keep)?;
                 std::fs::copy(
@@ -205,6 +270,7 @@ impl Fleet<'_> {
             origin_bytes: self.proxy.body_bytes() - bytes,
             origin_requests: (self.proxy.requests().len() - requests) as u64,
             fills_peak,
+            spine_bytes,
         })
     }
 }
@@ -240,9 +306,10 @@ fn read_all(paths: &[std::path::PathBuf], size: u64) -> anyhow::Result<(Duration
     Ok((times[0], times[times.len() - 1]))
 }
 
-/// The markdown report: per kind of round the times and origin bytes, the ratio of the two
-/// times, and each time against its limit, each a median of the rounds with its min–max.
-fn render(args: &FleetArgs, rounds: &[(Sample, Sample)], duration: Duration) -> String {
+/// The markdown report: per kind of round the times, origin and spine bytes, and each time
+/// against its limit; the ratios with peers to without and to one node alone; each a median
+/// of the rounds with its min–max.
+fn render(args: &FleetArgs, rounds: &[[Sample; 3]], duration: Duration) -> String {
     use std::fmt::Write;
     let date = std::process::Command::new("date")
         .args(["-u", "+%F %H:%M UTC"])
@@ -251,19 +318,36 @@ fn render(args: &FleetArgs, rounds: &[(Sample, Sample)], duration: Duration) -> 
         .unwrap_or_default();
     let size = args.size.as_u64() as f64;
     let rate = args.origin_rate.as_u64() as f64;
-    // The origin link must carry the model once with peers, once per node without.
-    let limit = |peers: bool| size / rate * if peers { 1.0 } else { args.nodes as f64 };
+    // The origin link must carry the model once with peers or for one node, once per node
+    // without.
+    let limit = |kind: Kind| {
+        size / rate
+            * match kind {
+                Kind::NoPeers => args.nodes as f64,
+                Kind::Alone | Kind::Peers => 1.0,
+            }
+    };
     let cell = |values: Vec<f64>, digits: usize| {
         let (median, min, max) = summary(values);
         format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
+    };
+    let uplinks = if args.racks > 1 {
+        format!(
+            ", {} racks ({} nodes each), each rack's uplink to the spine {:.0} MB/s each way",
+            args.racks,
+            args.nodes / args.racks,
+            args.uplink_rate.as_u64() as f64 / 1e6
+        )
+    } else {
+        ", one rack".to_owned()
     };
     let mut out = String::new();
     let _ = writeln!(out, "# Fleet benchmark\n");
     let _ = writeln!(out, "{date}; {}", machine());
     let _ = writeln!(
         out,
-        "{} nodes, model {}; origin link {:.0} MB/s shared by all nodes, node links {:.0} MB/s each \
-         way (`tc tbf`); {} rounds (each without peers, then with), medians (min–max); whole run {:.0} s",
+        "{} nodes, model {}; caps (`tc tbf`): origin link {:.0} MB/s shared by all nodes, node links {:.0} MB/s each \
+         way{uplinks}; {} rounds (each one node alone, then all without peers, then with), medians (min–max); whole run {:.0} s",
         args.nodes,
         args.size,
         rate / 1e6,
@@ -274,41 +358,48 @@ fn render(args: &FleetArgs, rounds: &[(Sample, Sample)], duration: Duration) -> 
     let _ = writeln!(
         out,
         "\nEach node is a `larder daemon` (`--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`, otherwise defaults; with peers \
-         also `--node-id`, `--rack`, `--peer-listen`, `--peers` naming all nodes, \
+         also `--node-id`, `--rack`, `--peer-listen`, `--peers` naming all nodes with their racks, \
          `--cluster-key-file`) in a network namespace of its own, on a fresh cache dir each round. \
-         All nodes read the whole model through their mounts at once (1 MiB reads). The origin is \
+         The nodes read the whole model through their mounts at once (1 MiB reads). The origin is \
          SeaweedFS (data on tmpfs) behind a recording proxy, which counts the body bytes it sends; \
-         the limit is the time the origin link needs for the bytes it must carry: the model once \
-         with peers, once per node without.\n"
+         the bytes across racks are what the daemons received from members of other racks. The \
+         limit is the time the origin link needs for the bytes it must carry: the model once with \
+         peers or for one node, once per node without.\n"
     );
     let _ = writeln!(
         out,
-        "| round | last node done (s) | first node done (s) | limit (s) | last ÷ limit | origin bytes ÷ model | origin requests | peak origin fills in flight (a node) |"
+        "| round | last node done (s) | first node done (s) | limit (s) | last ÷ limit | origin bytes ÷ model | across racks ÷ model | origin requests | peak origin fills in flight (a node) |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
-    for (peers, name) in [(false, "without peers"), (true, "with peers")] {
-        let samples: Vec<Sample> = rounds.iter().map(|&(a, b)| if peers { b } else { a }).collect();
-        let column = |f: &dyn Fn(&Sample) -> f64| samples.iter().map(f).collect::<Vec<_>>();
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for (column, kind) in Kind::ALL.into_iter().enumerate() {
+        let samples: Vec<Sample> = rounds.iter().map(|round| round[column]).collect();
+        let values = |f: &dyn Fn(&Sample) -> f64| samples.iter().map(f).collect::<Vec<_>>();
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {:.1} | {} | {} | {} | {} |",
-            cell(column(&|s| s.last.as_secs_f64()), 1),
-            cell(column(&|s| s.first.as_secs_f64()), 1),
-            limit(peers),
-            cell(column(&|s| s.last.as_secs_f64() / limit(peers)), 2),
-            cell(column(&|s| s.origin_bytes as f64 / size), 2),
-            cell(column(&|s| s.origin_requests as f64), 0),
-            cell(column(&|s| s.fills_peak as f64), 0),
+            "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} |",
+            kind.name(),
+            cell(values(&|s| s.last.as_secs_f64()), 1),
+            cell(values(&|s| s.first.as_secs_f64()), 1),
+            limit(kind),
+            cell(values(&|s| s.last.as_secs_f64() / limit(kind)), 2),
+            cell(values(&|s| s.origin_bytes as f64 / size), 2),
+            cell(values(&|s| s.spine_bytes as f64 / size), 2),
+            cell(values(&|s| s.origin_requests as f64), 0),
+            cell(values(&|s| s.fills_peak as f64), 0),
         );
     }
-    let ratios = rounds
-        .iter()
-        .map(|(alone, peers)| peers.last.as_secs_f64() / alone.last.as_secs_f64())
-        .collect();
+    let ratio = |over: usize, under: usize| {
+        rounds
+            .iter()
+            .map(|round| round[over].last.as_secs_f64() / round[under].last.as_secs_f64())
+            .collect()
+    };
     let _ = writeln!(
         out,
-        "\nTime until the last node is done, with peers ÷ without (within each round): {}",
-        cell(ratios, 2)
+        "\nTime until the last node is done, with peers ÷ without (within each round): {}; with \
+         peers ÷ one node alone: {}",
+        cell(ratio(2, 1), 2),
+        cell(ratio(2, 0), 2)
     );
     out
 }

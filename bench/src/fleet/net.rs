@@ -1,13 +1,21 @@
 //! The fleet's network: one network namespace per node, one for the origin and one holding the
-//! bridge they all hang off, each link a veth pair with `tc tbf` on it. Nothing is added to the
-//! root namespace, so no packet of the benchmark can leave the machine: the namespaces hold
-//! one subnet and no route out of it.
+//! bridge they all hang off (the spine), each link a veth pair with `tc tbf` on it. Nothing is
+//! added to the root namespace, so no packet of the benchmark can leave the machine: the
+//! namespaces hold one subnet and no route out of it.
 //!
 //! ```text
 //!  node 0 (10.0.0.10) ─┐              ┌─ origin (10.0.0.1): relay to the proxy on loopback
 //!  node 1 (10.0.0.11) ─┼─ hub: bridge ┤
 //!  ...                 ┘              (origin link: origin-rate, shared by all nodes)
 //!  (each node link: rack-rate, both ways)
+//! ```
+//!
+//! With several racks, each rack's nodes hang off a bridge of the rack's own namespace, linked
+//! to the spine by an uplink capped at uplink-rate each way:
+//!
+//! ```text
+//!  nodes of r1 ─ r1: bridge ─(uplink)─┐
+//!  nodes of r2 ─ r2: bridge ─(uplink)─┼─ hub: bridge ─ origin
 //! ```
 
 use std::fs::File;
@@ -113,9 +121,16 @@ pub(super) struct Network {
 }
 
 impl Network {
-    /// Creates the namespaces and links of `nodes` nodes: origin link `origin_rate`, node
-    /// links `rack_rate` bytes a second.
-    pub(super) fn create(nodes: usize, origin_rate: u64, rack_rate: u64) -> anyhow::Result<Self> {
+    /// Creates the namespaces and links of `nodes` nodes in `racks` racks (node `i` in rack
+    /// `i * racks / nodes`): origin link `origin_rate`, node links `rack_rate` and, with more
+    /// than one rack, rack uplinks `uplink_rate` bytes a second.
+    pub(super) fn create(
+        nodes: usize,
+        racks: usize,
+        origin_rate: u64,
+        rack_rate: u64,
+        uplink_rate: u64,
+    ) -> anyhow::Result<Self> {
         let prefix = prefix();
         let mut network = Self {
             hub: format!("{prefix}hub"),
@@ -124,21 +139,44 @@ impl Network {
             made: Vec::new(),
         };
         let hub = network.hub.clone();
-        network.add(&hub)?;
-        run("ip", &["-n", &hub, "link", "add", "br0", "type", "bridge"])?;
-        run("ip", &["-n", &hub, "link", "set", "br0", "up"])?;
+        network.bridge(&hub)?;
         let origin = network.origin.clone();
         network.add(&origin)?;
-        network.link(&origin, "origin", ORIGIN_IP)?;
+        network.link(&hub, &origin, "origin", Some(ORIGIN_IP))?;
         shape(&origin, "eth0", origin_rate)?;
+        // Each node's bridge: the spine's, or its rack's.
+        let bridges = if racks > 1 {
+            (0..racks)
+                .map(|r| {
+                    let rack = format!("{prefix}r{}", r + 1);
+                    network.bridge(&rack)?;
+                    let port = format!("up{}", r + 1);
+                    network.link(&hub, &rack, &port, None)?;
+                    run("ip", &["-n", &rack, "link", "set", "eth0", "master", "br0"])?;
+                    shape(&rack, "eth0", uplink_rate)?;
+                    shape(&hub, &port, uplink_rate)?;
+                    Ok(rack)
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+        } else {
+            vec![hub.clone()]
+        };
         for (i, ns) in network.nodes.clone().iter().enumerate() {
+            let bridge = &bridges[i * bridges.len() / nodes];
             network.add(ns)?;
             let port = format!("n{i}");
-            network.link(ns, &port, node_ip(i))?;
+            network.link(bridge, ns, &port, Some(node_ip(i)))?;
             shape(ns, "eth0", rack_rate)?;
-            shape(&hub, &port, rack_rate)?;
+            shape(bridge, &port, rack_rate)?;
         }
         Ok(network)
+    }
+
+    /// Creates namespace `ns` holding a bridge, `br0`.
+    fn bridge(&mut self, ns: &str) -> anyhow::Result<()> {
+        self.add(ns)?;
+        run("ip", &["-n", ns, "link", "add", "br0", "type", "bridge"])?;
+        run("ip", &["-n", ns, "link", "set", "br0", "up"])
     }
 
     /// Creates namespace `ns`.
@@ -148,22 +186,22 @@ impl Network {
         Ok(())
     }
 
-    /// Links namespace `ns` to the bridge: `eth0` with `ip`/24 there, `port` on the bridge.
-    fn link(&self, ns: &str, port: &str, ip: Ipv4Addr) -> anyhow::Result<()> {
+    /// Links namespace `ns` to the bridge of namespace `bridge`: `eth0` in `ns` (with `ip`/24,
+    /// if any), `port` on the bridge.
+    fn link(&self, bridge: &str, ns: &str, port: &str, ip: Option<Ipv4Addr>) -> anyhow::Result<()> {
         run(
             "ip",
             &[
-                "link", "add", port, "netns", &self.hub, "type", "veth", "peer", "name", "eth0", "netns", ns,
+                "link", "add", port, "netns", bridge, "type", "veth", "peer", "name", "eth0", "netns", ns,
             ],
         )?;
-        run(
-            "ip",
-            &["-n", &self.hub, "link", "set", port, "master", "br0", "up"],
-        )?;
-        run(
-            "ip",
-            &["-n", ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"],
-        )?;
+        run("ip", &["-n", bridge, "link", "set", port, "master", "br0", "up"])?;
+        if let Some(ip) = ip {
+            run(
+                "ip",
+                &["-n", ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"],
+            )?;
+        }
         run("ip", &["-n", ns, "link", "set", "eth0", "up"])?;
         run("ip", &["-n", ns, "link", "set", "lo", "up"])
     }
@@ -256,7 +294,7 @@ mod tests {
             let (mut stream, _) = upstream.accept().await.unwrap();
             stream.write_all(b"from the origin").await.unwrap();
         });
-        let network = Network::create(2, 100_000_000, 1_250_000_000).unwrap();
+        let network = Network::create(2, 2, 100_000_000, 1_250_000_000, 1_250_000_000).unwrap();
         let relay = network.relay(address).unwrap();
         let answer = tokio::task::block_in_place(|| {
             in_netns(network.node(1), || {
@@ -269,7 +307,8 @@ mod tests {
         .unwrap();
         assert_eq!(answer, "from the origin");
         let made = network.made.clone();
-        assert_eq!(made.len(), 4);
+        // The spine, the origin, two racks and two nodes.
+        assert_eq!(made.len(), 6);
         drop(relay);
         drop(network);
         for ns in made {
