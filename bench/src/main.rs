@@ -18,6 +18,7 @@ mod engine;
 mod fleet;
 mod images;
 mod mount;
+mod simulate;
 
 use std::path::PathBuf;
 
@@ -41,6 +42,9 @@ enum Command {
     Fleet(FleetArgs),
     /// containerd pulls an image directly and through Larder's mirror: cold, warm, pre-pulled.
     Images(ImagesArgs),
+    /// A discrete-event model of a fleet (1,000 nodes by default) scaling up one model, with the
+    /// daemon's ownership code.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Arguments of `larder-bench images`.
@@ -199,6 +203,7 @@ async fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || mount::run(args, &runtime)).await?
         }
+        Command::Simulate(args) => tokio::task::spawn_blocking(move || simulate::run(args)).await?,
         Command::Images(args) => {
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || images::run(args, &runtime)).await?
