@@ -13,7 +13,7 @@ use larder_tests::dns::DnsServer;
 use larder_tests::fake_peer::{self, FakePeer, Misbehaviour};
 use larder_tests::rack::{Listing, Rack, SECRET, TlsFiles, member_args, member_ip, write_key_file};
 use larder_tests::seaweed::Seaweed;
-use larder_tests::{Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts};
+use larder_tests::{Bucket, Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts};
 use object_store::ObjectStoreExt;
 
 const MIB: u64 = 1 << 20;
@@ -531,6 +531,92 @@ async fn a_rack_owner_killed_mid_transfer_moves_only_its_runs_across_two_racks()
     };
     assert!(across(0) + across(1) + across(3) > 0.0, "nothing crossed racks");
     assert_eq!(rack.member_state(3, "n2"), "\"down\"");
+}
+
+/// Two racks of two, every request between them through a proxy (one per member, for the other
+/// rack), read one model; once something has crossed, the link between the racks is cut (the
+/// proxies close every connection). Each rack goes on without the other: every reader gets the
+/// right bytes, answers across the cut fail and their runs go to the next candidate (in the
+/// asker's own rack, which fetches them from the origin), and the origin sends the model at
+/// most about once per rack.
+#[tokio::test(flavor = "multi_thread")]
+async fn racks_cut_off_from_each_other_mid_read_each_go_on_alone() {
+    let size = 256 * MIB;
+    let (_server, proxy) = origin(size).await;
+    // A slow origin, so that the cut comes with runs in flight.
+    proxy.set_fault(Fault::Latency(Duration::from_millis(200)));
+    let addresses: Vec<SocketAddr> = (0..4)
+        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
+        .collect();
+    let rack_of = |i: usize| if i < 2 { "r1" } else { "r2" };
+    let mut between = Vec::new();
+    for address in &addresses {
+        between.push(
+            RecordingProxy::start_to(&address.to_string())
+                .await
+                .expect("proxy"),
+        );
+    }
+    let lists: Vec<String> = (0..4)
+        .map(|i| {
+            let entries: Vec<String> = (0..4)
+                .map(|j| {
+                    let seen = if rack_of(i) == rack_of(j) {
+                        addresses[j].to_string()
+                    } else {
+                        between[j].endpoint().trim_start_matches("http://").to_owned()
+                    };
+                    format!("n{j}={seen}@{}", rack_of(j))
+                })
+                .collect();
+            entries.join(",")
+        })
+        .collect();
+    let racks = (0..4).map(|i| rack_of(i).to_owned()).collect();
+    let (rack, proxy) = tokio::task::spawn_blocking(move || {
+        let rack =
+            Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, LOADED).expect("racks");
+        let expected = content(seed(MODEL, 0), 0, size as usize);
+        std::thread::scope(|scope| {
+            let readers: Vec<_> = (0..4)
+                .map(|i| {
+                    let path = rack.daemon(i).mount.join(MODEL);
+                    let expected = &expected;
+                    scope.spawn(move || {
+                        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
+                        assert!(bytes == *expected, "n{i} read wrong bytes");
+                    })
+                })
+                .collect();
+            // Cut at the first bytes between the racks.
+            let started = Instant::now();
+            while between.iter().all(|p| p.body_bytes() == 0) {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "nothing crossed racks"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            for cut in &between {
+                cut.set_fault(Fault::CloseConnections);
+            }
+            for reader in readers {
+                reader.join().expect("reader");
+            }
+        });
+        (rack, proxy)
+    })
+    .await
+    .expect("join");
+    report_failures(&rack, &[0, 1, 2, 3]);
+    let fetched = proxy.body_bytes() as f64 / size as f64;
+    eprintln!("the origin sent {fetched:.2}x the model");
+    assert!(fetched <= 2.3, "the origin sent {fetched:.2}x the model");
+    let cut: f64 = (0..4).map(|i| peer_requests(&rack, i, "refused")).sum();
+    assert!(
+        cut > 0.0,
+        "no request across the cut failed: the cut came too late"
+    );
 }
 
 /// The answer to `request`, sent as is to `address`: its status line and headers, and its

@@ -251,15 +251,8 @@ impl Rack {
             .collect();
         members.extend(others.iter().cloned());
         let racks = (0..n).map(|i| listing.node_rack.then(|| label(i))).collect();
-        Self::launch(
-            bin,
-            bucket,
-            addresses,
-            racks,
-            extra,
-            &["--peers", &members.join(",")],
-            env,
-        )
+        let peers = ["--peers".to_owned(), members.join(",")];
+        Self::launch(bin, bucket, addresses, racks, extra, &|_| peers.to_vec(), env)
     }
 
     /// Starts members as [`Rack::start`] does, with the environment variables `env` set (an
@@ -297,18 +290,35 @@ impl Rack {
             "1s",
         ];
         let racks = vec![Some("r1".to_owned()); addresses.len()];
+        let discovery = discovery.map(str::to_owned);
+        Self::launch(bin, bucket, addresses, racks, extra, &|_| discovery.to_vec(), &[])
+    }
+
+    /// Starts member `i` at `addresses[i]` in `racks[i]` with the `--peers` list `lists[i]`
+    /// (`ID=HOST:PORT@RACK,...`): members may see one another at different addresses (a proxy
+    /// between racks, say).
+    pub fn start_with_lists(
+        bin: &Path,
+        bucket: &dyn Bucket,
+        addresses: Vec<SocketAddr>,
+        racks: Vec<String>,
+        lists: Vec<String>,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let racks = racks.into_iter().map(Some).collect();
+        let discovery = |i: usize| vec!["--peers".to_owned(), lists[i].clone()];
         Self::launch(bin, bucket, addresses, racks, extra, &discovery, &[])
     }
 
     /// Starts a member at each of `addresses`, member `i` in `racks[i]` (none: no `--rack`),
-    /// with `extra` and `discovery` arguments and the environment variables `env`.
+    /// with `extra` arguments, `discovery(i)` and the environment variables `env`.
     fn launch(
         bin: &Path,
         bucket: &dyn Bucket,
         addresses: Vec<SocketAddr>,
         racks: Vec<Option<String>>,
         extra: &[&str],
-        discovery: &[&str],
+        discovery: &dyn Fn(usize) -> Vec<String>,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let root = tempfile::tempdir()?;
@@ -336,8 +346,8 @@ impl Rack {
                 &address.to_string(),
                 &key_file,
             ));
+            owned.extend(discovery(i));
             let mut args: Vec<&str> = owned.iter().map(String::as_str).collect();
-            args.extend_from_slice(discovery);
             args.extend_from_slice(extra);
             // Failed peer requests are logged at debug: the log says why a run went elsewhere.
             let mut vars = vec![("LARDER_LOG", "info,larder_peers=debug")];

@@ -228,7 +228,11 @@ fn rankings(shape: &Shape) -> Vec<Vec<usize>> {
             rack: Some(format!("r{}", rack_of(i, shape))),
         })
         .collect();
-    let index: HashMap<&str, usize> = members.iter().enumerate().map(|(i, m)| (m.id.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.id.as_str(), i))
+        .collect();
     let object = *blake3::hash(b"simulated model").as_bytes();
     (0..runs(shape))
         .map(|part| {
@@ -250,7 +254,13 @@ fn rack_of(node: usize, shape: &Shape) -> usize {
 }
 
 /// Simulates the scale-up of `nodes`; with `peers`, through their owners.
-fn simulate(name: &'static str, shape: &Shape, nodes: &[Node], ranked: &[Vec<usize>], peers: bool) -> Outcome {
+fn simulate(
+    name: &'static str,
+    shape: &Shape,
+    nodes: &[Node],
+    ranked: &[Vec<usize>],
+    peers: bool,
+) -> Outcome {
     let mut links = Links::new(shape);
     let run_count = runs(shape) as usize;
     let alive = |n: usize, t: f64| nodes[n].joins <= t && nodes[n].dies.is_none_or(|d| t < d);
@@ -338,7 +348,15 @@ fn simulate(name: &'static str, shape: &Shape, nodes: &[Node], ranked: &[Vec<usi
             waiting.retain(|(m, _), _| *m != dead);
             for (r, askers) in orphans {
                 for asker in askers {
-                    ask(asker, r, when + shape.detect, &mut links, &have, &mut waiting, &mut queue);
+                    ask(
+                        asker,
+                        r,
+                        when + shape.detect,
+                        &mut links,
+                        &have,
+                        &mut waiting,
+                        &mut queue,
+                    );
                 }
             }
         }
@@ -347,7 +365,15 @@ fn simulate(name: &'static str, shape: &Shape, nodes: &[Node], ranked: &[Vec<usi
             && nodes[m].dies.is_some_and(|d| d < t)
         {
             let found_out = nodes[m].dies.unwrap_or(t) + shape.detect;
-            ask(n, r, found_out.max(t), &mut links, &have, &mut waiting, &mut queue);
+            ask(
+                n,
+                r,
+                found_out.max(t),
+                &mut links,
+                &have,
+                &mut waiting,
+                &mut queue,
+            );
             continue;
         }
         if nodes[n].dies.is_some_and(|d| d < t) || have[n][r].is_some() {
@@ -372,7 +398,11 @@ fn simulate(name: &'static str, shape: &Shape, nodes: &[Node], ranked: &[Vec<usi
         .enumerate()
         .filter(|(_, node)| node.dies.is_none())
         .map(|(n, node)| {
-            have[n].iter().map(|t| t.unwrap_or(f64::INFINITY)).fold(0.0, f64::max) - node.joins
+            have[n]
+                .iter()
+                .map(|t| t.unwrap_or(f64::INFINITY))
+                .fold(0.0, f64::max)
+                - node.joins
         })
         .collect();
     ready.sort_by(f64::total_cmp);
@@ -475,7 +505,12 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let outcomes = scenarios(&args, &shape);
     let mut out = String::new();
     let _ = writeln!(out, "# Simulated fleet\n");
-    let _ = writeln!(out, "{}; simulated in {:.1} s\n", machine(), started.elapsed().as_secs_f64());
+    let _ = writeln!(
+        out,
+        "{}; simulated in {:.1} s\n",
+        machine(),
+        started.elapsed().as_secs_f64()
+    );
     let _ = writeln!(
         out,
         "{} nodes in {} racks read a {} model (runs of {}) at once; origin link {:.0} MB/s for the fleet, \
@@ -521,7 +556,8 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let report = args.out_dir.join(format!("{}.md", args.name));
     std::fs::write(&report, &out).with_context(|| format!("writing {}", report.display()))?;
     let plot = args.out_dir.join(format!("{}.svg", args.name));
-    std::fs::write(&plot, svg::plot(&outcomes, shape.size)).with_context(|| format!("writing {}", plot.display()))?;
+    std::fs::write(&plot, svg::plot(&outcomes, shape.size))
+        .with_context(|| format!("writing {}", plot.display()))?;
     Ok(())
 }
 
@@ -530,7 +566,14 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
 fn check(args: &SimulateArgs) -> String {
     // (what, nodes, racks, model, uplink, measured: one alone, without peers, with peers)
     let measured = [
-        ("4 nodes, 1 GiB (2026-12-04-fleet.md)", 4, 1, 1u64 << 30, 1250e6, [None, Some(45.0), Some(11.7)]),
+        (
+            "4 nodes, 1 GiB (2026-12-04-fleet.md)",
+            4,
+            1,
+            1u64 << 30,
+            1250e6,
+            [None, Some(45.0), Some(11.7)],
+        ),
         (
             "8 nodes in 2 racks, 512 MiB (2026-12-04-fleet-8-nodes-2-racks.md)",
             8,
@@ -560,7 +603,11 @@ fn check(args: &SimulateArgs) -> String {
             detect: args.detect,
         };
         let ranked = rankings(&shape);
-        let one = Shape { nodes: 1, racks: 1, ..shape };
+        let one = Shape {
+            nodes: 1,
+            racks: 1,
+            ..shape
+        };
         let modelled = [
             simulate("one", &one, &one.healthy(), &rankings(&one), false),
             simulate("alone", &shape, &shape.healthy(), &ranked, false),

@@ -66,7 +66,10 @@ fn cdf(svg: &mut String, outcomes: &[Outcome]) {
             let _ = write!(d, " H{px:.1} V{py:.1}");
         }
         let colour = COLOURS[i % COLOURS.len()];
-        let _ = writeln!(svg, r#"<path d="{d}" stroke="{colour}" fill="none" stroke-width="2"/>"#);
+        let _ = writeln!(
+            svg,
+            r#"<path d="{d}" stroke="{colour}" fill="none" stroke-width="2"/>"#
+        );
         let (lx, ly) = (x, y + h + 36.0 + 16.0 * i as f64);
         let _ = writeln!(
             svg,
@@ -90,7 +93,10 @@ fn bars(svg: &mut String, outcomes: &[Outcome], size: f64) {
     let shades = ["#555555", "#999999", "#cccccc"];
     for (i, o) in outcomes.iter().enumerate() {
         let mut top = y + h;
-        for (level, bytes) in [o.origin_bytes, o.spine_bytes, o.rack_bytes].into_iter().enumerate() {
+        for (level, bytes) in [o.origin_bytes, o.spine_bytes, o.rack_bytes]
+            .into_iter()
+            .enumerate()
+        {
             let height = bytes / size / most * h;
             top -= height;
             let _ = writeln!(
