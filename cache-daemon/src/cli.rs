@@ -464,7 +464,19 @@ fn peers_text(out: &mut String, peers: Option<&Peers>) -> std::fmt::Result {
             .iter()
             .map(|r| format!("{} from rack {}", HumanBytes(r.bytes), rack(&r.rack)))
             .collect();
-        writeln!(out, "received from peers: {}", racks.join(", "))?;
+        // By level: within this node's rack, and across racks (from runs' fleet owners).
+        let across: u64 = peers
+            .received_by_rack
+            .iter()
+            .filter(|r| r.rack != peers.rack)
+            .map(|r| r.bytes)
+            .sum();
+        writeln!(
+            out,
+            "received from peers: {} ({} across racks)",
+            racks.join(", "),
+            HumanBytes(across)
+        )?;
     }
     for member in peers.members.iter().filter(|m| m.state != MemberHealth::This) {
         let state = match (member.state, member.retry_in_seconds) {
@@ -679,17 +691,23 @@ mod tests {
                 member("b", "r1", MemberHealth::Up, None, 0, 3 << 20),
                 member("c", "", MemberHealth::Down, Some(17), 2, 0),
             ],
-            received_by_rack: vec![control_api::RackBytes {
-                rack: "r1".into(),
-                bytes: 3 << 20,
-            }],
+            received_by_rack: vec![
+                control_api::RackBytes {
+                    rack: "r1".into(),
+                    bytes: 3 << 20,
+                },
+                control_api::RackBytes {
+                    rack: "r2".into(),
+                    bytes: 1 << 20,
+                },
+            ],
         };
         let mut out = String::new();
         peers_text(&mut out, Some(&peers)).unwrap();
         assert_eq!(
             out,
             "peers: this node is a in rack r1; 2 other members\n\
-             received from peers: 3.00 MiB from rack r1\n\
+             received from peers: 3.00 MiB from rack r1, 1.00 MiB from rack r2 (1.00 MiB across racks)\n\
              peer b (rack r1, b.rack:7070): up, 0 failures in a row, 3.00 MiB received\n\
              peer c (rack -, c.rack:7070): down (asked again in 17 s), 2 failures in a row, 0 B received\n  \
              rack not known\n"

@@ -366,6 +366,20 @@ fn render(args: &FleetArgs, rounds: &[[Sample; 3]], duration: Duration) -> Strin
          limit is the time the origin link needs for the bytes it must carry: the model once with \
          peers or for one node, once per node without.\n"
     );
+    let _ = writeln!(out, "| link | cap (`tc tbf`), each way |\n|---|---|");
+    let _ = writeln!(out, "| the origin's, shared by all nodes | {:.0} MB/s |", rate / 1e6);
+    if args.racks > 1 {
+        let _ = writeln!(
+            out,
+            "| each rack's uplink to the spine | {:.0} MB/s |",
+            args.uplink_rate.as_u64() as f64 / 1e6
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| each node's | {:.0} MB/s |\n",
+        args.rack_rate.as_u64() as f64 / 1e6
+    );
     let _ = writeln!(
         out,
         "| round | last node done (s) | first node done (s) | limit (s) | last ÷ limit | origin bytes ÷ model | across racks ÷ model | origin requests | peak origin fills in flight (a node) |"

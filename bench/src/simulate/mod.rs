@@ -58,7 +58,10 @@ pub(crate) struct SimulateArgs {
     #[arg(long, default_value = "3125MB")]
     node_rate: ByteSize,
     /// Fixed cost of each run fetched, in seconds (a request's round trip, a fill's start).
-    #[arg(long, default_value_t = 0.005)]
+    /// The default is the fleet benchmark's: one node alone read 32 runs in 5.6 s where their
+    /// bytes need 5.37 s at the origin's cap, 7 ms a run
+    /// (`bench/results/2026-12-04-fleet-8-nodes-2-racks.md`).
+    #[arg(long, default_value_t = 0.007)]
     run_cost: f64,
     /// How long an asker takes to find a dead member out, in seconds.
     #[arg(long, default_value_t = 0.5)]
