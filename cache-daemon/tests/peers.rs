@@ -13,7 +13,9 @@ use larder_tests::dns::DnsServer;
 use larder_tests::fake_peer::{self, FakePeer, Misbehaviour};
 use larder_tests::rack::{Listing, Rack, SECRET, TlsFiles, member_args, member_ip, write_key_file};
 use larder_tests::seaweed::Seaweed;
-use larder_tests::{Bucket, Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts};
+use larder_tests::{
+    Bucket, Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts,
+};
 use object_store::ObjectStoreExt;
 
 const MIB: u64 = 1 << 20;

@@ -367,7 +367,11 @@ fn render(args: &FleetArgs, rounds: &[[Sample; 3]], duration: Duration) -> Strin
          peers or for one node, once per node without.\n"
     );
     let _ = writeln!(out, "| link | cap (`tc tbf`), each way |\n|---|---|");
-    let _ = writeln!(out, "| the origin's, shared by all nodes | {:.0} MB/s |", rate / 1e6);
+    let _ = writeln!(
+        out,
+        "| the origin's, shared by all nodes | {:.0} MB/s |",
+        rate / 1e6
+    );
     if args.racks > 1 {
         let _ = writeln!(
             out,

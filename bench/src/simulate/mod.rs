@@ -13,7 +13,8 @@
 //! What is modelled, and what is not: every link is a queue served at its rate (the origin's
 //! link, each rack's uplink each way, each node's link each way); a transfer joins the queue of
 //! every link on its path once its run is at its source, and ends when the last of them has
-//! served it, plus a fixed cost per run (`--run-cost`, the request's round trip and the fill's
+//! served it, at the share of its rate a transfer gets (`--efficiency`, calibrated from the
+//! fleet benchmark), plus a latency per run (`--run-cost`: a request's round trip, a fill's
 //! start). Real links share their bandwidth between transfers rather than serve them in turn,
 //! and a daemon streams a run block by block, forwarding each block as it comes rather than the
 //! run once whole: a run reaches a rack's members only after the rack owner has all of it
@@ -57,11 +58,14 @@ pub(crate) struct SimulateArgs {
     /// Bandwidth of each node's link to its rack, each way.
     #[arg(long, default_value = "3125MB")]
     node_rate: ByteSize,
-    /// Fixed cost of each run fetched, in seconds (a request's round trip, a fill's start).
-    /// The default is the fleet benchmark's: one node alone read 32 runs in 5.6 s where their
-    /// bytes need 5.37 s at the origin's cap, 7 ms a run
+    /// The share of a link's rate a transfer gets (TCP, the shaper). The default is the fleet
+    /// benchmark's: one node alone read 512 MiB in 5.6 s where the origin's cap needs 5.37 s
     /// (`bench/results/2026-12-04-fleet-8-nodes-2-racks.md`).
-    #[arg(long, default_value_t = 0.007)]
+    #[arg(long, default_value_t = 0.96)]
+    efficiency: f64,
+    /// The latency of each run fetched beyond its bytes, in seconds (a request's round trip, a
+    /// fill's start); it delays the run, not the link, which serves other runs meanwhile.
+    #[arg(long, default_value_t = 0.005)]
     run_cost: f64,
     /// How long an asker takes to find a dead member out, in seconds.
     #[arg(long, default_value_t = 0.5)]
@@ -96,7 +100,7 @@ struct Node {
     dies: Option<f64>,
 }
 
-/// One link direction, taking one transfer at a time.
+/// One link direction: a queue served at its rate.
 #[derive(Debug, Clone, Copy)]
 struct Link {
     rate: f64,
@@ -151,9 +155,9 @@ impl Links {
         2 + 2 * self.racks + 2 * node
     }
 
-    /// Queues `bytes` on every link of `path` from `ready` on: when the last link is done
-    /// with them. Each link serves its queue on its own (a transfer does not hold one link
-    /// idle while it waits for another), so the slowest queue on the path sets the end.
+    /// Queues `bytes` on every link of `path` from `ready` on: when the last link is done with
+    /// them, plus `cost`. Each link serves its queue on its own (a transfer does not hold one
+    /// link idle while it waits for another), so the slowest queue on the path sets the end.
     fn transfer(&mut self, path: &[usize], bytes: f64, ready: f64, cost: f64) -> f64 {
         let mut end = ready;
         for &l in path {
@@ -450,9 +454,9 @@ impl Shape {
             racks: args.racks,
             size: args.size.as_u64() as f64,
             run_size: args.run_size.as_u64() as f64,
-            origin_rate: args.origin_rate.as_u64() as f64,
-            uplink_rate: args.uplink_rate.as_u64() as f64,
-            node_rate: args.node_rate.as_u64() as f64,
+            origin_rate: args.origin_rate.as_u64() as f64 * args.efficiency,
+            uplink_rate: args.uplink_rate.as_u64() as f64 * args.efficiency,
+            node_rate: args.node_rate.as_u64() as f64 * args.efficiency,
             run_cost: args.run_cost,
             detect: args.detect,
         }
@@ -503,6 +507,10 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
         (0.0..1.0).contains(&args.die) && (0.0..1.0).contains(&args.late),
         "--die and --late are shares below 1"
     );
+    anyhow::ensure!(
+        args.efficiency > 0.0 && args.efficiency <= 1.0,
+        "--efficiency is a share above 0, at most 1"
+    );
     let started = std::time::Instant::now();
     let shape = Shape::of(&args);
     let outcomes = scenarios(&args, &shape);
@@ -517,17 +525,18 @@ pub(crate) fn run(args: SimulateArgs) -> anyhow::Result<()> {
     let _ = writeln!(
         out,
         "{} nodes in {} racks read a {} model (runs of {}) at once; origin link {:.0} MB/s for the fleet, \
-         rack uplinks {:.0} MB/s and node links {:.0} MB/s each way; {:.0} ms a run; a dead member found \
-         out in {:.1} s. Ownership is the daemon's (`larder_peer_proto::owner`); links take one transfer at \
-         a time (see `bench/src/simulate/mod.rs` for what the model leaves out). Times to ready are from \
+         rack uplinks {:.0} MB/s and node links {:.0} MB/s each way, of which a transfer gets {:.0}%; {:.0} ms a run; a dead member found \
+         out in {:.1} s. Ownership is the daemon's (`larder_peer_proto::owner`); links serve transfers in \
+         turn (see `bench/src/simulate/mod.rs` for what the model leaves out). Times to ready are from \
          each node's start; the nodes that die are left out of them.\n",
         args.nodes,
         args.racks,
         args.size,
         args.run_size,
-        shape.origin_rate / 1e6,
-        shape.uplink_rate / 1e6,
-        shape.node_rate / 1e6,
+        args.origin_rate.as_u64() as f64 / 1e6,
+        args.uplink_rate.as_u64() as f64 / 1e6,
+        args.node_rate.as_u64() as f64 / 1e6,
+        args.efficiency * 100.0,
         shape.run_cost * 1e3,
         shape.detect
     );
@@ -583,13 +592,13 @@ fn check(args: &SimulateArgs) -> String {
             2,
             512 << 20,
             250e6,
-            [Some(5.6), Some(45.0), Some(6.6)],
+            [Some(5.7), Some(45.0), Some(6.9)],
         ),
     ];
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Against the fleet benchmark (origin 100 MB/s, node links 1250 MB/s, the same run cost): the time until the last node was done.\n"
+        "Against the fleet benchmark (origin 100 MB/s, node links 1250 MB/s, the same efficiency and run cost): the time until the last node was done.\n"
     );
     let _ = writeln!(out, "| run | kind | measured (s) | modelled (s) | error |");
     let _ = writeln!(out, "|---|---|---|---|---|");
@@ -599,9 +608,9 @@ fn check(args: &SimulateArgs) -> String {
             racks,
             size: size as f64,
             run_size: args.run_size.as_u64() as f64,
-            origin_rate: 100e6,
-            uplink_rate: uplink,
-            node_rate: 1250e6,
+            origin_rate: 100e6 * args.efficiency,
+            uplink_rate: uplink * args.efficiency,
+            node_rate: 1250e6 * args.efficiency,
             run_cost: args.run_cost,
             detect: args.detect,
         };
