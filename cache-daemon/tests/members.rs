@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use larder_config::PeerConfig;
 use larder_peer_proto::client::PeerError;
-use larder_peer_proto::owner::Run;
+use larder_peer_proto::owner::RunId;
 use larder_peer_proto::wire::Hello as Said;
 use larder_peers::members::{Hello, MemberHealth, Membership, Peer};
 use larder_tests::dns::DnsServer;
@@ -92,9 +92,9 @@ async fn until(membership: &Membership, what: &str, ok: impl Fn(&Membership) -> 
     }
 }
 
-fn runs() -> Vec<Run> {
+fn runs() -> Vec<RunId> {
     (0u64..300)
-        .map(|i| Run {
+        .map(|i| RunId {
             object: *blake3::hash(&(i / 10).to_le_bytes()).as_bytes(),
             part: i % 10,
         })

@@ -19,9 +19,10 @@ pub struct Member {
     pub rack: Option<String>,
 }
 
-/// A run of blocks: one origin part of one object version.
+/// Which run of blocks: one origin part of one object version (the fill path's `Run` is the
+/// blocks of a fill in progress).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Run {
+pub struct RunId {
     /// The object version's id.
     pub object: [u8; 32],
     /// The part's index in the object.
@@ -29,7 +30,7 @@ pub struct Run {
 }
 
 /// The weight of `member` for `run`: the first 8 bytes of the BLAKE3 of both.
-pub fn weight(member: &str, run: &Run) -> u64 {
+pub fn weight(member: &str, run: &RunId) -> u64 {
     let mut hasher = blake3::Hasher::new_derive_key("larder peer owner v1");
     hasher.update(&run.object);
     hasher.update(&run.part.to_le_bytes());
@@ -43,7 +44,7 @@ pub fn weight(member: &str, run: &Run) -> u64 {
 /// The members to ask for `run`, in order: with a `rack`, those in it first, then the rest
 /// (those of unknown rack among them); without one, all as one group (the fleet's ranking);
 /// each group by descending weight (ties, which take a hash collision, by id).
-pub fn candidates<'a>(members: &'a [Member], run: &Run, rack: Option<&str>) -> Vec<&'a Member> {
+pub fn candidates<'a>(members: &'a [Member], run: &RunId, rack: Option<&str>) -> Vec<&'a Member> {
     let mut ranked: Vec<(bool, u64, &Member)> = members
         .iter()
         .map(|m| (rack.is_some() && m.rack.as_deref() != rack, weight(&m.id, run), m))
@@ -65,8 +66,8 @@ mod tests {
             .collect()
     }
 
-    fn runs(n: u64) -> impl Iterator<Item = Run> {
-        (0..n).map(|i| Run {
+    fn runs(n: u64) -> impl Iterator<Item = RunId> {
+        (0..n).map(|i| RunId {
             object: *blake3::hash(&(i / 16).to_le_bytes()).as_bytes(),
             part: i % 16,
         })

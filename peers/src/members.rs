@@ -37,7 +37,7 @@ use hickory_resolver::{Resolver, TokioResolver};
 use larder_config::PeerConfig;
 pub use larder_control_api::{MemberHealth, MemberState, RackBytes};
 use larder_peer_proto::client::PeerError;
-use larder_peer_proto::owner::{self, Member, Run};
+use larder_peer_proto::owner::{self, Member, RunId};
 use larder_peer_proto::wire::Hello as Said;
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -228,17 +228,17 @@ impl Membership {
     /// The members to ask for `run`, best first: every member (this node included) whose
     /// circuit is closed, ranked by rendezvous hashing with this node's rack first. The first
     /// is the run's rack owner: the one this node asks, or this node itself.
-    pub fn owners(&self, run: &Run) -> Vec<Peer> {
+    pub fn owners(&self, run: &RunId) -> Vec<Peer> {
         self.ranked(run, Some(&self.inner.self_rack))
     }
 
     /// The same members ranked for the whole fleet, racks aside: the first is the run's fleet
     /// owner, which fills it from the origin.
-    pub fn fleet_owners(&self, run: &Run) -> Vec<Peer> {
+    pub fn fleet_owners(&self, run: &RunId) -> Vec<Peer> {
         self.ranked(run, None)
     }
 
-    fn ranked(&self, run: &Run, rack: Option<&str>) -> Vec<Peer> {
+    fn ranked(&self, run: &RunId, rack: Option<&str>) -> Vec<Peer> {
         let now = Instant::now();
         let state = self.inner.state.lock();
         let mut members = vec![Member {
@@ -701,8 +701,8 @@ mod tests {
         }
     }
 
-    fn runs(n: u64) -> impl Iterator<Item = Run> {
-        (0..n).map(|i| Run {
+    fn runs(n: u64) -> impl Iterator<Item = RunId> {
+        (0..n).map(|i| RunId {
             object: *blake3::hash(&(i / 8).to_le_bytes()).as_bytes(),
             part: i % 8,
         })
@@ -759,7 +759,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_member_is_left_out_then_tried_again_with_a_growing_backoff() {
         let m = Membership::new(&config(&FOUR), "a".into(), "r1".into());
-        let ids = |run: &Run| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
+        let ids = |run: &RunId| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
         let run = runs(1).next().unwrap();
         assert!(ids(&run).contains(&"b".to_owned()));
         m.failed("b");
@@ -799,7 +799,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_slow_member_keeps_its_runs_until_it_is_slow_three_times_in_a_row() {
         let m = Membership::new(&config(&FOUR), "a".into(), "r1".into());
-        let ids = |run: &Run| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
+        let ids = |run: &RunId| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
         let run = runs(1).next().unwrap();
         let b = |m: &Membership| m.states().into_iter().find(|s| s.id == "b").unwrap();
         // Two slow answers, a success, two more: never out.
@@ -936,7 +936,7 @@ mod tests {
         for node in &nodes {
             assert!(node.states().iter().all(|m| m.note.is_none() && m.rack == "r1"));
         }
-        let ids = |m: &Membership, run: &Run| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
+        let ids = |m: &Membership, run: &RunId| m.owners(run).into_iter().map(|p| p.id).collect::<Vec<_>>();
         for run in runs(100) {
             let first = ids(&nodes[0], &run);
             assert_eq!(

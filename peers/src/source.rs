@@ -11,7 +11,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use larder_engine::AlignedBuf;
 use larder_peer_proto::client::{BlockBuf, Client, PeerError};
-use larder_peer_proto::owner::Run as OwnedRun;
+use larder_peer_proto::owner::RunId;
 use larder_peer_proto::wire::{RunRequest, VersionTag};
 use larder_read_path::fill::{BlockSource, FillFor, PeerBlockError, Run};
 use larder_read_path::{OpenObject, ReadError, Source};
@@ -112,7 +112,7 @@ impl PeerSource {
     /// Whom to ask for `run`, filled for `fill_for`, and whether that member may ask on: the
     /// run's rack owner (which may ask the fleet owner); where this node is the rack owner, or
     /// was asked by a member of its rack, the fleet owner, which fills from the origin.
-    fn owner(&self, run: &OwnedRun, fill_for: FillFor) -> Result<(Peer, bool), ReadError> {
+    fn owner(&self, run: &RunId, fill_for: FillFor) -> Result<(Peer, bool), ReadError> {
         let none = |why| Err(ReadError::Peer(Arc::new(why)));
         let me = self.members.self_id();
         if let FillFor::Node | FillFor::Job = fill_for {
@@ -148,7 +148,7 @@ impl BlockSource for PeerSource {
         async move {
             let block_size = run.block_size();
             let first = (range.start / block_size) as u32;
-            let owned = OwnedRun {
+            let owned = RunId {
                 object: object.id().0,
                 part: u64::from(first / run.part_blocks()),
             };

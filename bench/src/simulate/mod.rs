@@ -30,7 +30,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use larder_config::ByteSize;
-use larder_peer_proto::owner::{self, Member, Run};
+use larder_peer_proto::owner::{self, Member, RunId};
 
 use crate::common::machine;
 
@@ -243,7 +243,7 @@ fn rankings(shape: &Shape) -> Vec<Vec<usize>> {
     let object = *blake3::hash(b"simulated model").as_bytes();
     (0..runs(shape))
         .map(|part| {
-            let run = Run { object, part };
+            let run = RunId { object, part };
             owner::candidates(&members, &run, None)
                 .into_iter()
                 .map(|m| index[m.id.as_str()])
