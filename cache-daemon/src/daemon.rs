@@ -56,7 +56,7 @@ use crate::containerd::{HostsError, MirrorHostsFiles};
 use crate::control::{self, Control};
 use crate::kube::{KubeError, NodeClient};
 use crate::metrics::{self, Phase, Snapshot};
-use crate::namespace::{Namespace, Source};
+use crate::namespace::{ConfiguredSource, Namespace};
 use crate::prefetch::Jobs;
 use crate::process::ProcessStats;
 use crate::seal::Sealer;
@@ -582,7 +582,7 @@ fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
     Ok(plan)
 }
 
-fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>, DaemonError> {
+fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, ConfiguredSource)>, DaemonError> {
     let env = Environment::process();
     config
         .sources
@@ -592,7 +592,7 @@ fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Source)>,
                 Origin::from_config(source, &config.origin, stats.clone(), &env).map_err(Box::new)?;
             let origin = Arc::new(origin);
             let ttl = (!source.immutable).then_some(source.metadata_ttl);
-            Ok((source.name.clone(), Source { origin, ttl }))
+            Ok((source.name.clone(), ConfiguredSource { origin, ttl }))
         })
         .collect()
 }

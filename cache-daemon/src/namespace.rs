@@ -67,7 +67,7 @@ pub const MISSING_NAME_TTL: Duration = Duration::from_secs(30);
 
 /// One configured source.
 #[derive(Debug)]
-pub struct Source {
+pub struct ConfiguredSource {
     /// The origin.
     pub origin: Arc<Origin>,
     /// How long listings and versions are trusted; `None` for an immutable source.
@@ -208,7 +208,7 @@ struct DirStream {
 /// The daemon's [`FileTree`].
 #[derive(Debug)]
 pub struct Namespace {
-    sources: Vec<(String, Source)>,
+    sources: Vec<(String, ConfiguredSource)>,
     cache: Cache,
     inodes: Mutex<Inodes>,
     /// `(source, path)` → what it is, `None` if missing.
@@ -255,7 +255,7 @@ impl Namespace {
     /// A tree over `sources` (name, source), reading through `cache`. With one source, its
     /// contents are the root; with several, each is a directory of the root. With
     /// `passthrough`, opening a complete object offers the kernel its data file.
-    pub fn new(sources: Vec<(String, Source)>, cache: Cache, passthrough: bool) -> Self {
+    pub fn new(sources: Vec<(String, ConfiguredSource)>, cache: Cache, passthrough: bool) -> Self {
         let root_source = (sources.len() == 1).then_some(0);
         let mounted_at = SystemTime::now();
         let mut inodes = Inodes::default();

@@ -7,7 +7,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use larder_cache_daemon::namespace::{Namespace, Source};
+use larder_cache_daemon::namespace::{ConfiguredSource, Namespace};
 use larder_config::IoEngineKind;
 use larder_engine::fault::{Fault, Op};
 use larder_fuse_mount::MountOptions;
@@ -95,7 +95,7 @@ async fn a_failed_read_is_logged_once_with_its_cause() {
     );
     config.origin.max_attempts = 2;
     let fixture = CacheFixture::open(server, config).await.expect("cache");
-    let source = Source {
+    let source = ConfiguredSource {
         origin: fixture.origin.clone(),
         ttl: None,
     };
