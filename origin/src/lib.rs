@@ -8,8 +8,8 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod checksums;
 pub mod environment;
-pub mod published;
 
 use std::fmt;
 use std::future::Future;
@@ -35,8 +35,8 @@ use parking_lot::Mutex;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::checksums::{Convention, Published, PublishedChecksums, Urls};
 use crate::environment::{Cloud, Environment};
-use crate::published::{Convention, Published, PublishedChecksums, Urls};
 
 /// Why an origin request failed, sorted by what the caller does about it.
 #[derive(Debug, thiserror::Error)]

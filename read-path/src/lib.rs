@@ -28,8 +28,8 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod budget;
-mod check;
 pub mod fill;
+mod origin_check;
 pub mod readahead;
 mod reader;
 pub mod slots;
@@ -55,8 +55,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use budget::{Charge, MemoryBudget};
-pub use check::{Checked, OriginCheckError};
 use fill::{BlockSource, FillFor, OriginSource, PeerTier};
+pub use origin_check::{Checked, OriginCheckError};
 pub use reader::Reader;
 use slots::Slots;
 
@@ -214,7 +214,7 @@ struct Inner {
     /// The rack's members, when there is a peer tier: a failed origin check marks them.
     members: Option<Arc<dyn fill::Members>>,
     /// Origin checks of objects completed with blocks from peers ([`check`]).
-    checks: check::OriginChecks,
+    checks: origin_check::OriginChecks,
 }
 
 /// What happened to blocks lately: each entry is kept [`FAILED_FILL_MEMORY`], and entries
@@ -330,7 +330,7 @@ impl Cache {
                 }),
                 runs: AtomicUsize::new(0),
                 members,
-                checks: check::OriginChecks::new(),
+                checks: origin_check::OriginChecks::new(),
             }),
         }
     }

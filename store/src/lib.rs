@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! <cache dir>/lock                                   flock: one daemon per cache dir
-//!                                                    (see home.rs for a dir deleted under it)
+//!                                                    (see held_dir.rs for a dir deleted under it)
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.data        blocks at their natural offsets
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.rec         header + append-only entries (format.rs)
 //! <cache dir>/v1/objects/<id[0..2]>/<id>.values16k   each block's tree of 16 KiB groups (larder-block-tree)
@@ -30,7 +30,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod format;
-mod home;
+mod held_dir;
 mod policy;
 
 use std::collections::HashMap;
@@ -54,7 +54,7 @@ use rustix::fs::{FallocateFlags, OFlags};
 use tokio::sync::OnceCell;
 
 use format::{Entry, RecordHeader};
-use home::{Home, Names};
+use held_dir::{HeldDir, Names};
 use policy::Slru;
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
@@ -236,7 +236,7 @@ struct BlockMeta {
     /// Where this process fetched the block from (none for a replayed one).
     fetched: Option<Fetched>,
     /// The rack member that supplied the block, until the whole object is checked against the
-    /// origin's checksum (see `cache/check.rs`). The record keeps that the block came from a
+    /// origin's checksum (see `read-path/src/origin_check.rs`). The record keeps that the block came from a
     /// member and is unchecked, not which member: a replayed one has [`UNKNOWN_MEMBER`].
     peer: Option<Arc<str>>,
     /// Its CRCs, where the cache keeps them for the origin check (it has rack peers). Memory
@@ -416,7 +416,7 @@ impl Drop for BlockHold {
 /// The block store. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct BlockStore {
-    home: Arc<Home>,
+    held: Arc<HeldDir>,
     engine: Arc<dyn IoEngine>,
     block_size: u64,
     capacity: u64,
@@ -451,7 +451,7 @@ impl BlockStore {
         stats: Arc<Stats>,
     ) -> Result<Self, StoreError> {
         let store = Self {
-            home: Arc::new(Home::lock(&config.dir)?),
+            held: Arc::new(HeldDir::lock(&config.dir)?),
             engine,
             block_size: config.block_size.as_u64(),
             capacity: config.capacity.as_u64(),
@@ -470,7 +470,7 @@ impl BlockStore {
     /// the lock is taken, so it reads records by path.
     fn replay_all(&self) -> Result<(), StoreError> {
         let mut state = self.state.lock();
-        let objects_path = self.home.objects_path();
+        let objects_path = self.held.objects_path();
         let fanouts = fs::read_dir(objects_path).map_err(io_error("list", objects_path))?;
         for fanout in fanouts.flatten() {
             let Ok(entries) = fs::read_dir(fanout.path()) else {
@@ -483,10 +483,10 @@ impl BlockStore {
                 match path.extension().and_then(|e| e.to_str()) {
                     Some("rec") => self.replay_one(&mut state, &name),
                     Some("data" | VALUES_EXTENSION) if !path.with_extension("rec").exists() => {
-                        self.home.remove(&name)
+                        self.held.remove(&name)
                     }
                     Some("data" | VALUES_EXTENSION) => {}
-                    _ => self.home.remove(&name),
+                    _ => self.held.remove(&name),
                 }
             }
         }
@@ -496,8 +496,8 @@ impl BlockStore {
     /// Replays the record `rec` (a name under the objects dir).
     fn replay_one(&self, state: &mut State, rec: &str) {
         let names = Names::with_stem(rec.trim_end_matches(".rec"));
-        let (rec_path, data_path) = (self.home.path(&names.rec), self.home.path(&names.data));
-        let remove_all = || self.home.remove_all(&names);
+        let (rec_path, data_path) = (self.held.path(&names.rec), self.held.path(&names.data));
+        let remove_all = || self.held.remove_all(&names);
         let replayed = fs::read(&rec_path)
             .map_err(|e| e.to_string())
             .and_then(|bytes| format::replay(&bytes).map_err(|e| e.to_string()));
@@ -636,7 +636,7 @@ impl BlockStore {
         let mut state = self.state.lock();
         if state.disk_failing.is_none() {
             tracing::error!(
-                dir = %self.home.dir().display(),
+                dir = %self.held.dir().display(),
                 %error,
                 "the cache disk fails: no file is handed to the kernel (passthrough) and reads go \
                  through the daemon, to the origin where the disk fails them, until a block \
@@ -650,7 +650,7 @@ impl BlockStore {
     fn disk_works(&self) {
         let mut state = self.state.lock();
         if state.disk_failing.take().is_some() {
-            tracing::info!(dir = %self.home.dir().display(), "the cache disk takes writes again");
+            tracing::info!(dir = %self.held.dir().display(), "the cache disk takes writes again");
         }
     }
 
@@ -770,7 +770,7 @@ impl BlockStore {
             id,
         };
         let names = Names::of(id);
-        let file = self.home.open(&names, &names.data, OFlags::RDONLY, false).ok()?;
+        let file = self.held.open(&names, &names.data, OFlags::RDONLY, false).ok()?;
         // The kernel's reads of the file never reach the daemon, which could not fall back to
         // the origin when they fail: a page read first, from the disk unless the page cache
         // holds it (~60 µs an open).
@@ -778,7 +778,7 @@ impl BlockStore {
         if let Err(source) = file.read_exact_at(probe, 0) {
             self.disk_failed(&StoreError::Io {
                 op: "probe",
-                path: self.home.path(&names.data),
+                path: self.held.path(&names.data),
                 source,
             });
             return None;
@@ -987,7 +987,7 @@ impl BlockStore {
         // A part asked for without values: store them for the next such read.
         if partial {
             let (tree, slot) = (block.tree.clone(), self.values_slot(index));
-            let path = self.home.path(&Names::of(id).values);
+            let path = self.held.path(&Names::of(id).values);
             let stored = blocking(move || write_values(&files.values, slot, &tree, block_len, &path)).await;
             if let Err(error) = stored {
                 tracing::debug!(%error, "could not store a block's tree");
@@ -1009,7 +1009,7 @@ impl BlockStore {
             .engine
             .read(files.data.clone(), offset, AlignedBuf::new(range.len()))
             .await;
-        let done = result.map_err(io_error("read", &self.home.path(&Names::of(id).data)))?;
+        let done = result.map_err(io_error("read", &self.held.path(&Names::of(id).data)))?;
         if done < range.len() {
             return Err(StoreError::Corrupt {
                 id,
@@ -1060,15 +1060,15 @@ impl BlockStore {
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
-        if !self.home.intact() {
+        if !self.held.intact() {
             self.give_up();
         }
-        let free = self.home.free_space();
+        let free = self.held.free_space();
         let (files_cell, victims) = {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             if state.dir_lost {
-                return Err(StoreError::DirLost(self.home.dir().to_owned()));
+                return Err(StoreError::DirLost(self.held.dir().to_owned()));
             }
             if state
                 .objects
@@ -1138,8 +1138,8 @@ impl BlockStore {
     ) -> Result<(), StoreError> {
         let files = self.files(version, files, true).await?;
         let names = Names::of(version.id());
-        let (data_path, rec_path) = (self.home.path(&names.data), self.home.path(&names.rec));
-        let values_path = self.home.path(&names.values);
+        let (data_path, rec_path) = (self.held.path(&names.data), self.held.path(&names.rec));
+        let values_path = self.held.path(&names.values);
         let (tree, slot, len) = (block.tree.clone(), self.values_slot(index), block.len());
         let offset = u64::from(index) * self.block_size;
         let is_last = offset + block.len() as u64 >= version.size;
@@ -1243,20 +1243,20 @@ impl BlockStore {
             return;
         }
         let block_size = self.block_size;
-        let home = self.home.clone();
+        let held = self.held.clone();
         let result = blocking(move || {
             for victim in victims {
                 let names = Names::of(victim.id);
                 if victim.delete_object {
-                    home.remove_all(&names);
+                    held.remove_all(&names);
                     continue;
                 }
                 let files = match victim.files.get() {
                     Some(files) => files.clone(),
                     // Replayed at start and not opened since.
-                    None => Arc::new(open_object_files(&home, &names, None)?),
+                    None => Arc::new(open_object_files(&held, &names, None)?),
                 };
-                punch_block(&files, victim.index, block_size, &home.path(&names.rec))?;
+                punch_block(&files, victim.index, block_size, &held.path(&names.rec))?;
             }
             Ok(())
         })
@@ -1363,12 +1363,12 @@ impl BlockStore {
         if settled.is_empty() {
             return;
         }
-        let home = self.home.clone();
+        let held = self.held.clone();
         let result = blocking(move || {
             let names = Names::of(id);
             let files = match files.get() {
                 Some(files) => files.clone(),
-                None => Arc::new(open_object_files(&home, &names, None)?),
+                None => Arc::new(open_object_files(&held, &names, None)?),
             };
             let entries: Vec<u8> = settled
                 .into_iter()
@@ -1376,7 +1376,7 @@ impl BlockStore {
                 .collect();
             (&files.record)
                 .write_all(&entries)
-                .map_err(io_error("append", &home.path(&names.rec)))
+                .map_err(io_error("append", &held.path(&names.rec)))
         })
         .await;
         if let Err(error) = result {
@@ -1426,7 +1426,7 @@ impl BlockStore {
     ) -> Result<Arc<ObjectFiles>, StoreError> {
         let id = version.id();
         let fresh = create && !self.state.lock().objects.get(&id).is_some_and(|o| o.on_disk);
-        let home = self.home.clone();
+        let held = self.held.clone();
         let header = RecordHeader {
             block_size: self.block_size as u32,
             object_size: version.size,
@@ -1434,14 +1434,14 @@ impl BlockStore {
             identity: version.identity(),
         };
         cell.get_or_try_init(|| async move {
-            blocking(move || open_object_files(&home, &Names::of(id), fresh.then_some(header)).map(Arc::new))
+            blocking(move || open_object_files(&held, &Names::of(id), fresh.then_some(header)).map(Arc::new))
                 .await
         })
         .await
         .cloned()
     }
 
-    /// Gives the cache dir up: it was deleted or replaced under the daemon (see home.rs).
+    /// Gives the cache dir up: it was deleted or replaced under the daemon (see held_dir.rs).
     /// The index is emptied, so every read goes to the network and the files of the lost dir
     /// are closed (their space freed) once reads in flight end; no write is made again. Only a
     /// restart takes a dir (and its lock) again.
@@ -1451,7 +1451,7 @@ impl BlockStore {
             return;
         }
         tracing::error!(
-            dir = %self.home.dir().display(),
+            dir = %self.held.dir().display(),
             "the cache dir was deleted or replaced under the daemon: it caches nothing more and \
              serves every read from the network; restart it to cache again"
         );
@@ -1468,7 +1468,7 @@ impl BlockStore {
 /// The data and record files of object `id` in the cache dir `cache_dir`.
 pub fn object_paths(cache_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
     let names = Names::of(id);
-    let objects = cache_dir.join(home::OBJECTS_DIR);
+    let objects = cache_dir.join(held_dir::OBJECTS_DIR);
     (objects.join(names.data), objects.join(names.rec))
 }
 
@@ -1486,20 +1486,20 @@ fn values_read((buf, result): larder_engine::IoResult, count: usize) -> Option<V
 
 /// Opens an object's data and record files; with a header, creates them afresh.
 fn open_object_files(
-    home: &Home,
+    held: &HeldDir,
     names: &Names,
     fresh: Option<RecordHeader>,
 ) -> Result<ObjectFiles, StoreError> {
     let create = fresh.is_some();
-    let data = home.open(names, &names.data, OFlags::RDWR | OFlags::DIRECT, create)?;
-    let record = home.open(names, &names.rec, OFlags::WRONLY | OFlags::APPEND, create)?;
+    let data = held.open(names, &names.data, OFlags::RDWR | OFlags::DIRECT, create)?;
+    let record = held.open(names, &names.rec, OFlags::WRONLY | OFlags::APPEND, create)?;
     // Made for objects cached before values were kept, too: their blocks get values as they
     // are read.
-    let values = home.open(names, &names.values, OFlags::RDWR, true)?;
+    let values = held.open(names, &names.values, OFlags::RDWR, true)?;
     if let Some(header) = fresh {
-        let values_path = home.path(&names.values);
+        let values_path = held.path(&names.values);
         values.set_len(0).map_err(io_error("truncate", &values_path))?;
-        let (data_path, rec_path) = (home.path(&names.data), home.path(&names.rec));
+        let (data_path, rec_path) = (held.path(&names.data), held.path(&names.rec));
         record.set_len(0).map_err(io_error("truncate", &rec_path))?;
         data.set_len(0).map_err(io_error("truncate", &data_path))?;
         data.set_len(header.object_size)

@@ -13,7 +13,7 @@
 //!   of one size, a whole number of MiB, N parts in all; powers of two first, then the
 //!   smallest, at most [`MAX_PART_SIZES`] of them in one pass over the object.
 //! - Only where neither is usable: a full-object CRC (CRC64NVME, CRC32C or CRC32) that S3 keeps
-//!   when the uploader sent one, or GCS's CRC32C (see [`larder_origin::published`]). A match is counted
+//!   when the uploader sent one, or GCS's CRC32C (see [`larder_origin::checksums`]). A match is counted
 //!   `crc_only`, not `match`: a CRC is linear, so whoever chooses the bytes can make any change
 //!   keep it (a flipped byte and 4 or 8 solved ones per block); it catches corruption, never a
 //!   member that lies on purpose.

@@ -4,7 +4,7 @@
 //! never by path. A cache dir deleted (or replaced) under the daemon therefore cannot be
 //! recreated by it without its lock, and nothing the daemon does can land in whatever is at
 //! the path now, which another daemon may have locked since: creating a file in a deleted
-//! directory fails. [`Home::intact`] tells whether the lock still guards the dir at the path;
+//! directory fails. [`HeldDir::intact`] tells whether the lock still guards the dir at the path;
 //! the store asks before every write and gives the dir up when it does not.
 
 use std::fs::File;
@@ -54,7 +54,7 @@ impl Names {
 
 /// A locked cache dir.
 #[derive(Debug)]
-pub(crate) struct Home {
+pub(crate) struct HeldDir {
     /// The cache dir, as configured.
     dir: PathBuf,
     /// `<dir>/v1/objects`, for messages.
@@ -63,7 +63,7 @@ pub(crate) struct Home {
     lock: File,
 }
 
-impl Home {
+impl HeldDir {
     /// Creates the dir if need be (`0700`), takes its lock and opens its objects dir.
     pub(crate) fn lock(dir: &Path) -> Result<Self, StoreError> {
         create_private_dir(dir)?;
