@@ -126,9 +126,13 @@ impl PeerSource {
                 return Ok((owner, relay));
             }
         }
+        // The fleet owner is asked across racks only: one of this rack is its rack owner too,
+        // which is this node or was asked already (views that differ for a moment must not
+        // bounce a run around the rack).
         match self.members.fleet_owners(run).into_iter().next() {
             None => none(NoPeer::NoMembers),
             Some(owner) if owner.id == me => none(NoPeer::OwnRun),
+            Some(owner) if owner.rack.as_deref() == Some(self.members.self_rack()) => none(NoPeer::OwnRun),
             Some(owner) => Ok((owner, false)),
         }
     }
