@@ -86,6 +86,23 @@ impl FakeGcs {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        // It listens before it has read its data directory: ready once its listing (JSON API)
+        // names every object it was given (seen: a listing failed on a loaded machine).
+        let listing = format!("/storage/v1/b/{bucket}/o");
+        loop {
+            let answer = crate::http1::request(&address, "GET", &listing, &[], b"");
+            if let Ok((200, body)) = &answer
+                && objects
+                    .iter()
+                    .all(|(key, _)| body.contains(&format!("\"{key}\"")))
+            {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!("fake-gcs-server did not list its objects within 60 s: {answer:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         Ok(gcs)
     }
 
