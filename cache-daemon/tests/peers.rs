@@ -425,6 +425,42 @@ fn hedged_blocks(rack: &Rack, i: usize) -> f64 {
         .expect("metrics")
 }
 
+/// Members `readers` read the model of `size` bytes through their mounts while member
+/// `victim` is killed (SIGKILL) once it has sent peers something: each must read the right
+/// bytes.
+fn read_while_killing(rack: &mut Rack, readers: &[usize], victim: usize, size: u64) {
+    let expected = content(seed(MODEL, 0), 0, size as usize);
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = readers
+            .iter()
+            .map(|&i| {
+                let path = rack.daemon(i).mount.join(MODEL);
+                let expected = &expected;
+                scope.spawn(move || {
+                    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
+                    assert!(bytes == *expected, "n{i} read wrong bytes");
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        while rack
+            .metric(victim, "larder_peer_sent_bytes_total")
+            .expect("metrics")
+            == 0.0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "n{victim} never served a peer"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        rack.kill9(victim).expect("kill");
+        for reader in readers {
+            reader.join().expect("reader");
+        }
+    });
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes() {
     let size = 256 * MIB;
@@ -433,33 +469,7 @@ async fn an_owner_killed_mid_transfer_leaves_its_askers_reading_the_right_bytes(
     proxy.set_fault(Fault::Latency(Duration::from_millis(200)));
     tokio::task::spawn_blocking(move || {
         let mut rack = Rack::start(Path::new(BIN), &proxy, 3, LOADED, &[]).expect("rack");
-        let expected = content(seed(MODEL, 0), 0, size as usize);
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = [0, 1]
-                .into_iter()
-                .map(|i| {
-                    let path = rack.daemon(i).mount.join(MODEL);
-                    let expected = &expected;
-                    scope.spawn(move || {
-                        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
-                        assert!(bytes == *expected, "n{i} read wrong bytes");
-                    })
-                })
-                .collect();
-            // Killed once it has sent something to the others.
-            let started = Instant::now();
-            while rack.metric(2, "larder_peer_sent_bytes_total").expect("metrics") == 0.0 {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "n2 never served a peer"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            rack.kill9(2).expect("kill n2");
-            for reader in readers {
-                reader.join().expect("reader");
-            }
-        });
+        read_while_killing(&mut rack, &[0, 1], 2, size);
         report_failures(&rack, &[0, 1]);
         let fetched = |i| {
             rack.metric(i, "larder_peer_fetched_bytes_total")
@@ -493,32 +503,7 @@ async fn a_rack_owner_killed_mid_transfer_moves_only_its_runs_across_two_racks()
     };
     let (rack, proxy) = tokio::task::spawn_blocking(move || {
         let mut rack = Rack::start_listed(Path::new(BIN), &proxy, 4, LOADED, &[], listing).expect("racks");
-        let expected = content(seed(MODEL, 0), 0, size as usize);
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = [0, 1, 3]
-                .into_iter()
-                .map(|i| {
-                    let path = rack.daemon(i).mount.join(MODEL);
-                    let expected = &expected;
-                    scope.spawn(move || {
-                        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
-                        assert!(bytes == *expected, "n{i} read wrong bytes");
-                    })
-                })
-                .collect();
-            let started = Instant::now();
-            while rack.metric(2, "larder_peer_sent_bytes_total").expect("metrics") == 0.0 {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "n2 never served a peer"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            rack.kill9(2).expect("kill n2");
-            for reader in readers {
-                reader.join().expect("reader");
-            }
-        });
+        read_while_killing(&mut rack, &[0, 1, 3], 2, size);
         (rack, proxy)
     })
     .await
