@@ -187,7 +187,7 @@ impl PublishedChecksums {
         let headers = std::mem::take(response.headers_mut());
         let now = headers.get(ETAG).and_then(|v| v.to_str().ok());
         if let (Some(pinned), Some(now)) = (etag, now)
-            && pinned.trim_matches('"') != now.trim_matches('"')
+            && !crate::same_entity_tag(pinned, now)
         {
             return Err(PublishedError::Changed(now.to_owned()));
         }

@@ -327,7 +327,7 @@ fn http_status(error: &object_store::Error) -> Option<u16> {
 /// Whether two ETags name the same version: the same opaque tag, whether or not a store quoted
 /// it (fake-gcs-server lists ETags bare and quotes them in a GET's answer; a local directory's
 /// are bare everywhere), weak or not.
-fn same_entity_tag(a: &str, b: &str) -> bool {
+pub(crate) fn same_entity_tag(a: &str, b: &str) -> bool {
     let bare = |tag: &str| {
         let tag = tag.strip_prefix("W/").unwrap_or(tag);
         tag.strip_prefix('"')

@@ -114,27 +114,27 @@ impl PeerSource {
     /// was asked by a member of its rack, the fleet owner, which fills from the origin.
     fn owner(&self, run: &RunId, fill_for: FillFor) -> Result<(Peer, bool), ReadError> {
         let none = |why| Err(ReadError::Peer(Arc::new(why)));
-        let me = self.members.self_id();
-        if let FillFor::Node | FillFor::Job = fill_for {
-            let Some(owner) = self.members.owners(run).into_iter().next() else {
-                return none(NoPeer::NoMembers);
-            };
-            if owner.id != me {
-                // A member of this rack, or of another where this rack has no other: only one
-                // of this rack may pass the request on.
-                let relay = owner.rack.as_deref() == Some(self.members.self_rack());
-                return Ok((owner, relay));
-            }
+        let (me, rack) = (self.members.self_id(), Some(self.members.self_rack()));
+        // One ranking gives both owners: the fleet owner is its first member, this rack's
+        // owner the first of this rack (the same weights, ranked within the rack).
+        let ranked = self.members.fleet_owners(run);
+        let Some(fleet) = ranked.first() else {
+            return none(NoPeer::NoMembers);
+        };
+        if let FillFor::Node | FillFor::Job = fill_for
+            && let Some(owner) = ranked.iter().find(|p| p.rack.as_deref() == rack)
+            && owner.id != me
+        {
+            // Only a member of this rack may pass the request on.
+            return Ok((owner.clone(), true));
         }
         // The fleet owner is asked across racks only: one of this rack is its rack owner too,
         // which is this node or was asked already (views that differ for a moment must not
         // bounce a run around the rack).
-        match self.members.fleet_owners(run).into_iter().next() {
-            None => none(NoPeer::NoMembers),
-            Some(owner) if owner.id == me => none(NoPeer::OwnRun),
-            Some(owner) if owner.rack.as_deref() == Some(self.members.self_rack()) => none(NoPeer::OwnRun),
-            Some(owner) => Ok((owner, false)),
+        if fleet.id == me || fleet.rack.as_deref() == rack {
+            return none(NoPeer::OwnRun);
         }
+        Ok((fleet.clone(), false))
     }
 }
 
