@@ -1,11 +1,11 @@
 //! `larder-bench images`: containerd pulls one multi-platform image straight from its registry
 //! and through Larder's mirror, cold, warm and pre-pulled, side by side in each round.
 //!
-//! The registry is Debian's `docker-registry` on loopback, behind the recording proxy, which
-//! counts the blob bytes the registry sends; containerd is started for the run on its own
-//! socket. Each round:
-//! - **direct**: containerd pulls from the registry itself, not through the proxy (the
-//!   reference; its blob bytes are the platform's blobs by definition);
+//! The registry is Debian's `docker-registry` on loopback; the blob bytes it sends are read
+//! from its own access log, so nothing but the mirror stands between it and containerd (an
+//! in-path counting proxy would copy every byte of the mirrored pulls only). containerd is
+//! started for the run on its own socket. Each round:
+//! - **direct**: containerd pulls from the registry itself (the reference);
 //! - **cold**: a daemon on a fresh cache dir, containerd pulls through it;
 //! - **warm**: containerd's store emptied, the same daemon restarted, pulled again;
 //! - **pre-pulled**: a daemon on a fresh cache dir runs `larder prefetch --wait image:...`
@@ -20,13 +20,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
+use larder_tests::S3Server;
 use larder_tests::daemon::DaemonProcess;
-use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, is_blob_get, push};
-use larder_tests::{Bucket, RecordingProxy, S3Server};
+use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, push};
 use tokio::runtime::Handle;
 
 use crate::ImagesArgs;
-use crate::common::{machine, summary};
+use crate::common::{drop_page_cache, machine, process_cpu, summary};
 
 /// The registry's name in the image reference.
 const HOST: &str = "registry.bench.test";
@@ -41,8 +41,15 @@ const PLATFORM: &str = "linux/amd64";
 #[derive(Debug, Default)]
 struct Row {
     seconds: Vec<f64>,
+    /// Each round's time over that round's direct pull.
+    ratios: Vec<f64>,
     upstream_bytes: Vec<u64>,
+    /// CPU seconds the daemon used during the pull (none for a direct pull).
+    mirror_cpu: Vec<f64>,
 }
+
+/// The kinds of pull, in the order of the report.
+const PULLS: [&str; 4] = ["direct", "cold", "warm", "pre-pulled"];
 
 /// Runs the benchmark.
 pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
@@ -56,60 +63,50 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
     let image = TestImage::write(7, args.layers.as_u64())?;
     let registry = Registry::start()?;
     push(image.path(), registry.address(), REPO_TAG, None)?;
-    let proxy = runtime.block_on(RecordingProxy::start_to(registry.address()))?;
     let server = runtime.block_on(S3Server::start("bench-images"))?;
     let containerd = Containerd::start()?;
     let wanted = image.image(PLATFORM)?;
     let blob_bytes = wanted.layer_bytes() + wanted.config.size;
     let reference = format!("{HOST}/{REPO_TAG}");
 
-    // The direct pull goes to the registry itself: the recording proxy would slow it.
     let direct_hosts = work.path().join("hosts-direct");
     hosts_dir(&direct_hosts, HOST, &registry.url(), &registry.url())?;
-    let mut rows: Vec<(&str, Row)> = ["direct", "cold", "warm", "pre-pulled"]
-        .into_iter()
-        .map(|name| (name, Row::default()))
-        .collect();
+    let mut rows: Vec<Row> = PULLS.iter().map(|_| Row::default()).collect();
     let mut prefetch_seconds = Vec::new();
+    let mut dropped = true;
     for round in 0..args.rounds {
         eprintln!("round {}/{}", round + 1, args.rounds);
-        let mut pull = |hosts: &Path, row: usize| -> anyhow::Result<()> {
+        // Every pull starts alike: containerd's store empty, no dirty pages of the last pull
+        // left to write back, nothing in the page cache.
+        let mut pull = |hosts: &Path, mirror: Option<&Mirror>| -> anyhow::Result<(f64, u64, f64)> {
             containerd.remove_all()?;
-            let before = proxy.body_bytes_of(is_blob_get);
+            // SAFETY: sync takes no arguments and cannot fail.
+            unsafe { libc::sync() };
+            dropped &= drop_page_cache();
+            let pid = mirror.and_then(|m| m.process().ok()?.pid());
+            let cpu = || pid.and_then(process_cpu).unwrap_or(0.0);
+            let (bytes, cpu_before) = (registry.blob_bytes_sent()?, cpu());
             let started = Instant::now();
             let output = containerd.pull(&reference, Some(hosts), Some(PLATFORM))?;
             let took = started.elapsed().as_secs_f64();
             if !output.status.success() {
                 bail!("pull failed: {}", String::from_utf8_lossy(&output.stderr));
             }
-            rows[row].1.seconds.push(took);
-            // The direct pull bypasses the proxy: it takes every blob from the registry.
-            let sent = match row {
-                0 => blob_bytes,
-                _ => proxy.body_bytes_of(is_blob_get) - before,
-            };
-            rows[row].1.upstream_bytes.push(sent);
-            Ok(())
+            Ok((took, registry.blob_bytes_sent()? - bytes, cpu() - cpu_before))
         };
-        pull(&direct_hosts, 0)?;
+        // Direct pulls open and close the round; the others are compared with their mean.
+        let mut round_pulls = vec![pull(&direct_hosts, None)?];
 
-        let (mut daemon, hosts) = start_daemon(
-            &larder,
-            &server,
-            &proxy,
-            &work.path().join(format!("cold-{round}")),
-        )?;
-        pull(&hosts, 1)?;
+        let cold_dir = work.path().join(format!("cold-{round}"));
+        let (mut daemon, hosts) = start_daemon(&larder, &server, &registry, &cold_dir)?;
+        round_pulls.push(pull(&hosts, Some(&daemon))?);
         daemon.restart()?;
-        pull(&hosts, 2)?;
+        round_pulls.push(pull(&hosts, Some(&daemon))?);
         drop(daemon);
+        std::fs::remove_dir_all(&cold_dir)?;
 
-        let (daemon, hosts) = start_daemon(
-            &larder,
-            &server,
-            &proxy,
-            &work.path().join(format!("pre-{round}")),
-        )?;
+        let pre_dir = work.path().join(format!("pre-{round}"));
+        let (daemon, hosts) = start_daemon(&larder, &server, &registry, &pre_dir)?;
         let started = Instant::now();
         let prefetch = daemon.process()?.larder(&[
             "prefetch",
@@ -122,9 +119,24 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
             bail!("prefetch failed: {}", String::from_utf8_lossy(&prefetch.stderr));
         }
         prefetch_seconds.push(started.elapsed().as_secs_f64());
-        pull(&hosts, 3)?;
+        round_pulls.push(pull(&hosts, Some(&daemon))?);
+        drop(daemon);
+        std::fs::remove_dir_all(&pre_dir)?;
+        let closing = pull(&direct_hosts, None)?;
+
+        let direct = (round_pulls[0].0 + closing.0) / 2.0;
+        round_pulls[0] = (direct, round_pulls[0].1, 0.0);
+        for (row, (seconds, bytes, cpu)) in rows.iter_mut().zip(round_pulls) {
+            row.seconds.push(seconds);
+            row.ratios.push(seconds / direct);
+            row.upstream_bytes.push(bytes);
+            row.mirror_cpu.push(cpu);
+        }
     }
     containerd.remove_all()?;
+    if !dropped {
+        eprintln!("the page cache could not be dropped: pulls may have read from memory");
+    }
 
     let report = report(&args, &rows, &prefetch_seconds, blob_bytes);
     print!("{report}");
@@ -134,7 +146,7 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A daemon mirroring the registry (through the proxy), its cache in `dir`.
+/// A daemon mirroring the registry, its cache in `dir`.
 struct Mirror<'a> {
     daemon: Option<DaemonProcess>,
     larder: PathBuf,
@@ -159,12 +171,12 @@ impl Mirror<'_> {
     }
 }
 
-/// A daemon on a fresh cache dir under `dir` mirroring the registry through `proxy`, and the
+/// A daemon on a fresh cache dir under `dir` mirroring `registry`, and the
 /// hosts dir that points containerd at it (the registry as the fallback).
 fn start_daemon<'a>(
     larder: &Path,
     server: &'a S3Server,
-    proxy: &RecordingProxy,
+    registry: &Registry,
     dir: &Path,
 ) -> anyhow::Result<(Mirror<'a>, PathBuf)> {
     std::fs::create_dir_all(dir)?;
@@ -174,7 +186,7 @@ fn start_daemon<'a>(
         "--registry-listen".to_owned(),
         address.clone(),
         "--registry-upstream".to_owned(),
-        format!("{HOST}={}", proxy.endpoint()),
+        format!("{HOST}={}", registry.url()),
     ];
     let mut mirror = Mirror {
         daemon: None,
@@ -185,12 +197,12 @@ fn start_daemon<'a>(
     };
     mirror.restart()?;
     let hosts = dir.join("hosts");
-    hosts_dir(&hosts, HOST, &format!("http://{address}"), &proxy.endpoint())?;
+    hosts_dir(&hosts, HOST, &format!("http://{address}"), &registry.url())?;
     Ok((mirror, hosts))
 }
 
 /// The report: one row per kind of pull.
-fn report(args: &ImagesArgs, rows: &[(&str, Row)], prefetch: &[f64], blob_bytes: u64) -> String {
+fn report(args: &ImagesArgs, rows: &[Row], prefetch: &[f64], blob_bytes: u64) -> String {
     let mut out = String::new();
     let date = std::process::Command::new("date")
         .arg("-u")
@@ -212,17 +224,18 @@ fn report(args: &ImagesArgs, rows: &[(&str, Row)], prefetch: &[f64], blob_bytes:
     );
     let _ = writeln!(
         out,
-        "| pull | median s (min–max) | ÷ direct | upstream blob bytes per pull |"
+        "| pull | median s (min–max) | ÷ the round's direct, median (min–max) | upstream blob bytes per pull | mirror CPU s per GiB |"
     );
-    let _ = writeln!(out, "|---|---|---|---|");
-    let direct = summary(rows[0].1.seconds.clone()).0;
-    for (name, row) in rows {
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    let gib = blob_bytes as f64 / (1u64 << 30) as f64;
+    for (name, row) in PULLS.iter().zip(rows) {
         let (median, min, max) = summary(row.seconds.clone());
+        let (ratio, low, high) = summary(row.ratios.clone());
         let bytes = summary(row.upstream_bytes.iter().map(|&b| b as f64).collect()).0;
+        let cpu = summary(row.mirror_cpu.clone()).0 / gib;
         let _ = writeln!(
             out,
-            "| {name} | {median:.2} ({min:.2}–{max:.2}) | {:.2}× | {:.2}× the blobs |",
-            median / direct,
+            "| {name} | {median:.2} ({min:.2}–{max:.2}) | {ratio:.2}× ({low:.2}–{high:.2}) | {:.2}× the blobs | {cpu:.2} |",
             bytes / blob_bytes as f64
         );
     }

@@ -337,6 +337,13 @@ impl Registry {
         tail(&self.dir.path().join("registry.log"), lines)
     }
 
+    /// Bytes of blob bodies the registry has sent so far, from its own access log: a count
+    /// taken outside anything under test and off the data path (no proxy's copying).
+    pub fn blob_bytes_sent(&self) -> anyhow::Result<u64> {
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log"))?;
+        Ok(log.lines().filter_map(blob_get_bytes).sum())
+    }
+
     /// Every token its token server has given so far, oldest first (none without token auth).
     pub fn tokens_issued(&self) -> Vec<String> {
         self.tokens.as_ref().map(TokenServer::issued).unwrap_or_default()
@@ -354,6 +361,17 @@ impl Drop for Registry {
     fn drop(&mut self) {
         stop(&mut self.child, Duration::from_secs(5));
     }
+}
+
+/// The body bytes of an access-log line (`"GET /v2/<name>/blobs/<digest> HTTP/1.1" 200 1234
+/// ...`) of a blob GET; `None` for any other line.
+fn blob_get_bytes(line: &str) -> Option<u64> {
+    let (_, request) = line.split_once("\"GET /v2/")?;
+    let (path, answer) = request.split_once('"')?;
+    if !path.contains("/blobs/") {
+        return None;
+    }
+    answer.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The `issuer` of the tokens a [`TokenServer`] signs, which the registry trusts.
@@ -1312,6 +1330,18 @@ mod tests {
             assert_eq!(base64(bytes, true), standard);
             assert_eq!(base64(bytes, false), url);
         }
+    }
+
+    #[test]
+    fn blob_bytes_come_from_blob_gets_of_the_access_log_only() {
+        let log = [
+            r#"127.0.0.1 - - [04/Dec/2026:19:18:23 +0000] "GET /v2/t/x/blobs/sha256:5f21 HTTP/1.1" 200 16 "" "curl/7.88.1""#,
+            r#"127.0.0.1 - - [04/Dec/2026:19:18:23 +0000] "GET /v2/t/x/blobs/sha256:5f21 HTTP/1.1" 206 4 "" "curl/7.88.1""#,
+            r#"127.0.0.1 - - [04/Dec/2026:19:18:23 +0000] "HEAD /v2/t/x/blobs/sha256:5f21 HTTP/1.1" 200 0 "" "curl""#,
+            r#"127.0.0.1 - - [04/Dec/2026:19:18:23 +0000] "GET /v2/t/x/manifests/v1 HTTP/1.1" 200 500 "" "curl""#,
+            r#"time="2026-12-04T19:18:23Z" level=info msg="response completed" http.request.uri="/v2/t/x/blobs/sha256:5f21" http.response.written=4"#,
+        ];
+        assert_eq!(log.into_iter().filter_map(blob_get_bytes).sum::<u64>(), 20);
     }
 
     #[test]

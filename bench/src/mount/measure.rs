@@ -1,20 +1,7 @@
-//! What a workload cost: CPU and peak memory of a process from `/proc`, CPU of the reading
-//! thread, and the origin requests a stretch of the proxy's log shows.
+//! What a workload cost: CPU of the reading thread and the origin requests a stretch of the
+//! proxy's log shows (a process's CPU is in `common`).
 
 use larder_tests::ServedRequest;
-
-/// CPU seconds (user + system) process `pid` has used since it started; None once it is gone.
-pub(crate) fn process_cpu(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    // Field 3 (state) is then the first; utime and stime are fields 14 and 15.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    // SAFETY: sysconf only reads a configuration value.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some((utime + stime) / ticks)
-}
 
 /// CPU seconds (user + system) the calling thread has used.
 pub(crate) fn thread_cpu() -> f64 {
@@ -74,7 +61,7 @@ fn range_len(range: &str, size: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::peak_rss_mib;
+    use crate::common::{peak_rss_mib, process_cpu};
 
     fn get(path: &str, range: Option<&str>) -> ServedRequest {
         ServedRequest {

@@ -27,8 +27,9 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
 
 use crate::MountArgs;
+use crate::common::process_cpu;
 use crate::common::{drop_page_cache, peak_rss_mib, raw_download, reset_peak_rss};
-use measure::{OriginUse, origin_use, process_cpu};
+use measure::{OriginUse, origin_use};
 use origin::Origin;
 pub(crate) use origin::OriginKind;
 use systems::{Setup, System};
