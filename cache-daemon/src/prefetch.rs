@@ -557,7 +557,7 @@ impl Jobs {
         let fills = self.cache.fill_objects(
             objects.clone(),
             PREFETCH_PARTS as usize,
-            |object, index, result| self.record(&job, object, index, result),
+            |object, index, result| self.record(&job, object, index, result.map(|fetched| fetched.is_some())),
         );
         // An object filled with blocks from rack peers is done once its origin check passed.
         let fills = async {

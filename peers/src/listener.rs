@@ -243,7 +243,7 @@ impl PeerListener {
                         }
                     };
                     let bytes = match bytes {
-                        Ok(bytes) => bytes,
+                        Ok((bytes, _)) => bytes,
                         Err(error) => {
                             tracing::debug!(%error, index, "a block asked by a peer could not be had");
                             return;

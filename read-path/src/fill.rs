@@ -281,6 +281,7 @@ impl Run<'_> {
             start: cache.block_start(index),
             source,
             written: None,
+            hash: block.hash(),
         };
         if !served && self.fill_for == FillFor::Node {
             cache.keep((object.id, index), &fetched);

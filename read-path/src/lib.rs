@@ -48,7 +48,7 @@ use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{Origin, OriginError};
 use larder_stats::said::Throttled;
 use larder_stats::{Stats, add};
-use larder_store::{BlockStore, Lookup, StoreError, Written};
+use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -138,6 +138,9 @@ struct Block {
     /// For a block read from disk that this process fetched: when and from where (a reader
     /// that opened its file before counts its bytes as fetched for it, not as a hit).
     written: Option<Written>,
+    /// The whole block's BLAKE3 (also when `bytes` are a part of it): hashed as its bytes
+    /// arrived, or the recorded one they were checked against on disk.
+    hash: [u8; 32],
 }
 type BlockKey = (ObjectId, u32);
 
@@ -505,6 +508,7 @@ impl Cache {
                 start: block.start + part.start as u64,
                 source: block.source,
                 written: block.written,
+                hash: block.hash,
             },
         })
     }
@@ -522,14 +526,20 @@ impl Cache {
     /// Makes sure block `index` is in the block store and verified: a block present but not
     /// yet checked by this process is read back and checked; a missing one (or one that fails
     /// the check) is fetched, or its fill in flight joined, and waited for until its write has
-    /// landed. No bytes count as served: this is the prefetch path. Returns whether it was
-    /// fetched.
-    pub async fn fill(&self, object: &Arc<OpenObject>, index: u32) -> Result<bool, ReadError> {
+    /// landed. No bytes count as served: this is the prefetch path. Returns the bytes and the
+    /// BLAKE3 of a block it fetched (or whose fill in flight it joined), `None` for one the
+    /// store had: a caller that needs them takes them here rather than reading them back
+    /// from disk. The bytes hold their share of the memory budget until dropped.
+    pub async fn fill(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+    ) -> Result<Option<(Bytes, [u8; 32])>, ReadError> {
         let inner = &self.inner;
         let key = (object.id, index);
         if inner.store.contains(object.id, index) && !inner.store.verified(object.id, index) {
             match inner.store.read_block(&object.version, object.id, index).await {
-                Ok(Lookup::Hit(..)) => return Ok(false),
+                Ok(Lookup::Hit(..)) => return Ok(None),
                 Ok(Lookup::Miss | Lookup::LostRace) => {}
                 Err(error) => self.dropped(&error),
             }
@@ -542,7 +552,7 @@ impl Cache {
                 let mut inflight = inner.inflight.lock();
                 match inflight.get(&key) {
                     Some(fill) => break fill.clone(),
-                    None if inner.store.contains(object.id, index) => return Ok(false),
+                    None if inner.store.contains(object.id, index) => return Ok(None),
                     None => {
                         if let Some(error) = self.failed_lately(key) {
                             return Err(error);
@@ -556,14 +566,14 @@ impl Cache {
             }
             charge = Some(inner.budget.charge_when_room(inner.store.block_size()).await);
         };
-        fill.await?;
+        let block = fill.await?;
         loop {
             let written = inner.written.notified();
             tokio::pin!(written);
             // Registered before the checks, so a write ending between them still wakes us.
             written.as_mut().enable();
             if inner.store.contains(object.id, index) {
-                return Ok(true);
+                return Ok(Some((block.bytes, block.hash)));
             }
             if !inner.inflight.lock().contains_key(&key) {
                 let why = inner.unstored.take(key);
@@ -577,14 +587,14 @@ impl Cache {
 
     /// Fills every missing block of `objects`, `parts_at_once` origin parts at a time, the
     /// blocks of a part in order (the first missing block's fill covers the rest of the part,
-    /// and the blocks after it join that fill). `each` hears every block's result (whether it
-    /// was fetched, as [`Cache::fill`] says) and answers whether to go on with its part: a
-    /// failed fill usually fails the rest of its part too.
+    /// and the blocks after it join that fill). `each` hears every block's result (the block
+    /// fetched, or `None`, as [`Cache::fill`] says) and answers whether to go on with its
+    /// part: a failed fill usually fails the rest of its part too.
     pub async fn fill_objects(
         &self,
         objects: Vec<Arc<OpenObject>>,
         parts_at_once: usize,
-        each: impl Fn(&OpenObject, u32, Result<bool, ReadError>) -> bool,
+        each: impl Fn(&OpenObject, u32, Result<Option<(Bytes, [u8; 32])>, ReadError>) -> bool,
     ) {
         let block_size = self.inner.store.block_size();
         let part_blocks = self.part_blocks();
@@ -645,9 +655,7 @@ impl Cache {
         let started = Instant::now();
         for _ in 0..LOOKUP_ATTEMPTS {
             match store.read(&object.version, object.id, index, range.clone()).await {
-                Ok(Lookup::Hit(bytes, written)) => {
-                    return Some(self.disk_hit(bytes, written, index, range.start, started));
-                }
+                Ok(Lookup::Hit(hit)) => return Some(self.disk_hit(hit, index, range.start, started)),
                 Ok(Lookup::Miss) => return None,
                 Ok(Lookup::LostRace) => continue,
                 Err(error) => {
@@ -667,22 +675,14 @@ impl Cache {
         }
         let started = Instant::now();
         let store = &self.inner.store;
-        let (bytes, written) = store.read_now(object.id, object.version.size, index, part.clone())?;
-        Some(self.disk_hit(bytes, written, index, part.start, started))
+        let hit = store.read_now(object.id, object.version.size, index, part.clone())?;
+        Some(self.disk_hit(hit, index, part.start, started))
     }
 
     /// Bytes of block `index` from `offset` in it, read from disk since `started`: counted,
     /// and charged to the budget (read for a reader waiting now, or held ahead if it fitted).
-    /// `written`: when and from where this process fetched it, if it did (see
-    /// [`Block::written`]).
-    fn disk_hit(
-        &self,
-        bytes: Bytes,
-        written: Option<Written>,
-        index: u32,
-        offset: usize,
-        started: Instant,
-    ) -> Block {
+    fn disk_hit(&self, hit: Hit, index: u32, offset: usize, started: Instant) -> Block {
+        let Hit { bytes, written, hash } = hit;
         let stats = &self.inner.stats;
         stats.latency.fill_nvme.observe(started.elapsed());
         add(&stats.lookup_hit, 1);
@@ -692,6 +692,7 @@ impl Cache {
             start: self.block_start(index) + offset as u64,
             source: Source::Nvme,
             written,
+            hash,
         }
     }
 
@@ -711,18 +712,17 @@ impl Cache {
 
     /// The whole of block `index` for a rack peer that asked this node for it: from disk, a
     /// fill in flight, or a new fill from this node's origin, or with `relay` (a member of
-    /// this node's rack asked) from the run's fleet owner first. Nothing counts as served
+    /// this node's rack asked) from the run's fleet owner first; with its BLAKE3 (hashed as it
+    /// arrived, or the recorded hash it was checked against on disk). Nothing counts as served
     /// here; the peer listener counts what it sends.
     pub async fn block_for_peer(
         &self,
         object: &Arc<OpenObject>,
         index: u32,
         relay: bool,
-    ) -> Result<Bytes, ReadError> {
-        Ok(self
-            .block(object, index, None, FillFor::Peer { relay })
-            .await?
-            .bytes)
+    ) -> Result<(Bytes, [u8; 32]), ReadError> {
+        let block = self.block(object, index, None, FillFor::Peer { relay }).await?;
+        Ok((block.bytes, block.hash))
     }
 
     /// Bytes `part` of block `index` (the whole block with `None`): from disk, else from a

@@ -533,7 +533,7 @@ impl Cache {
         };
         for index in 0..self.block_count(object) {
             let bytes = match store.read_block(&object.version, object.id, index).await {
-                Ok(Lookup::Hit(bytes, _)) => bytes,
+                Ok(Lookup::Hit(hit)) => hit.bytes,
                 Ok(Lookup::Miss | Lookup::LostRace) | Err(_) => return Err(CheckError::BlockGone(index)),
             };
             add(&self.inner.stats.origin_check_read_bytes, bytes.len() as u64);
@@ -561,7 +561,7 @@ impl Cache {
                 Some(crcs) => crcs.get(crc),
                 None => {
                     let bytes = match store.read_block(&object.version, object.id, index).await {
-                        Ok(Lookup::Hit(bytes, _)) => bytes,
+                        Ok(Lookup::Hit(hit)) => hit.bytes,
                         Ok(Lookup::Miss | Lookup::LostRace) | Err(_) => {
                             return Err(CheckError::BlockGone(index));
                         }

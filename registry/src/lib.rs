@@ -38,6 +38,7 @@ use futures::future::{BoxFuture, Shared};
 use larder_config::{OriginConfig, RegistryConfig};
 use larder_object::{Identity, ObjectId, ObjectVersion};
 use larder_origin::Origin;
+use larder_read_path::budget::MemoryBudget;
 use larder_read_path::{Cache, OpenObject, ReadError};
 use larder_stats::{Stats, add};
 use parking_lot::Mutex;
@@ -156,6 +157,35 @@ pub(crate) struct Progress {
 
 /// Blocks a check keeps in memory after hashing them, for the clients streaming it.
 const HASHED_KEPT: usize = 4;
+
+/// Blocks a check holds that were fetched ahead of its hashing: the parts fetched at once, at
+/// the default part and block sizes.
+const HELD_AHEAD: usize = 16;
+
+/// Blocks of a check fetched before it hashed them, by index, with their BLAKE3: at most
+/// [`HELD_AHEAD`], and only while the memory budget has room for another block (a block not
+/// held is read back from the disk when its turn comes).
+#[derive(Debug, Default)]
+struct Ahead(Mutex<BTreeMap<u32, (Bytes, [u8; 32])>>);
+
+impl Ahead {
+    fn hold(&self, index: u32, block: (Bytes, [u8; 32]), budget: &MemoryBudget, block_size: u64) {
+        let mut held = self.0.lock();
+        if held.len() < HELD_AHEAD && budget.room_for(block_size) {
+            held.insert(index, block);
+        }
+    }
+
+    /// Block `index`, if held; blocks before it are dropped too (held after the hashing had
+    /// already read them elsewhere).
+    fn take(&self, index: u32) -> Option<(Bytes, [u8; 32])> {
+        let mut held = self.0.lock();
+        let later = held.split_off(&(index + 1));
+        let block = held.remove(&index);
+        *held = later;
+        block
+    }
+}
 
 /// The check of some content, for a request that follows it.
 #[derive(Debug)]
@@ -622,18 +652,28 @@ impl Mirror {
             });
             let failed = Mutex::new(None);
             // The parts are fetched ahead, several at once, while the blocks are hashed in
-            // order as they arrive.
-            let fills = self
-                .cache
-                .fill_objects(vec![object.clone()], PARTS_AT_ONCE, |_, _, result| match result {
-                    Ok(_) => true,
-                    Err(error) => {
-                        failed.lock().get_or_insert(error);
-                        false
-                    }
-                });
+            // order as they arrive: those fetched ahead of the hashing are held for it, so
+            // that it need not read them back from the disk.
+            let ahead = Ahead::default();
+            let fills =
+                self.cache.fill_objects(
+                    vec![object.clone()],
+                    PARTS_AT_ONCE,
+                    |_, index, result| match result {
+                        Ok(fetched) => {
+                            if let Some(block) = fetched {
+                                ahead.hold(index, block, self.cache.budget(), store.block_size());
+                            }
+                            true
+                        }
+                        Err(error) => {
+                            failed.lock().get_or_insert(error);
+                            false
+                        }
+                    },
+                );
             add(&self.stats.registry_digest_checks, 1);
-            let ((), hashed) = tokio::join!(fills, self.hash(object, &digest, progress));
+            let ((), hashed) = tokio::join!(fills, self.hash(object, &digest, progress, &ahead));
             if let Some(source) = failed.into_inner() {
                 self.unfetchable(object, &digest).await;
                 return Err(MirrorError::Fill { digest, source });
@@ -678,30 +718,34 @@ impl Mirror {
         }
     }
 
-    /// The SHA-256 of `object` read from the cache block by block, and each block's BLAKE3,
-    /// hashed off the runtime's threads.
+    /// The SHA-256 of `object` read from the cache block by block, hashed off the runtime's
+    /// threads, and each block's BLAKE3 as the cache has it (hashed as the block arrived, or
+    /// checked on its read from disk): not hashed again here.
     async fn hash(
         &self,
         object: &Arc<OpenObject>,
         digest: &Digest,
         progress: &tokio::sync::watch::Sender<Progress>,
+        ahead: &Ahead,
     ) -> Result<([u8; 32], Vec<[u8; 32]>), MirrorError> {
         let count = object.version().size.div_ceil(self.cache.store().block_size()) as u32;
         let mut sha = Sha256::new();
         let mut hashes = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let bytes = self
-                .cache
-                .block_for_peer(object, index, false)
-                .await
-                .map_err(|source| MirrorError::Fill {
-                    digest: digest.clone(),
-                    source,
-                })?;
-            let (back, bytes, hash) = tokio::task::spawn_blocking(move || {
+            let (bytes, hash) = match ahead.take(index) {
+                Some(block) => block,
+                None => self
+                    .cache
+                    .block_for_peer(object, index, false)
+                    .await
+                    .map_err(|source| MirrorError::Fill {
+                        digest: digest.clone(),
+                        source,
+                    })?,
+            };
+            let (back, bytes) = tokio::task::spawn_blocking(move || {
                 sha.update(&bytes);
-                let hash = *blake3::hash(&bytes).as_bytes();
-                (sha, bytes, hash)
+                (sha, bytes)
             })
             .await
             .map_err(|_| MirrorError::Fill {
@@ -728,14 +772,14 @@ impl Mirror {
         expected: &[u8; 32],
         index: u32,
     ) -> Option<Bytes> {
-        let bytes = match self.cache.block_for_peer(object, index, false).await {
-            Ok(bytes) => bytes,
+        let (bytes, hash) = match self.cache.block_for_peer(object, index, false).await {
+            Ok(block) => block,
             Err(error) => {
                 tracing::warn!(key = %object.version().key, index, %error, "a block of verified content could not be read: the answer is cut");
                 return None;
             }
         };
-        if expected == blake3::hash(&bytes).as_bytes() {
+        if *expected == hash {
             return Some(bytes);
         }
         // Refetched since it was verified, and not the same bytes: dropped, and the content

@@ -100,13 +100,24 @@ pub enum StoreError {
 /// What a lookup of a block on disk found, when the disk answered.
 #[derive(Debug)]
 pub enum Lookup {
-    /// The bytes asked for, checked (or trusted: see [`BlockStore::read`]), and when and
-    /// from where this process fetched the block, if it did.
-    Hit(Bytes, Option<Written>),
+    /// The bytes asked for.
+    Hit(Hit),
     /// The block is not in the store.
     Miss,
     /// The block was evicted or replaced while it was being read: look again.
     LostRace,
+}
+
+/// Bytes read from a block on disk.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// The bytes asked for, checked (or trusted: see [`BlockStore::read`]).
+    pub bytes: Bytes,
+    /// When and from where this process fetched the block, if it did.
+    pub written: Option<Written>,
+    /// The whole block's recorded BLAKE3, which the bytes were checked against: a caller
+    /// that needs the block's hash takes it here rather than hashing the bytes again.
+    pub hash: [u8; 32],
 }
 
 /// The largest read [`BlockStore::read_now`] serves on the calling thread: a few groups, read
@@ -174,6 +185,11 @@ impl VerifiedBlock {
     /// The bytes, shared with the block (no copy).
     pub fn bytes(&self) -> Bytes {
         AlignedBuf::shared_bytes(&self.buf)
+    }
+
+    /// The block's BLAKE3.
+    pub fn hash(&self) -> [u8; 32] {
+        self.tree.root
     }
 }
 
@@ -835,7 +851,11 @@ impl BlockStore {
             }
         };
         match self.served(id, index, Some(meta.generation), checked_whole) {
-            Some(written) => Ok(Lookup::Hit(bytes, written)),
+            Some(written) => Ok(Lookup::Hit(Hit {
+                bytes,
+                written,
+                hash: meta.hash,
+            })),
             None => Ok(Lookup::LostRace),
         }
     }
@@ -846,13 +866,7 @@ impl BlockStore {
     /// [`BlockStore::read`] checks it. `None` for anything else, and for anything that went
     /// wrong (the block is gone, the disk failed, the bytes do not check): the caller then
     /// reads through [`BlockStore::read`], which reports and handles it.
-    pub fn read_now(
-        &self,
-        id: ObjectId,
-        size: u64,
-        index: u32,
-        range: Range<usize>,
-    ) -> Option<(Bytes, Option<Written>)> {
+    pub fn read_now(&self, id: ObjectId, size: u64, index: u32, range: Range<usize>) -> Option<Hit> {
         if range.len() > READ_NOW_MAX {
             return None;
         }
@@ -879,10 +893,11 @@ impl BlockStore {
             return None;
         }
         let written = self.served(id, index, Some(meta.generation), false)?;
-        Some((
-            Bytes::from_owner(buf).slice(range.start - from..range.end - from),
+        Some(Hit {
+            bytes: Bytes::from_owner(buf).slice(range.start - from..range.end - from),
             written,
-        ))
+            hash: meta.hash,
+        })
     }
 
     /// The generation the next block stored gets: blocks read later with a greater one were

@@ -346,7 +346,7 @@ async fn kill_9_mid_fill_leaves_a_consistent_cache() {
                 .await;
             let len = MIB.min(size - offset) as usize;
             assert!(
-                matches!(got, Ok(Lookup::Hit(b, _)) if b == expected(key, offset, len)),
+                matches!(got, Ok(Lookup::Hit(hit)) if hit.bytes == expected(key, offset, len)),
                 "recorded block {index} is not whole"
             );
         }
