@@ -11,9 +11,10 @@
 //! `[key]` that ends its help, and the line that lays the value over the
 //! configuration. The key is the field path itself (`cache.block_size`), so it
 //! is checked by the compiler against the schema rather than copied by hand;
-//! a test walks the schema so that every key keeps a flag and a variable. The
-//! list flags and `--config` are declared there too, but read by hand in
-//! [`ConfigArgs::apply`].
+//! a test walks the schema so that every key keeps a flag and a variable. A list
+//! that replaces the file's (`--peers`) is one key too, its entries parsed one
+//! by one; the per-source lists below and `--config` are declared in the table
+//! but read by hand in [`ConfigArgs::apply`].
 //!
 //! Values are kept as raw text and parsed here with the same parsers as the
 //! TOML file, so a bad `--block-size` is explained the same way as a bad
@@ -54,17 +55,22 @@ use crate::schema::{Config, IoEngineKind, PeerMember, RegistryUpstream, SourceCo
 ///
 /// - `=> section.key, parser`: the flag sets that key of [`Config`]; its help ends with
 ///   `[section.key]`, and `apply_keys` lays the value over the config with [`set`];
+/// - `=> section.key, each parser`: the same for a list flag, whose entries (the variable's,
+///   then the flags') replace the file's list ([`replace`]);
 /// - `=> by hand: Type`: the raw value is kept as `Type` for [`ConfigArgs::apply`] to read;
 ///   the help names the keys it sets itself.
 ///
-/// Only the field types differ between the two, and a macro cannot pick a type without a
-/// rule of its own; so the entries are first brought one by one into one shape, `{heading
-/// [doc lines] id variable value_name [settings] Type [key and parser, if any]}`, and the
-/// last rule writes the struct and `apply_keys` from that list.
+/// The kinds need different field types, and a macro cannot pick a type without a rule of
+/// its own; so the entries are first brought one by one into one shape, `{heading
+/// [doc lines] id variable value_name [settings] Type [key and parser of a value, if any]
+/// [key and parser of a list's entries, if any]}`, and the last rule writes the struct and
+/// `apply_keys` from that list.
 macro_rules! flags {
     (@entries [$({
         $heading:literal [$($doc:literal)+] $id:ident $variable:literal $value_name:literal
-        [$($setting:ident = $setting_value:expr),*] $ty:ty [$($section:ident . $key:ident, $parse:expr)?]
+        [$($setting:ident = $setting_value:expr),*] $ty:ty
+        [$($section:ident . $key:ident, $parse:expr)?]
+        [$($list_section:ident . $list_key:ident, $parse_each:expr)?]
     })*]) => {
         /// The flags themselves; [`ConfigArgs`] adds where each value came from.
         #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
@@ -77,7 +83,9 @@ macro_rules! flags {
                     help_heading = $heading,
                     // clap would join the doc lines the same way, without the space each begins with.
                     help = concat!(
-                        $($doc),+ $(, " [", stringify!($section), ".", stringify!($key), "]")?
+                        $($doc),+
+                        $(, " [", stringify!($section), ".", stringify!($key), "]")?
+                        $(, " [", stringify!($list_section), ".", stringify!($list_key), "]")?
                     ).trim_start()
                     $(, $setting = $setting_value)*
                 )]
@@ -88,19 +96,37 @@ macro_rules! flags {
         impl ConfigArgs {
             /// Lays the flags that set one key each over `config`, in the table's order.
             fn apply_keys(&self, config: &mut Config, names: &mut Names) -> Result<(), ConfigError> {
-                $($(
-                    set(
+                $(
+                    $(set(
                         names,
                         &mut config.$section.$key,
                         &self.flags.$id,
                         concat!(stringify!($section), ".", stringify!($key)),
                         stringify!($id),
                         $parse,
-                    )?;
-                )?)*
+                    )?;)?
+                    $(replace(
+                        names,
+                        &mut config.$list_section.$list_key,
+                        self.list(names, stringify!($id), &self.flags.$id)?,
+                        concat!(stringify!($list_section), ".", stringify!($list_key)),
+                        $parse_each,
+                    )?;)?
+                )*
                 Ok(())
             }
         }
+    };
+    (@entries [$($done:tt)*] $heading:literal {
+        $(#[doc = $doc:literal])+
+        $id:ident: $variable:literal, $value_name:literal $(, $setting:ident = $setting_value:expr)*
+            => $section:ident . $key:ident, each $parse:expr;
+        $($entries:tt)*
+    } $($headings:tt)*) => {
+        flags!(@entries [$($done)* {
+            $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*]
+            Vec<OsString> [] [$section . $key, $parse]
+        }] $heading { $($entries)* } $($headings)*);
     };
     (@entries [$($done:tt)*] $heading:literal {
         $(#[doc = $doc:literal])+
@@ -110,7 +136,7 @@ macro_rules! flags {
     } $($headings:tt)*) => {
         flags!(@entries [$($done)* {
             $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*]
-            Option<OsString> [$section . $key, $parse]
+            Option<OsString> [$section . $key, $parse] []
         }] $heading { $($entries)* } $($headings)*);
     };
     (@entries [$($done:tt)*] $heading:literal {
@@ -120,7 +146,7 @@ macro_rules! flags {
         $($entries:tt)*
     } $($headings:tt)*) => {
         flags!(@entries [$($done)* {
-            $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*] $ty []
+            $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*] $ty [] []
         }] $heading { $($entries)* } $($headings)*);
     };
     (@entries $done:tt $heading:literal {} $($headings:tt)*) => {
@@ -201,8 +227,9 @@ flags! {
         /// Address and port the peer listener binds, or "off" (the default)
         peer_listen: "LARDER_PEER_LISTEN", "ADDR:PORT|off" => peer.listen, parse_listen;
         /// Static members as ID=HOST:PORT[@RACK]; repeatable, comma-separated in the variable;
-        /// replaces the file's list [peer.members]
-        peers: "LARDER_PEERS", "ID=HOST:PORT[@RACK]", value_delimiter = ',' => by hand: Vec<OsString>;
+        /// replaces the file's list
+        peers: "LARDER_PEERS", "ID=HOST:PORT[@RACK]", value_delimiter = ','
+            => peer.members, each PeerMember::from_str;
         /// A DNS name whose addresses are the members, as NAME:PORT
         peer_dns: "LARDER_PEER_DNS", "NAME:PORT" => peer.dns, some(parse_text);
         /// How often the DNS name is resolved again, e.g. "10s"
@@ -247,18 +274,16 @@ flags! {
         registry_listen: "LARDER_REGISTRY_LISTEN", "ADDR:PORT|off" => registry.listen, parse_listen;
         /// A registry pulled through, as HOST[=URL] (URL for a plain-HTTP or moved registry);
         /// repeatable, comma-separated in the variable; replaces the file's list
-        /// [registry.upstreams]
         registry_upstream: "LARDER_REGISTRY_UPSTREAMS", "HOST[=URL]", value_delimiter = ','
-            => by hand: Vec<OsString>;
+            => registry.upstreams, each RegistryUpstream::from_str;
         /// Upstream credentials in docker's config.json format
         registry_credentials: "LARDER_REGISTRY_CREDENTIALS", "PATH" => registry.credentials, some(parse_path);
         /// How long a resolved tag is trusted, e.g. "30s"
         registry_tag_ttl: "LARDER_REGISTRY_TAG_TTL", "DURATION" => registry.tag_ttl, duration::parse;
         /// A token service host, besides each upstream's own, that may be sent its credentials;
         /// repeatable, comma-separated in the variable; replaces the file's list
-        /// [registry.token_hosts]
         registry_token_host: "LARDER_REGISTRY_TOKEN_HOSTS", "HOST", value_delimiter = ','
-            => by hand: Vec<OsString>;
+            => registry.token_hosts, each parse_text;
         /// containerd's hosts directory, e.g. /etc/containerd/certs.d: a hosts.toml per upstream
         /// while the mirror serves, removed at stop
         registry_containerd_hosts_dir: "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR", "DIR"
@@ -500,42 +525,6 @@ impl ConfigArgs {
         let flags = &self.flags;
         self.apply_keys(config, names)?;
 
-        // The members given by flags or the variable replace the file's list as a whole: a
-        // member list is one fact about the cluster, not entries to merge.
-        let members = self.list(names, "peers", &flags.peers)?;
-        if !members.is_empty() {
-            config.peer.members.clear();
-            for (setting, spec) in members {
-                let member = spec
-                    .parse::<PeerMember>()
-                    .map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
-                names.overridden.insert("peer.members".to_owned(), setting);
-                config.peer.members.push(member);
-            }
-        }
-        let registry = &mut config.registry;
-        let upstreams = self.list(names, "registry_upstream", &flags.registry_upstream)?;
-        if !upstreams.is_empty() {
-            registry.upstreams.clear();
-            for (setting, spec) in upstreams {
-                let upstream = spec
-                    .parse::<RegistryUpstream>()
-                    .map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
-                names.overridden.insert("registry.upstreams".to_owned(), setting);
-                registry.upstreams.push(upstream);
-            }
-        }
-        let hosts = self.list(names, "registry_token_host", &flags.registry_token_host)?;
-        if !hosts.is_empty() {
-            registry.token_hosts.clear();
-            for (setting, host) in hosts {
-                names
-                    .overridden
-                    .insert("registry.token_hosts".to_owned(), setting);
-                registry.token_hosts.push(host);
-            }
-        }
-
         // Source by source: the file's, then the variable's, then the flags'; a later entry
         // for a name replaces that source's URL.
         for (setting, spec) in self.list(names, "sources", &flags.sources)? {
@@ -613,6 +602,29 @@ fn set<T>(
         *target = parse
             .parse(raw)
             .map_err(|reason| ConfigError::invalid(name, raw.to_string_lossy(), reason))?;
+    }
+    Ok(())
+}
+
+/// Replaces the list `target` with `entries`, each parsed with `parse`, when there are any,
+/// and records which setting gave them. A list given by flags or a variable is one fact (the
+/// cluster's members, the registries mirrored), not entries to merge with the file's.
+fn replace<T, E: ToString>(
+    names: &mut Names,
+    target: &mut Vec<T>,
+    entries: Vec<(String, String)>,
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> Result<(), ConfigError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    target.clear();
+    for (setting, spec) in entries {
+        let entry =
+            parse(&spec).map_err(|reason| ConfigError::invalid(&setting, &spec, reason.to_string()))?;
+        names.overridden.insert(key.to_owned(), setting);
+        target.push(entry);
     }
     Ok(())
 }
