@@ -1,11 +1,20 @@
 //! Command-line flags and `LARDER_*` environment variables.
 //!
 //! [`ConfigArgs`] is meant to be `#[command(flatten)]`ed into the daemon's
-//! subcommands. Every key of the schema has a flag and a variable (the
-//! `[key]` at the end of each flag's help names the keys it sets; a test
-//! walks the schema to keep it so). Precedence is default ← file ←
-//! environment ← flags: clap already prefers a flag over its environment
-//! variable, and [`ConfigArgs::load`] lays whichever won over the file.
+//! subcommands. Precedence is default ← file ← environment ← flags: clap
+//! already prefers a flag over its environment variable, and
+//! [`ConfigArgs::load`] lays whichever won over the file.
+//!
+//! Each flag is declared once, in the table given to `flags!` below: its help,
+//! variable, value name and, for a flag that sets one key of the schema, that
+//! key and the parser of its value. From that one entry come the clap flag, the
+//! `[key]` that ends its help, and the line that lays the value over the
+//! configuration. The key is the field path itself (`cache.block_size`), so it
+//! is checked by the compiler against the schema rather than copied by hand;
+//! a test walks the schema so that every key keeps a flag and a variable. A list
+//! that replaces the file's (`--peers`) is one key too, its entries parsed one
+//! by one; the per-source lists below and `--config` are declared in the table
+//! but read by hand in [`ConfigArgs::apply`].
 //!
 //! Values are kept as raw text and parsed here with the same parsers as the
 //! TOML file, so a bad `--block-size` is explained the same way as a bad
@@ -24,6 +33,7 @@
 //! [`ConfigArgs::load`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::convert::Infallible;
 use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,482 +46,264 @@ use crate::bytesize::ByteSize;
 use crate::duration;
 use crate::error::ConfigError;
 use crate::redact::Redacted;
-use crate::schema::{
-    Config, IoEngineKind, PeerConfig, PeerMember, RegistryConfig, RegistryUpstream, SourceConfig, WarmConfig,
-    parse_listen,
-};
+use crate::schema::{Config, IoEngineKind, PeerMember, RegistryUpstream, SourceConfig, parse_listen};
 
-/// The flags themselves; [`ConfigArgs`] adds where each value came from.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
-struct Flags {
-    /// TOML configuration file. Without one, built-in defaults are used.
-    #[arg(
-        long = "config",
-        env = "LARDER_CONFIG",
-        value_name = "FILE",
-        help_heading = "Configuration"
-    )]
-    config: Option<OsString>,
+/// Declares the flags: help headings in the order `--help` shows them, each with its flags.
+///
+/// A flag is its help (the doc comment), its id (clap makes `cache_dir` the flag
+/// `--cache-dir`), its variable, its value name and any further clap settings, then one of
+///
+/// - `=> section.key, parser`: the flag sets that key of [`Config`]; its help ends with
+///   `[section.key]`, and `apply_keys` lays the value over the config with [`set`];
+/// - `=> section.key, each parser`: the same for a list flag, whose entries (the variable's,
+///   then the flags') replace the file's list ([`replace`]);
+/// - `=> by hand: Type`: the raw value is kept as `Type` for [`ConfigArgs::apply`] to read;
+///   the help names the keys it sets itself.
+///
+/// The kinds need different field types, and a macro cannot pick a type without a rule of
+/// its own; so the entries are first brought one by one into one shape, `{heading
+/// [doc lines] id variable value_name [settings] Type [key and parser of a value, if any]
+/// [key and parser of a list's entries, if any]}`, and the last rule writes the struct and
+/// `apply_keys` from that list.
+macro_rules! flags {
+    (@entries [$({
+        $heading:literal [$($doc:literal)+] $id:ident $variable:literal $value_name:literal
+        [$($setting:ident = $setting_value:expr),*] $ty:ty
+        [$($section:ident . $key:ident, $parse:expr)?]
+        [$($list_section:ident . $list_key:ident, $parse_each:expr)?]
+    })*]) => {
+        /// The flags themselves; [`ConfigArgs`] adds where each value came from.
+        #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+        struct Flags {
+            $(
+                #[arg(
+                    long,
+                    env = $variable,
+                    value_name = $value_name,
+                    help_heading = $heading,
+                    // clap would join the doc lines the same way, without the space each begins with.
+                    help = concat!(
+                        $($doc),+
+                        $(, " [", stringify!($section), ".", stringify!($key), "]")?
+                        $(, " [", stringify!($list_section), ".", stringify!($list_key), "]")?
+                    ).trim_start()
+                    $(, $setting = $setting_value)*
+                )]
+                $id: $ty,
+            )*
+        }
 
-    /// Where to mount the tree of sources, default /models [mount.path].
-    #[arg(long, env = "LARDER_MOUNT", value_name = "DIR", help_heading = "Mount")]
-    mount: Option<OsString>,
+        impl ConfigArgs {
+            /// Lays the flags that set one key each over `config`, in the table's order.
+            fn apply_keys(&self, config: &mut Config, names: &mut Names) -> Result<(), ConfigError> {
+                $(
+                    $(set(
+                        names,
+                        &mut config.$section.$key,
+                        &self.flags.$id,
+                        concat!(stringify!($section), ".", stringify!($key)),
+                        stringify!($id),
+                        $parse,
+                    )?;)?
+                    $(replace(
+                        names,
+                        &mut config.$list_section.$list_key,
+                        self.list(names, stringify!($id), &self.flags.$id)?,
+                        concat!(stringify!($list_section), ".", stringify!($list_key)),
+                        $parse_each,
+                    )?;)?
+                )*
+                Ok(())
+            }
+        }
+    };
+    (@entries [$($done:tt)*] $heading:literal {
+        $(#[doc = $doc:literal])+
+        $id:ident: $variable:literal, $value_name:literal $(, $setting:ident = $setting_value:expr)*
+            => $section:ident . $key:ident, each $parse:expr;
+        $($entries:tt)*
+    } $($headings:tt)*) => {
+        flags!(@entries [$($done)* {
+            $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*]
+            Vec<OsString> [] [$section . $key, $parse]
+        }] $heading { $($entries)* } $($headings)*);
+    };
+    (@entries [$($done:tt)*] $heading:literal {
+        $(#[doc = $doc:literal])+
+        $id:ident: $variable:literal, $value_name:literal $(, $setting:ident = $setting_value:expr)*
+            => $section:ident . $key:ident, $parse:expr;
+        $($entries:tt)*
+    } $($headings:tt)*) => {
+        flags!(@entries [$($done)* {
+            $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*]
+            Option<OsString> [$section . $key, $parse] []
+        }] $heading { $($entries)* } $($headings)*);
+    };
+    (@entries [$($done:tt)*] $heading:literal {
+        $(#[doc = $doc:literal])+
+        $id:ident: $variable:literal, $value_name:literal $(, $setting:ident = $setting_value:expr)*
+            => by hand: $ty:ty;
+        $($entries:tt)*
+    } $($headings:tt)*) => {
+        flags!(@entries [$($done)* {
+            $heading [$($doc)+] $id $variable $value_name [$($setting = $setting_value),*] $ty [] []
+        }] $heading { $($entries)* } $($headings)*);
+    };
+    (@entries $done:tt $heading:literal {} $($headings:tt)*) => {
+        flags!(@entries $done $($headings)*);
+    };
+    ($($heading:literal { $($entries:tt)* })*) => {
+        flags!(@entries [] $($heading { $($entries)* })*);
+    };
+}
 
-    /// After SIGTERM, how long files already open are still served, e.g. "10s"
-    /// [mount.shutdown_grace].
-    #[arg(
-        long,
-        env = "LARDER_SHUTDOWN_GRACE",
-        value_name = "DURATION",
-        help_heading = "Mount"
-    )]
-    shutdown_grace: Option<OsString>,
-
-    /// Unix socket for `larder prefetch` and `larder status` (created 0600), default
-    /// /run/larder/control.sock [control.socket].
-    #[arg(
-        long,
-        env = "LARDER_CONTROL_SOCKET",
-        value_name = "PATH",
-        help_heading = "Mount"
-    )]
-    control_socket: Option<OsString>,
-
-    /// Cache directory, default /var/cache/larder [cache.dir].
-    #[arg(long, env = "LARDER_CACHE_DIR", value_name = "DIR", help_heading = "Cache")]
-    cache_dir: Option<OsString>,
-
-    /// Most bytes the cache may hold, e.g. "500GiB"; default 100GiB [cache.capacity].
-    #[arg(
-        long,
-        env = "LARDER_CACHE_CAPACITY",
-        value_name = "SIZE",
-        help_heading = "Cache"
-    )]
-    cache_capacity: Option<OsString>,
-
-    /// Fraction of the cache filesystem kept free, 0.0 to below 1.0 [cache.min_free_fraction].
-    #[arg(
-        long,
-        env = "LARDER_MIN_FREE_FRACTION",
-        value_name = "FRACTION",
-        help_heading = "Cache"
-    )]
-    min_free_fraction: Option<OsString>,
-
-    /// Cache block size, a power of two from 1MiB to 64MiB [cache.block_size].
-    #[arg(long, env = "LARDER_BLOCK_SIZE", value_name = "SIZE", help_heading = "Cache")]
-    block_size: Option<OsString>,
-
-    /// Verify each block's checksum on its first read after a start [cache.verify_on_read].
-    #[arg(
-        long,
-        env = "LARDER_VERIFY_ON_READ",
-        value_name = "true|false",
-        help_heading = "Cache"
-    )]
-    verify_on_read: Option<OsString>,
-
-    /// FUSE passthrough for fully cached files [cache.passthrough].
-    #[arg(
-        long,
-        env = "LARDER_PASSTHROUGH",
-        value_name = "true|false",
-        help_heading = "Cache"
-    )]
-    passthrough: Option<OsString>,
-
-    /// Disk I/O engine [cache.io_engine].
-    #[arg(
-        long,
-        env = "LARDER_IO_ENGINE",
-        value_name = "uring|psync",
-        help_heading = "Cache"
-    )]
-    io_engine: Option<OsString>,
-
-    /// Disk I/O requests in flight, 1 to 4096 [cache.io_queue_depth].
-    #[arg(long, env = "LARDER_IO_QUEUE_DEPTH", value_name = "N", help_heading = "Cache")]
-    io_queue_depth: Option<OsString>,
-
-    /// Block bytes kept in memory, at least two blocks [cache.memory_limit].
-    #[arg(
-        long,
-        env = "LARDER_MEMORY_LIMIT",
-        value_name = "SIZE",
-        help_heading = "Cache"
-    )]
-    memory_limit: Option<OsString>,
-
-    /// Size of one ranged GET, a multiple of the block size [origin.part_size].
-    #[arg(long, env = "LARDER_PART_SIZE", value_name = "SIZE", help_heading = "Origin")]
-    part_size: Option<OsString>,
-
-    /// Ranged GETs in flight, 1 to 1024 [origin.concurrency].
-    #[arg(
-        long,
-        env = "LARDER_ORIGIN_CONCURRENCY",
-        value_name = "N",
-        help_heading = "Origin"
-    )]
-    origin_concurrency: Option<OsString>,
-
-    /// Deadline for opening a connection, e.g. "3s" [origin.connect_timeout].
-    #[arg(
-        long,
-        env = "LARDER_CONNECT_TIMEOUT",
-        value_name = "DURATION",
-        help_heading = "Origin"
-    )]
-    connect_timeout: Option<OsString>,
-
-    /// Deadline of one request attempt, e.g. "10s" [origin.request_timeout].
-    #[arg(
-        long,
-        env = "LARDER_REQUEST_TIMEOUT",
-        value_name = "DURATION",
-        help_heading = "Origin"
-    )]
-    request_timeout: Option<OsString>,
-
-    /// How long a fill may go without a byte, retries included, e.g. "30s" [origin.read_deadline].
-    #[arg(
-        long,
-        env = "LARDER_READ_DEADLINE",
-        value_name = "DURATION",
-        help_heading = "Origin"
-    )]
-    read_deadline: Option<OsString>,
-
-    /// Attempts per request, 1 to 20 [origin.max_attempts].
-    #[arg(long, env = "LARDER_MAX_ATTEMPTS", value_name = "N", help_heading = "Origin")]
-    max_attempts: Option<OsString>,
-
-    /// First retry delay, e.g. "50ms" [origin.backoff_base].
-    #[arg(
-        long,
-        env = "LARDER_BACKOFF_BASE",
-        value_name = "DURATION",
-        help_heading = "Origin"
-    )]
-    backoff_base: Option<OsString>,
-
-    /// Cap on the retry delay, e.g. "2s" [origin.backoff_max].
-    #[arg(
-        long,
-        env = "LARDER_BACKOFF_MAX",
-        value_name = "DURATION",
-        help_heading = "Origin"
-    )]
-    backoff_max: Option<OsString>,
-
-    /// Retries allowed per first attempt, 0 to 10 [origin.retry_budget_ratio].
-    #[arg(
-        long,
-        env = "LARDER_RETRY_BUDGET_RATIO",
-        value_name = "RATIO",
-        help_heading = "Origin"
-    )]
-    retry_budget_ratio: Option<OsString>,
-
-    /// Smallest readahead window, e.g. "8MiB" [origin.readahead_min].
-    #[arg(
-        long,
-        env = "LARDER_READAHEAD_MIN",
-        value_name = "SIZE",
-        help_heading = "Origin"
-    )]
-    readahead_min: Option<OsString>,
-
-    /// Largest readahead window, e.g. "256MiB" [origin.readahead_max].
-    #[arg(
-        long,
-        env = "LARDER_READAHEAD_MAX",
-        value_name = "SIZE",
-        help_heading = "Origin"
-    )]
-    readahead_max: Option<OsString>,
-
-    /// Address and port of the Prometheus endpoint, or "off" [metrics.listen].
-    #[arg(
-        long,
-        env = "LARDER_METRICS_LISTEN",
-        value_name = "ADDR:PORT|off",
-        help_heading = "Metrics"
-    )]
-    metrics_listen: Option<OsString>,
-
-    /// This node's id in the rack, default the host name [peer.node_id].
-    #[arg(long, env = "LARDER_NODE_ID", value_name = "ID", help_heading = "Peers")]
-    node_id: Option<OsString>,
-
-    /// This node's rack label [peer.rack].
-    #[arg(long, env = "LARDER_RACK", value_name = "RACK", help_heading = "Peers")]
-    rack: Option<OsString>,
-
-    /// Address and port the peer listener binds, or "off" (the default) [peer.listen].
-    #[arg(
-        long,
-        env = "LARDER_PEER_LISTEN",
-        value_name = "ADDR:PORT|off",
-        help_heading = "Peers"
-    )]
-    peer_listen: Option<OsString>,
-
-    /// Static members as ID=HOST:PORT[@RACK]; repeatable, comma-separated in the variable;
-    /// replaces the file's list [peer.members].
-    #[arg(
-        long,
-        env = "LARDER_PEERS",
-        value_name = "ID=HOST:PORT[@RACK]",
-        value_delimiter = ',',
-        help_heading = "Peers"
-    )]
-    peers: Vec<OsString>,
-
-    /// A DNS name whose addresses are the members, as NAME:PORT [peer.dns].
-    #[arg(
-        long,
-        env = "LARDER_PEER_DNS",
-        value_name = "NAME:PORT",
-        help_heading = "Peers"
-    )]
-    peer_dns: Option<OsString>,
-
-    /// How often the DNS name is resolved again, e.g. "10s" [peer.dns_interval].
-    #[arg(
-        long,
-        env = "LARDER_PEER_DNS_INTERVAL",
-        value_name = "DURATION",
-        help_heading = "Peers"
-    )]
-    peer_dns_interval: Option<OsString>,
-
-    /// The DNS server asked for the peers' DNS name, as ADDR:PORT (UDP); default the
-    /// system's resolver config [peer.dns_server].
-    #[arg(
-        long,
-        env = "LARDER_PEER_DNS_SERVER",
-        value_name = "ADDR:PORT",
-        help_heading = "Peers"
-    )]
-    peer_dns_server: Option<OsString>,
-
-    /// File holding the cluster secret, mode 0600; or put the secret in LARDER_CLUSTER_KEY
-    /// [peer.cluster_key_file].
-    #[arg(
-        long,
-        env = "LARDER_CLUSTER_KEY_FILE",
-        value_name = "PATH",
-        help_heading = "Peers"
-    )]
-    cluster_key_file: Option<OsString>,
-
-    /// Serve and ask peers without a cluster key; alone it means true [peer.insecure].
-    #[arg(
-        long,
-        env = "LARDER_PEER_INSECURE",
-        value_name = "true|false",
-        num_args = 0..=1,
-        default_missing_value = "true",
-        help_heading = "Peers"
-    )]
-    peer_insecure: Option<OsString>,
-
-    /// How long a peer has at least to answer before the origin is asked, e.g. "500ms"
-    /// [peer.first_byte_timeout].
-    #[arg(
-        long,
-        env = "LARDER_PEER_FIRST_BYTE_TIMEOUT",
-        value_name = "DURATION",
-        help_heading = "Peers"
-    )]
-    peer_first_byte_timeout: Option<OsString>,
-
-    /// How long a peer's answer may stall before the rest goes elsewhere, e.g. "3s"
-    /// [peer.stall_timeout].
-    #[arg(
-        long,
-        env = "LARDER_PEER_STALL_TIMEOUT",
-        value_name = "DURATION",
-        help_heading = "Peers"
-    )]
-    peer_stall_timeout: Option<OsString>,
-
-    /// This node's certificate chain (PEM): the peer listener speaks TLS only [peer.tls_cert].
-    #[arg(
-        long,
-        env = "LARDER_PEER_TLS_CERT",
-        value_name = "PATH",
-        help_heading = "Peers"
-    )]
-    peer_tls_cert: Option<OsString>,
-
-    /// The private key (PEM) of the peer certificate [peer.tls_key].
-    #[arg(
-        long,
-        env = "LARDER_PEER_TLS_KEY",
-        value_name = "PATH",
-        help_heading = "Peers"
-    )]
-    peer_tls_key: Option<OsString>,
-
-    /// The CA (PEM) members' certificates chain to: peers are asked over TLS only
-    /// [peer.tls_ca].
-    #[arg(long, env = "LARDER_PEER_TLS_CA", value_name = "PATH", help_heading = "Peers")]
-    peer_tls_ca: Option<OsString>,
-
-    /// The name every member's certificate is issued for, default "larder-peer"
-    /// [peer.tls_name].
-    #[arg(
-        long,
-        env = "LARDER_PEER_TLS_NAME",
-        value_name = "NAME",
-        help_heading = "Peers"
-    )]
-    peer_tls_name: Option<OsString>,
-    /// A plan file (as `larder prefetch --plan` reads) kept warm: prefetched at start, checked
-    /// every interval, the Node labelled larder.dev/warm-NAME while complete [warm.plan].
-    #[arg(
-        long,
-        env = "LARDER_WARM_PLAN",
-        value_name = "PATH",
-        help_heading = "Warm nodes"
-    )]
-    warm_plan: Option<OsString>,
-
-    /// How often the warm plan's completeness is checked, e.g. "60s" [warm.check_interval].
-    #[arg(
-        long,
-        env = "LARDER_WARM_CHECK_INTERVAL",
-        value_name = "DURATION",
-        help_heading = "Warm nodes"
-    )]
-    warm_check_interval: Option<OsString>,
-
-    /// The Kubernetes API server, default from KUBERNETES_SERVICE_HOST and _PORT
-    /// [warm.api_server].
-    #[arg(
-        long,
-        env = "LARDER_WARM_API_SERVER",
-        value_name = "URL",
-        help_heading = "Warm nodes"
-    )]
-    warm_api_server: Option<OsString>,
-
-    /// The service-account token file [warm.token_file].
-    #[arg(
-        long,
-        env = "LARDER_WARM_TOKEN_FILE",
-        value_name = "PATH",
-        help_heading = "Warm nodes"
-    )]
-    warm_token_file: Option<OsString>,
-
-    /// The CA certificates (PEM) of the API server [warm.ca_file].
-    #[arg(
-        long,
-        env = "LARDER_WARM_CA_FILE",
-        value_name = "PATH",
-        help_heading = "Warm nodes"
-    )]
-    warm_ca_file: Option<OsString>,
-
-    /// Address and port the OCI registry mirror binds, or "off"; default 127.0.0.1:7471
-    /// [registry.listen].
-    #[arg(
-        long,
-        env = "LARDER_REGISTRY_LISTEN",
-        value_name = "ADDR:PORT|off",
-        help_heading = "Registry mirror"
-    )]
-    registry_listen: Option<OsString>,
-
-    /// A registry pulled through, as HOST[=URL] (URL for a plain-HTTP or moved registry);
-    /// repeatable, comma-separated in the variable; replaces the file's list
-    /// [registry.upstreams].
-    #[arg(
-        long,
-        env = "LARDER_REGISTRY_UPSTREAMS",
-        value_name = "HOST[=URL]",
-        value_delimiter = ',',
-        help_heading = "Registry mirror"
-    )]
-    registry_upstream: Vec<OsString>,
-
-    /// Upstream credentials in docker's config.json format [registry.credentials].
-    #[arg(
-        long,
-        env = "LARDER_REGISTRY_CREDENTIALS",
-        value_name = "PATH",
-        help_heading = "Registry mirror"
-    )]
-    registry_credentials: Option<OsString>,
-
-    /// How long a resolved tag is trusted, e.g. "30s" [registry.tag_ttl].
-    #[arg(
-        long,
-        env = "LARDER_REGISTRY_TAG_TTL",
-        value_name = "DURATION",
-        help_heading = "Registry mirror"
-    )]
-    registry_tag_ttl: Option<OsString>,
-
-    /// A token service host, besides each upstream's own, that may be sent its credentials;
-    /// repeatable, comma-separated in the variable; replaces the file's list
-    /// [registry.token_hosts].
-    #[arg(
-        long,
-        env = "LARDER_REGISTRY_TOKEN_HOSTS",
-        value_name = "HOST",
-        value_delimiter = ',',
-        help_heading = "Registry mirror"
-    )]
-    registry_token_host: Vec<OsString>,
-
-    /// containerd's hosts directory, e.g. /etc/containerd/certs.d: a hosts.toml per upstream
-    /// while the mirror serves, removed at stop [registry.containerd_hosts_dir].
-    #[arg(
-        long,
-        env = "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR",
-        value_name = "DIR",
-        help_heading = "Registry mirror"
-    )]
-    registry_containerd_hosts_dir: Option<OsString>,
-
-    /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
-    /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
-    /// In LARDER_SOURCES, separate several with commas [source.name, source.url].
-    #[arg(
-        long = "source",
-        env = "LARDER_SOURCES",
-        value_name = "NAME=URL",
-        value_delimiter = ',',
-        help_heading = "Sources"
-    )]
-    sources: Vec<OsString>,
-
-    /// NAME=true|false: whether source NAME never changes; repeatable, comma-separated in
-    /// the variable [source.immutable].
-    #[arg(
-        long,
-        env = "LARDER_SOURCE_IMMUTABLE",
-        value_name = "NAME=BOOL",
-        value_delimiter = ',',
-        help_heading = "Sources"
-    )]
-    source_immutable: Vec<OsString>,
-
-    /// NAME=DURATION: how long source NAME's metadata is trusted, e.g. "models=5m";
-    /// repeatable, comma-separated in the variable [source.metadata_ttl].
-    #[arg(
-        long,
-        env = "LARDER_SOURCE_METADATA_TTL",
-        value_name = "NAME=DURATION",
-        value_delimiter = ',',
-        help_heading = "Sources"
-    )]
-    source_metadata_ttl: Vec<OsString>,
+flags! {
+    "Configuration" {
+        /// TOML configuration file. Without one, built-in defaults are used
+        config: "LARDER_CONFIG", "FILE" => by hand: Option<OsString>;
+    }
+    "Mount" {
+        /// Where to mount the tree of sources, default /models
+        mount: "LARDER_MOUNT", "DIR" => mount.path, OsPath;
+        /// After SIGTERM, how long files already open are still served, e.g. "10s"
+        shutdown_grace: "LARDER_SHUTDOWN_GRACE", "DURATION" => mount.shutdown_grace, duration::parse;
+        /// Unix socket for `larder prefetch` and `larder status` (created 0600), default
+        /// /run/larder/control.sock
+        control_socket: "LARDER_CONTROL_SOCKET", "PATH" => control.socket, OsPath;
+    }
+    "Cache" {
+        /// Cache directory, default /var/cache/larder
+        cache_dir: "LARDER_CACHE_DIR", "DIR" => cache.dir, OsPath;
+        /// Most bytes the cache may hold, e.g. "500GiB"; default 100GiB
+        cache_capacity: "LARDER_CACHE_CAPACITY", "SIZE" => cache.capacity, parse_size;
+        /// Fraction of the cache filesystem kept free, 0.0 to below 1.0
+        min_free_fraction: "LARDER_MIN_FREE_FRACTION", "FRACTION" => cache.min_free_fraction, parse_number;
+        /// Cache block size, a power of two from 1MiB to 64MiB
+        block_size: "LARDER_BLOCK_SIZE", "SIZE" => cache.block_size, parse_size;
+        /// Verify each block's checksum on its first read after a start
+        verify_on_read: "LARDER_VERIFY_ON_READ", "true|false" => cache.verify_on_read, parse_bool;
+        /// FUSE passthrough for fully cached files
+        passthrough: "LARDER_PASSTHROUGH", "true|false" => cache.passthrough, parse_bool;
+        /// Disk I/O engine
+        io_engine: "LARDER_IO_ENGINE", "uring|psync" => cache.io_engine, IoEngineKind::from_str;
+        /// Disk I/O requests in flight, 1 to 4096
+        io_queue_depth: "LARDER_IO_QUEUE_DEPTH", "N" => cache.io_queue_depth, parse_number;
+        /// Block bytes kept in memory, at least two blocks
+        memory_limit: "LARDER_MEMORY_LIMIT", "SIZE" => cache.memory_limit, parse_size;
+    }
+    "Origin" {
+        /// Size of one ranged GET, a multiple of the block size
+        part_size: "LARDER_PART_SIZE", "SIZE" => origin.part_size, parse_size;
+        /// Ranged GETs in flight, 1 to 1024
+        origin_concurrency: "LARDER_ORIGIN_CONCURRENCY", "N" => origin.concurrency, parse_number;
+        /// Deadline for opening a connection, e.g. "3s"
+        connect_timeout: "LARDER_CONNECT_TIMEOUT", "DURATION" => origin.connect_timeout, duration::parse;
+        /// Deadline of one request attempt, e.g. "10s"
+        request_timeout: "LARDER_REQUEST_TIMEOUT", "DURATION" => origin.request_timeout, duration::parse;
+        /// How long a fill may go without a byte, retries included, e.g. "30s"
+        read_deadline: "LARDER_READ_DEADLINE", "DURATION" => origin.read_deadline, duration::parse;
+        /// Attempts per request, 1 to 20
+        max_attempts: "LARDER_MAX_ATTEMPTS", "N" => origin.max_attempts, parse_number;
+        /// First retry delay, e.g. "50ms"
+        backoff_base: "LARDER_BACKOFF_BASE", "DURATION" => origin.backoff_base, duration::parse;
+        /// Cap on the retry delay, e.g. "2s"
+        backoff_max: "LARDER_BACKOFF_MAX", "DURATION" => origin.backoff_max, duration::parse;
+        /// Retries allowed per first attempt, 0 to 10
+        retry_budget_ratio: "LARDER_RETRY_BUDGET_RATIO", "RATIO" => origin.retry_budget_ratio, parse_number;
+        /// Smallest readahead window, e.g. "8MiB"
+        readahead_min: "LARDER_READAHEAD_MIN", "SIZE" => origin.readahead_min, parse_size;
+        /// Largest readahead window, e.g. "256MiB"
+        readahead_max: "LARDER_READAHEAD_MAX", "SIZE" => origin.readahead_max, parse_size;
+    }
+    "Metrics" {
+        /// Address and port of the Prometheus endpoint, or "off"
+        metrics_listen: "LARDER_METRICS_LISTEN", "ADDR:PORT|off" => metrics.listen, parse_listen;
+    }
+    "Peers" {
+        /// This node's id in the rack, default the host name
+        node_id: "LARDER_NODE_ID", "ID" => peer.node_id, parse_text;
+        /// This node's rack label
+        rack: "LARDER_RACK", "RACK" => peer.rack, parse_text;
+        /// Address and port the peer listener binds, or "off" (the default)
+        peer_listen: "LARDER_PEER_LISTEN", "ADDR:PORT|off" => peer.listen, parse_listen;
+        /// Static members as ID=HOST:PORT[@RACK]; repeatable, comma-separated in the variable;
+        /// replaces the file's list
+        peers: "LARDER_PEERS", "ID=HOST:PORT[@RACK]", value_delimiter = ','
+            => peer.members, each PeerMember::from_str;
+        /// A DNS name whose addresses are the members, as NAME:PORT
+        peer_dns: "LARDER_PEER_DNS", "NAME:PORT" => peer.dns, some(parse_text);
+        /// How often the DNS name is resolved again, e.g. "10s"
+        peer_dns_interval: "LARDER_PEER_DNS_INTERVAL", "DURATION" => peer.dns_interval, duration::parse;
+        /// The DNS server asked for the peers' DNS name, as ADDR:PORT (UDP); default the
+        /// system's resolver config
+        peer_dns_server: "LARDER_PEER_DNS_SERVER", "ADDR:PORT" => peer.dns_server, some(SocketAddr::from_str);
+        /// File holding the cluster secret, mode 0600; or put the secret in LARDER_CLUSTER_KEY
+        cluster_key_file: "LARDER_CLUSTER_KEY_FILE", "PATH" => peer.cluster_key_file, some(parse_path);
+        /// Serve and ask peers without a cluster key; alone it means true
+        peer_insecure: "LARDER_PEER_INSECURE", "true|false", num_args = 0..=1, default_missing_value = "true"
+            => peer.insecure, parse_bool;
+        /// How long a peer has at least to answer before the origin is asked, e.g. "500ms"
+        peer_first_byte_timeout: "LARDER_PEER_FIRST_BYTE_TIMEOUT", "DURATION"
+            => peer.first_byte_timeout, duration::parse;
+        /// How long a peer's answer may stall before the rest goes elsewhere, e.g. "3s"
+        peer_stall_timeout: "LARDER_PEER_STALL_TIMEOUT", "DURATION" => peer.stall_timeout, duration::parse;
+        /// This node's certificate chain (PEM): the peer listener speaks TLS only
+        peer_tls_cert: "LARDER_PEER_TLS_CERT", "PATH" => peer.tls_cert, some(parse_path);
+        /// The private key (PEM) of the peer certificate
+        peer_tls_key: "LARDER_PEER_TLS_KEY", "PATH" => peer.tls_key, some(parse_path);
+        /// The CA (PEM) members' certificates chain to: peers are asked over TLS only
+        peer_tls_ca: "LARDER_PEER_TLS_CA", "PATH" => peer.tls_ca, some(parse_path);
+        /// The name every member's certificate is issued for, default "larder-peer"
+        peer_tls_name: "LARDER_PEER_TLS_NAME", "NAME" => peer.tls_name, parse_text;
+    }
+    "Warm nodes" {
+        /// A plan file (as `larder prefetch --plan` reads) kept warm: prefetched at start, checked
+        /// every interval, the Node labelled larder.dev/warm-NAME while complete
+        warm_plan: "LARDER_WARM_PLAN", "PATH" => warm.plan, some(parse_path);
+        /// How often the warm plan's completeness is checked, e.g. "60s"
+        warm_check_interval: "LARDER_WARM_CHECK_INTERVAL", "DURATION" => warm.check_interval, duration::parse;
+        /// The Kubernetes API server, default from KUBERNETES_SERVICE_HOST and _PORT
+        warm_api_server: "LARDER_WARM_API_SERVER", "URL" => warm.api_server, some(parse_text);
+        /// The service-account token file
+        warm_token_file: "LARDER_WARM_TOKEN_FILE", "PATH" => warm.token_file, parse_path;
+        /// The CA certificates (PEM) of the API server
+        warm_ca_file: "LARDER_WARM_CA_FILE", "PATH" => warm.ca_file, parse_path;
+    }
+    "Registry mirror" {
+        /// Address and port the OCI registry mirror binds, or "off"; default 127.0.0.1:7471
+        registry_listen: "LARDER_REGISTRY_LISTEN", "ADDR:PORT|off" => registry.listen, parse_listen;
+        /// A registry pulled through, as HOST[=URL] (URL for a plain-HTTP or moved registry);
+        /// repeatable, comma-separated in the variable; replaces the file's list
+        registry_upstream: "LARDER_REGISTRY_UPSTREAMS", "HOST[=URL]", value_delimiter = ','
+            => registry.upstreams, each RegistryUpstream::from_str;
+        /// Upstream credentials in docker's config.json format
+        registry_credentials: "LARDER_REGISTRY_CREDENTIALS", "PATH" => registry.credentials, some(parse_path);
+        /// How long a resolved tag is trusted, e.g. "30s"
+        registry_tag_ttl: "LARDER_REGISTRY_TAG_TTL", "DURATION" => registry.tag_ttl, duration::parse;
+        /// A token service host, besides each upstream's own, that may be sent its credentials;
+        /// repeatable, comma-separated in the variable; replaces the file's list
+        registry_token_host: "LARDER_REGISTRY_TOKEN_HOSTS", "HOST", value_delimiter = ','
+            => registry.token_hosts, each parse_text;
+        /// containerd's hosts directory, e.g. /etc/containerd/certs.d: a hosts.toml per upstream
+        /// while the mirror serves, removed at stop
+        registry_containerd_hosts_dir: "LARDER_REGISTRY_CONTAINERD_HOSTS_DIR", "DIR"
+            => registry.containerd_hosts_dir, some(parse_path);
+    }
+    "Sources" {
+        /// A source as NAME=URL; repeatable. Replaces the URL of the file's (or
+        /// LARDER_SOURCES') source with that name, or adds a new source with default settings.
+        /// In LARDER_SOURCES, separate several with commas [source.name, source.url]
+        sources: "LARDER_SOURCES", "NAME=URL", long = "source", value_delimiter = ','
+            => by hand: Vec<OsString>;
+        /// NAME=true|false: whether source NAME never changes; repeatable, comma-separated in
+        /// the variable [source.immutable]
+        source_immutable: "LARDER_SOURCE_IMMUTABLE", "NAME=BOOL", value_delimiter = ','
+            => by hand: Vec<OsString>;
+        /// NAME=DURATION: how long source NAME's metadata is trusted, e.g. "models=5m";
+        /// repeatable, comma-separated in the variable [source.metadata_ttl]
+        source_metadata_ttl: "LARDER_SOURCE_METADATA_TTL", "NAME=DURATION", value_delimiter = ','
+            => by hand: Vec<OsString>;
+    }
 }
 
 /// Configuration flags: a config file plus overrides of single settings.
@@ -731,191 +523,7 @@ impl ConfigArgs {
     /// Lays the overrides over `config`, parsing each raw value.
     fn apply(&self, config: &mut Config, names: &mut Names) -> Result<(), ConfigError> {
         let flags = &self.flags;
-        let paths = [
-            (&mut config.mount.path, &flags.mount, "mount.path", "mount"),
-            (
-                &mut config.control.socket,
-                &flags.control_socket,
-                "control.socket",
-                "control_socket",
-            ),
-            (&mut config.cache.dir, &flags.cache_dir, "cache.dir", "cache_dir"),
-        ];
-        for (target, value, key, id) in paths {
-            if let Some(value) = value {
-                names.set(key, id);
-                *target = PathBuf::from(value);
-            }
-        }
-
-        set(
-            names,
-            &mut config.mount.shutdown_grace,
-            &flags.shutdown_grace,
-            "mount.shutdown_grace",
-            "shutdown_grace",
-            duration::parse,
-        )?;
-        let cache = &mut config.cache;
-        let origin = &mut config.origin;
-        set(
-            names,
-            &mut cache.capacity,
-            &flags.cache_capacity,
-            "cache.capacity",
-            "cache_capacity",
-            parse_size,
-        )?;
-        set(
-            names,
-            &mut cache.min_free_fraction,
-            &flags.min_free_fraction,
-            "cache.min_free_fraction",
-            "min_free_fraction",
-            parse_number,
-        )?;
-        set(
-            names,
-            &mut cache.block_size,
-            &flags.block_size,
-            "cache.block_size",
-            "block_size",
-            parse_size,
-        )?;
-        set(
-            names,
-            &mut cache.verify_on_read,
-            &flags.verify_on_read,
-            "cache.verify_on_read",
-            "verify_on_read",
-            parse_bool,
-        )?;
-        set(
-            names,
-            &mut cache.passthrough,
-            &flags.passthrough,
-            "cache.passthrough",
-            "passthrough",
-            parse_bool,
-        )?;
-        set(
-            names,
-            &mut cache.io_engine,
-            &flags.io_engine,
-            "cache.io_engine",
-            "io_engine",
-            IoEngineKind::from_str,
-        )?;
-        set(
-            names,
-            &mut cache.io_queue_depth,
-            &flags.io_queue_depth,
-            "cache.io_queue_depth",
-            "io_queue_depth",
-            parse_number,
-        )?;
-        set(
-            names,
-            &mut cache.memory_limit,
-            &flags.memory_limit,
-            "cache.memory_limit",
-            "memory_limit",
-            parse_size,
-        )?;
-        set(
-            names,
-            &mut origin.part_size,
-            &flags.part_size,
-            "origin.part_size",
-            "part_size",
-            parse_size,
-        )?;
-        set(
-            names,
-            &mut origin.concurrency,
-            &flags.origin_concurrency,
-            "origin.concurrency",
-            "origin_concurrency",
-            parse_number,
-        )?;
-        for (target, value, key, id) in [
-            (
-                &mut origin.connect_timeout,
-                &flags.connect_timeout,
-                "origin.connect_timeout",
-                "connect_timeout",
-            ),
-            (
-                &mut origin.request_timeout,
-                &flags.request_timeout,
-                "origin.request_timeout",
-                "request_timeout",
-            ),
-            (
-                &mut origin.read_deadline,
-                &flags.read_deadline,
-                "origin.read_deadline",
-                "read_deadline",
-            ),
-            (
-                &mut origin.backoff_base,
-                &flags.backoff_base,
-                "origin.backoff_base",
-                "backoff_base",
-            ),
-            (
-                &mut origin.backoff_max,
-                &flags.backoff_max,
-                "origin.backoff_max",
-                "backoff_max",
-            ),
-        ] {
-            set(names, target, value, key, id, duration::parse)?;
-        }
-        set(
-            names,
-            &mut origin.max_attempts,
-            &flags.max_attempts,
-            "origin.max_attempts",
-            "max_attempts",
-            parse_number,
-        )?;
-        set(
-            names,
-            &mut origin.retry_budget_ratio,
-            &flags.retry_budget_ratio,
-            "origin.retry_budget_ratio",
-            "retry_budget_ratio",
-            parse_number,
-        )?;
-        set(
-            names,
-            &mut origin.readahead_min,
-            &flags.readahead_min,
-            "origin.readahead_min",
-            "readahead_min",
-            parse_size,
-        )?;
-        set(
-            names,
-            &mut origin.readahead_max,
-            &flags.readahead_max,
-            "origin.readahead_max",
-            "readahead_max",
-            parse_size,
-        )?;
-        set(
-            names,
-            &mut config.metrics.listen,
-            &flags.metrics_listen,
-            "metrics.listen",
-            "metrics_listen",
-            parse_listen,
-        )?;
-
-        self.apply_peer(&mut config.peer, names)?;
-        self.apply_warm(&mut config.warm, names)?;
-        self.apply_registry(&mut config.registry, names)?;
+        self.apply_keys(config, names)?;
 
         // Source by source: the file's, then the variable's, then the flags'; a later entry
         // for a name replaces that source's URL.
@@ -954,225 +562,6 @@ impl ConfigArgs {
         Ok(())
     }
 
-    /// Lays the `[peer]` overrides over `peer`.
-    fn apply_peer(&self, peer: &mut PeerConfig, names: &mut Names) -> Result<(), ConfigError> {
-        let flags = &self.flags;
-        for (target, value, key, id) in [
-            (&mut peer.node_id, &flags.node_id, "peer.node_id", "node_id"),
-            (&mut peer.rack, &flags.rack, "peer.rack", "rack"),
-            (
-                &mut peer.tls_name,
-                &flags.peer_tls_name,
-                "peer.tls_name",
-                "peer_tls_name",
-            ),
-        ] {
-            set(names, target, value, key, id, |text| {
-                Ok::<_, String>(text.to_owned())
-            })?;
-        }
-        set(
-            names,
-            &mut peer.listen,
-            &flags.peer_listen,
-            "peer.listen",
-            "peer_listen",
-            parse_listen,
-        )?;
-        set(
-            names,
-            &mut peer.dns,
-            &flags.peer_dns,
-            "peer.dns",
-            "peer_dns",
-            |text| Ok::<_, String>(Some(text.to_owned())),
-        )?;
-        for (target, value, key, id) in [
-            (
-                &mut peer.cluster_key_file,
-                &flags.cluster_key_file,
-                "peer.cluster_key_file",
-                "cluster_key_file",
-            ),
-            (
-                &mut peer.tls_cert,
-                &flags.peer_tls_cert,
-                "peer.tls_cert",
-                "peer_tls_cert",
-            ),
-            (
-                &mut peer.tls_key,
-                &flags.peer_tls_key,
-                "peer.tls_key",
-                "peer_tls_key",
-            ),
-            (&mut peer.tls_ca, &flags.peer_tls_ca, "peer.tls_ca", "peer_tls_ca"),
-        ] {
-            set(names, target, value, key, id, |text| {
-                Ok::<_, String>(Some(PathBuf::from(text)))
-            })?;
-        }
-        set(
-            names,
-            &mut peer.dns_server,
-            &flags.peer_dns_server,
-            "peer.dns_server",
-            "peer_dns_server",
-            |text| text.parse::<SocketAddr>().map(Some),
-        )?;
-        set(
-            names,
-            &mut peer.insecure,
-            &flags.peer_insecure,
-            "peer.insecure",
-            "peer_insecure",
-            parse_bool,
-        )?;
-        for (target, value, key, id) in [
-            (
-                &mut peer.dns_interval,
-                &flags.peer_dns_interval,
-                "peer.dns_interval",
-                "peer_dns_interval",
-            ),
-            (
-                &mut peer.first_byte_timeout,
-                &flags.peer_first_byte_timeout,
-                "peer.first_byte_timeout",
-                "peer_first_byte_timeout",
-            ),
-            (
-                &mut peer.stall_timeout,
-                &flags.peer_stall_timeout,
-                "peer.stall_timeout",
-                "peer_stall_timeout",
-            ),
-        ] {
-            set(names, target, value, key, id, duration::parse)?;
-        }
-        // The members given by flags or the variable replace the file's list as a whole: a
-        // member list is one fact about the cluster, not entries to merge.
-        let members = self.list(names, "peers", &flags.peers)?;
-        if !members.is_empty() {
-            peer.members.clear();
-            for (setting, spec) in members {
-                let member = spec
-                    .parse::<PeerMember>()
-                    .map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
-                names.overridden.insert("peer.members".to_owned(), setting);
-                peer.members.push(member);
-            }
-        }
-        Ok(())
-    }
-
-    /// Lays the `[warm]` overrides over `warm`.
-    fn apply_warm(&self, warm: &mut WarmConfig, names: &mut Names) -> Result<(), ConfigError> {
-        let flags = &self.flags;
-        set(
-            names,
-            &mut warm.plan,
-            &flags.warm_plan,
-            "warm.plan",
-            "warm_plan",
-            |text| Ok::<_, String>(Some(PathBuf::from(text))),
-        )?;
-        set(
-            names,
-            &mut warm.check_interval,
-            &flags.warm_check_interval,
-            "warm.check_interval",
-            "warm_check_interval",
-            duration::parse,
-        )?;
-        set(
-            names,
-            &mut warm.api_server,
-            &flags.warm_api_server,
-            "warm.api_server",
-            "warm_api_server",
-            |text| Ok::<_, String>(Some(text.to_owned())),
-        )?;
-        for (target, value, key, id) in [
-            (
-                &mut warm.token_file,
-                &flags.warm_token_file,
-                "warm.token_file",
-                "warm_token_file",
-            ),
-            (
-                &mut warm.ca_file,
-                &flags.warm_ca_file,
-                "warm.ca_file",
-                "warm_ca_file",
-            ),
-        ] {
-            set(names, target, value, key, id, |text| {
-                Ok::<_, String>(PathBuf::from(text))
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Lays the `[registry]` overrides over `registry`.
-    fn apply_registry(&self, registry: &mut RegistryConfig, names: &mut Names) -> Result<(), ConfigError> {
-        let flags = &self.flags;
-        set(
-            names,
-            &mut registry.listen,
-            &flags.registry_listen,
-            "registry.listen",
-            "registry_listen",
-            parse_listen,
-        )?;
-        set(
-            names,
-            &mut registry.credentials,
-            &flags.registry_credentials,
-            "registry.credentials",
-            "registry_credentials",
-            |text| Ok::<_, String>(Some(PathBuf::from(text))),
-        )?;
-        set(
-            names,
-            &mut registry.tag_ttl,
-            &flags.registry_tag_ttl,
-            "registry.tag_ttl",
-            "registry_tag_ttl",
-            duration::parse,
-        )?;
-        set(
-            names,
-            &mut registry.containerd_hosts_dir,
-            &flags.registry_containerd_hosts_dir,
-            "registry.containerd_hosts_dir",
-            "registry_containerd_hosts_dir",
-            |text| Ok::<_, String>(Some(PathBuf::from(text))),
-        )?;
-        let upstreams = self.list(names, "registry_upstream", &flags.registry_upstream)?;
-        if !upstreams.is_empty() {
-            registry.upstreams.clear();
-            for (setting, spec) in upstreams {
-                let upstream = spec
-                    .parse::<RegistryUpstream>()
-                    .map_err(|reason| ConfigError::invalid(&setting, &spec, reason))?;
-                names.overridden.insert("registry.upstreams".to_owned(), setting);
-                registry.upstreams.push(upstream);
-            }
-        }
-        let hosts = self.list(names, "registry_token_host", &flags.registry_token_host)?;
-        if !hosts.is_empty() {
-            registry.token_hosts.clear();
-            for (setting, host) in hosts {
-                names
-                    .overridden
-                    .insert("registry.token_hosts".to_owned(), setting);
-                registry.token_hosts.push(host);
-            }
-        }
-        Ok(())
-    }
-
     /// The entries of list flag `id`, each with the name of the setting it came from: those
     /// of its variable that flags hid, then `values` (the flags', or the variable's when no
     /// flag was given).
@@ -1200,20 +589,81 @@ impl ConfigArgs {
 /// Parses `raw` with `parse` into `target` when the override is present, and records that
 /// flag `id` set `key`. A parse failure becomes an [`ConfigError::Invalid`] naming the flag
 /// or variable.
-fn set<T, E: ToString>(
+fn set<T>(
     names: &mut Names,
     target: &mut T,
     raw: &Option<OsString>,
     key: &str,
     id: &str,
-    parse: impl Fn(&str) -> Result<T, E>,
+    parse: impl Parse<T>,
 ) -> Result<(), ConfigError> {
     if let Some(raw) = raw {
         let name = names.set(key, id);
-        let text = utf8(&name, raw)?;
-        *target = parse(text).map_err(|err| ConfigError::invalid(name, text, err.to_string()))?;
+        *target = parse
+            .parse(raw)
+            .map_err(|reason| ConfigError::invalid(name, raw.to_string_lossy(), reason))?;
     }
     Ok(())
+}
+
+/// Replaces the list `target` with `entries`, each parsed with `parse`, when there are any,
+/// and records which setting gave them. A list given by flags or a variable is one fact (the
+/// cluster's members, the registries mirrored), not entries to merge with the file's.
+fn replace<T, E: ToString>(
+    names: &mut Names,
+    target: &mut Vec<T>,
+    entries: Vec<(String, String)>,
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> Result<(), ConfigError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    target.clear();
+    for (setting, spec) in entries {
+        let entry =
+            parse(&spec).map_err(|reason| ConfigError::invalid(&setting, &spec, reason.to_string()))?;
+        names.overridden.insert(key.to_owned(), setting);
+        target.push(entry);
+    }
+    Ok(())
+}
+
+/// How a flag's raw value becomes a setting.
+trait Parse<T> {
+    /// The setting, or why `raw` is not one.
+    fn parse(&self, raw: &OsStr) -> Result<T, String>;
+}
+
+/// Most values are text, parsed as the file's are.
+impl<T, E: ToString, F: Fn(&str) -> Result<T, E>> Parse<T> for F {
+    fn parse(&self, raw: &OsStr) -> Result<T, String> {
+        let text = raw.to_str().ok_or("not valid UTF-8")?;
+        self(text).map_err(|err| err.to_string())
+    }
+}
+
+/// A path as the system gives it, UTF-8 or not (the mount point and the cache and control
+/// socket paths have always been taken so).
+struct OsPath;
+
+impl Parse<PathBuf> for OsPath {
+    fn parse(&self, raw: &OsStr) -> Result<PathBuf, String> {
+        Ok(PathBuf::from(raw))
+    }
+}
+
+/// `parse` for a key that is unset by default: a value sets it.
+fn some<T, E>(parse: impl Fn(&str) -> Result<T, E>) -> impl Fn(&str) -> Result<Option<T>, E> {
+    move |text| parse(text).map(Some)
+}
+
+fn parse_text(text: &str) -> Result<String, Infallible> {
+    Ok(text.to_owned())
+}
+
+fn parse_path(text: &str) -> Result<PathBuf, Infallible> {
+    Ok(PathBuf::from(text))
 }
 
 /// Splits `NAME=VALUE`, trimmed; `form` says what was expected. A value that is not of this
