@@ -13,9 +13,10 @@ use larder_engine::AlignedBuf;
 use larder_peer_proto::client::{BlockBuf, Client, PeerError};
 use larder_peer_proto::owner::RunId;
 use larder_peer_proto::wire::{RunRequest, VersionTag};
-use larder_read_path::fill::{BlockSource, FillFor, PeerBlockError, Run};
+use larder_read_path::fill::{BlockSource, FillFor, NotNext, Provenance, Run};
 use larder_read_path::{OpenObject, ReadError, Source};
 use larder_stats::{Stats, add};
+use larder_store::VerifiedBlock;
 
 use crate::manifest::Manifests;
 use crate::members::{Membership, Peer};
@@ -87,6 +88,20 @@ enum NoPeer {
         #[source]
         error: PeerError,
     },
+}
+
+/// Why a block a rack peer sent was refused (the rest of its run then comes from the origin).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PeerBlockError {
+    /// It is not the block the run waits for next (or the run wants no more).
+    #[error(transparent)]
+    NotNext(#[from] NotNext),
+    /// Its hash is not the one a sealed manifest gives for it.
+    #[error("the block's hash is not the sealed manifest's")]
+    NotSealed,
+    /// Its bytes do not hash to the hash its answer gave.
+    #[error("the bytes do not hash to the block's hash")]
+    HashMismatch,
 }
 
 /// A block from a peer, received into the aligned buffer the block store writes from.
@@ -184,11 +199,20 @@ impl BlockSource for PeerSource {
             let answer = self
                 .client
                 .fetch_run(&peer.address, &peer.id, &request, |head, PeerBuf(buf), check| {
-                    let expected = sealed.as_ref().and_then(|m| m.block_hash(head.index));
+                    let sealed = sealed.as_ref().and_then(|m| m.block_hash(head.index));
+                    if sealed.is_some_and(|sealed| sealed != head.hash) {
+                        return Err(PeerBlockError::NotSealed);
+                    }
                     let len = buf.len() as u64;
-                    run.push_from_peer(&member, head.index, (buf, check), head.hash, expected)?;
+                    // Checked group by group as it arrived; finished here on these very bytes.
+                    let block = VerifiedBlock::checked_on_arrival(Arc::new(buf), check)
+                        .map_err(|_| PeerBlockError::HashMismatch)?;
+                    // Without a sealed manifest, the member answers for the block until the
+                    // object's origin check.
+                    let unchecked = sealed.is_none().then(|| member.clone());
+                    run.push(head.index, block, Provenance::Peer { unchecked })?;
                     received += len;
-                    Ok::<_, PeerBlockError>(())
+                    Ok(())
                 })
                 .await;
             add(&self.stats.peer_fetched_bytes, received);

@@ -19,7 +19,7 @@ use futures::future::{BoxFuture, Shared};
 use larder_engine::AlignedBuf;
 use larder_object::crc::BlockCrcs;
 use larder_origin::OriginError;
-use larder_store::{Fetched, GroupCheck, GroupHasher, StoreError, VerifiedBlock};
+use larder_store::{Fetched, GroupHasher, StoreError, VerifiedBlock};
 use tokio::sync::oneshot;
 
 use super::budget::{Charge, charged};
@@ -58,23 +58,29 @@ pub trait Members: Send + Sync + std::fmt::Debug {
     fn sent_wrong_blocks(&self, id: &str);
 }
 
-/// Why a block a rack peer sent was refused (the rest of its run then comes from the origin).
+/// A block pushed into a run that is not the block the run waits for next (or the run wants no
+/// more): refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum PeerBlockError {
-    /// It is not the block the run waits for next (or the run wants no more).
-    #[error("block {index} is not the next of the run ({next})")]
-    NotNext {
-        /// The block sent.
-        index: u32,
-        /// The block the run waits for.
-        next: u32,
+#[error("block {index} is not the next of the run ({next})")]
+pub struct NotNext {
+    /// The block pushed.
+    pub index: u32,
+    /// The block the run waits for.
+    pub next: u32,
+}
+
+/// Where a block pushed into a run came from, as the cache records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provenance {
+    /// The object store, fetched and hashed by this node.
+    Origin,
+    /// A rack member, whose bytes were checked against the hash it gave. `unchecked` names the
+    /// member until the object's origin check vouches for the block (`None` when a sealed
+    /// manifest already gave the same hash).
+    Peer {
+        /// The member to hold to account, until the origin check.
+        unchecked: Option<Arc<str>>,
     },
-    /// Its hash is not the one a sealed manifest gives for it.
-    #[error("the block's hash is not the sealed manifest's")]
-    NotSealed,
-    /// Its bytes do not hash to the hash its answer gave.
-    #[error("the bytes do not hash to the block's hash")]
-    HashMismatch,
 }
 
 /// Whom a fill is for. This node's readers and jobs are served by every tier; a rack peer's
@@ -158,9 +164,10 @@ impl BlockSource for OriginSource {
                 }
             };
             let slot = self.slots.slot(permit);
+            let mut block = None;
             let mut sink = |chunk: Bytes| {
                 self.progress.fetch_add(1, Ordering::Relaxed);
-                run.push_from_origin(chunk);
+                assemble(run, &mut block, chunk);
             };
             let read = origin
                 .read_range(&object.version, range, started, &mut sink)
@@ -177,20 +184,40 @@ impl BlockSource for OriginSource {
     }
 }
 
+/// Bytes this node fetched from the origin, in order from the start of the run's next block:
+/// added to the block being assembled (`block`), each 16 KiB group hashed as it completes, and
+/// each block they complete pushed into the run.
+fn assemble(run: &mut Run<'_>, block: &mut Option<(AlignedBuf, GroupHasher)>, mut chunk: Bytes) {
+    while !chunk.is_empty() && run.blocks_left() > 0 {
+        let block_len = run.block_len(run.next_block());
+        let (buf, groups) = block.get_or_insert_with(|| (AlignedBuf::new(block_len), GroupHasher::default()));
+        let take = (block_len - buf.len()).min(chunk.len());
+        buf.extend_from_slice(&chunk.split_to(take));
+        groups.update(buf.as_ref());
+        if buf.len() == block_len
+            && let Some((full, groups)) = block.take()
+        {
+            let verified = VerifiedBlock::hashed_here(Arc::new(full), groups);
+            let index = run.next_block();
+            // The run's next block, made from its own bytes: never refused.
+            let _ = run.push(index, verified, Provenance::Origin);
+        }
+    }
+}
+
 /// How long a fill for a waiting reader waits for room in the memory budget before it takes
 /// its block's memory anyway: the bound that keeps readers from deadlocking on memory held by
 /// other waiting readers, long enough for fills in flight to finish and return theirs.
 const MEMORY_PATIENCE: Duration = Duration::from_secs(1);
 
-/// The blocks of a fill still to come: the bytes of the block being assembled, and the waiters
-/// and memory charges of the blocks not yet complete.
+/// The blocks of a fill still to come: the waiters and memory charges of the blocks not yet
+/// complete. Each tier pushes complete, verified blocks into it, in order.
 #[derive(Debug)]
 pub struct Run<'a> {
     cache: &'a Cache,
     object: &'a Arc<OpenObject>,
-    /// The block being assembled.
+    /// The block the run waits for.
     next: u32,
-    buf: Option<(AlignedBuf, GroupHasher)>,
     waiters: std::vec::IntoIter<oneshot::Sender<FillResult>>,
     /// Whom the fill is for.
     fill_for: FillFor,
@@ -206,54 +233,20 @@ impl Run<'_> {
         self.fill_for
     }
 
-    /// Bytes this node fetched from the origin: hashed here, each 16 KiB group as it completes;
-    /// each block they complete is delivered and written.
-    fn push_from_origin(&mut self, mut chunk: Bytes) {
-        let store = &self.cache.inner.store;
-        while !chunk.is_empty() && !self.waiters.as_slice().is_empty() {
-            let block_len = store.block_len(self.object.version.size, self.next) as usize;
-            let (block, groups) = self
-                .buf
-                .get_or_insert_with(|| (AlignedBuf::new(block_len), GroupHasher::default()));
-            let take = (block_len - block.len()).min(chunk.len());
-            block.extend_from_slice(&chunk.split_to(take));
-            groups.update(block.as_ref());
-            if block.len() == block_len
-                && let Some((full, groups)) = self.buf.take()
-            {
-                let block = VerifiedBlock::hashed_here(Arc::new(full), groups);
-                self.deliver(block, Source::Origin, None);
-            }
-        }
-    }
-
-    /// Block `index` from rack member `member`, whose answer said it hashes to `hash`, its
-    /// bytes in `buf` and all but their last group checked by `check`: accepted only if it is
-    /// the next block of the run, `hash` is `sealed` (the hash a sealed manifest gives, where
-    /// there is one) and the check passes. Then delivered and written like a block from the
-    /// origin; without a manifest, the cache remembers the member until the object's origin
-    /// check.
-    pub fn push_from_peer(
-        &mut self,
-        member: &Arc<str>,
-        index: u32,
-        (buf, check): (AlignedBuf, GroupCheck),
-        hash: [u8; 32],
-        sealed: Option<[u8; 32]>,
-    ) -> Result<(), PeerBlockError> {
+    /// Block `index`, complete and verified, from the tier `provenance` says: accepted only if
+    /// it is the block the run waits for next. It is handed to its waiter, then written.
+    pub fn push(&mut self, index: u32, block: VerifiedBlock, provenance: Provenance) -> Result<(), NotNext> {
         if index != self.next || self.waiters.as_slice().is_empty() {
-            return Err(PeerBlockError::NotNext {
+            return Err(NotNext {
                 index,
                 next: self.next,
             });
         }
-        if sealed.is_some_and(|sealed| sealed != hash) {
-            return Err(PeerBlockError::NotSealed);
-        }
-        let block = VerifiedBlock::checked_on_arrival(Arc::new(buf), check)
-            .map_err(|_| PeerBlockError::HashMismatch)?;
-        let unchecked = sealed.is_none().then(|| member.clone());
-        self.deliver(block, Source::Peer, unchecked);
+        let (source, peer) = match provenance {
+            Provenance::Origin => (Source::Origin, None),
+            Provenance::Peer { unchecked } => (Source::Peer, unchecked),
+        };
+        self.deliver(block, source, peer);
         Ok(())
     }
 
@@ -365,6 +358,11 @@ impl Run<'_> {
         self.cache.inner.store.block_size()
     }
 
+    /// The length of block `index` of the run's object.
+    pub fn block_len(&self, index: u32) -> usize {
+        self.cache.inner.store.block_len(self.object.version.size, index) as usize
+    }
+
     /// Blocks in one origin part: the unit runs are owned by.
     pub fn part_blocks(&self) -> u32 {
         self.cache.inner.part_blocks
@@ -454,7 +452,6 @@ impl Cache {
                 cache: &self,
                 object: &object,
                 next: first,
-                buf: None,
                 waiters: waiters.into_iter(),
                 fill_for,
                 charge,
@@ -482,7 +479,6 @@ impl Cache {
                 if hedge {
                     range.end = range.start + run.block_size();
                 }
-                run.buf = None;
                 result = tokio::select! {
                     biased;
                     () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
