@@ -27,7 +27,7 @@ pub fn align_up(n: u64) -> u64 {
 const MAPPED_MIN: usize = 1 << 20;
 
 /// Bytes of dropped mapped buffers kept for reuse.
-const POOL_BYTES: usize = 16 << 20;
+const POOL_BYTES: usize = 64 << 20;
 
 /// Dropped mapped buffers: (start, capacity).
 struct Pool {

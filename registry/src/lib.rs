@@ -150,13 +150,15 @@ pub(crate) struct Progress {
     pub(crate) early: bool,
     /// The blocks' BLAKE3 so far.
     pub(crate) hashes: Vec<[u8; 32]>,
-    /// The bytes of the last [`HASHED_KEPT`] blocks hashed, by index: a client following
+    /// The bytes of the last blocks hashed, by index (see [`HASHED_KEPT`]): a client following
     /// closely is sent the very bytes hashed rather than reading them back from the cache.
     pub(crate) recent: std::collections::VecDeque<(u32, Bytes)>,
 }
 
-/// Blocks a check keeps in memory after hashing them, for the clients streaming it.
-const HASHED_KEPT: usize = 4;
+/// Blocks a check keeps in memory after hashing them, for the clients streaming it: up to the
+/// first figure while the memory budget has room for another block, else the second. A client
+/// further behind reads its blocks back from the cache disk (and checks them again).
+const HASHED_KEPT: (usize, usize) = (16, 4);
 
 /// Blocks a check holds that were fetched ahead of its hashing: the parts fetched at once, at
 /// the default part and block sizes.
@@ -728,7 +730,8 @@ impl Mirror {
         progress: &tokio::sync::watch::Sender<Progress>,
         ahead: &Ahead,
     ) -> Result<([u8; 32], Vec<[u8; 32]>), MirrorError> {
-        let count = object.version().size.div_ceil(self.cache.store().block_size()) as u32;
+        let block_size = self.cache.store().block_size();
+        let count = object.version().size.div_ceil(block_size) as u32;
         let mut sha = Sha256::new();
         let mut hashes = Vec::with_capacity(count as usize);
         for index in 0..count {
@@ -754,10 +757,14 @@ impl Mirror {
             })?;
             sha = back;
             hashes.push(hash);
+            let budget = self.cache.budget();
             progress.send_modify(|progress| {
                 progress.hashes.push(hash);
                 progress.recent.push_back((index, bytes));
-                if progress.recent.len() > HASHED_KEPT {
+                let (most, least) = HASHED_KEPT;
+                while progress.recent.len() > most
+                    || (progress.recent.len() > least && !budget.room_for(block_size))
+                {
                     progress.recent.pop_front();
                 }
             });
