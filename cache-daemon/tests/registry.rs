@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use larder_tests::daemon::DaemonProcess;
 use larder_tests::free_port;
 use larder_tests::oci::{
-    Containerd, Podman, Registry, TestImage, hosts_dir, http_get, inspect, is_blob_get, push, write_auth_file,
+    Blob, Containerd, MANIFEST_MEDIA_TYPE, Podman, Registry, TestImage, copy_out, hosts_dir, http_get,
+    inspect, is_blob_get, push, write_auth_file,
 };
 use larder_tests::{Bucket, Fault, RecordingProxy, S3Server};
 
@@ -668,6 +669,65 @@ fn a_size_claimed_wrong_once_does_not_poison_the_blob() {
         assert_eq!(status, 200, "{round}: {head}");
         let length = format!("content-length: {}", layer.size);
         assert!(head.to_ascii_lowercase().contains(&length), "{round}: {head}");
+        mirror.restart();
+    }
+}
+
+/// A layer cached and verified through the mirror, then cross-mounted into another repository
+/// of Debian's registry and named there by a manifest that says it is one byte longer, then
+/// `larder prefetch --wait` of that image: the layer is still served whole in its own
+/// repository and `skopeo copy` of its image succeeds, also after a restart. A size is a claim
+/// until the digest is verified; it never overrides a verified one (before, the wrong size
+/// replaced it and the layer got 503 in every repository for good).
+#[test]
+fn a_wrong_size_named_in_another_repository_leaves_a_verified_layer_served() {
+    let image = TestImage::write(23, 4 << 20).expect("image");
+    let mut mirror = Mirror::start(&image, None, &[]);
+    let amd64 = image.image("linux/amd64").expect("amd64").clone();
+    let layer = amd64.layers[0].clone();
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    let (status, head, _) = http_get(&mirror.address, &path, &[]).expect("GET");
+    assert_eq!(status, 200, "the layer through the mirror: {head}");
+
+    for blob in [&amd64.config, &layer] {
+        let registry = &mirror.registry;
+        registry
+            .mount_blob(&blob.digest, "larder/test", "larder/other")
+            .expect("mount");
+    }
+    let descriptor = |blob: &Blob, size: u64| serde_json::json!({ "mediaType": blob.media_type, "digest": blob.digest, "size": size });
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": descriptor(&amd64.config, amd64.config.size),
+        "layers": [descriptor(&layer, layer.size + 1)],
+    });
+    let registry = &mirror.registry;
+    registry
+        .put_manifest("larder/other", "v1", &manifest)
+        .expect("manifest");
+    let prefetch = mirror.daemon().larder(&[
+        "prefetch",
+        "--wait",
+        "--platform",
+        "linux/amd64",
+        &format!("image:{HOST}/larder/other:v1"),
+    ]);
+    let said = String::from_utf8_lossy(&prefetch.stderr).into_owned();
+
+    for round in ["after the prefetch", "after a restart"] {
+        let (status, head, _) = http_get(&mirror.address, &path, &[]).expect("GET");
+        assert_eq!(status, 200, "{round}: {head}; the prefetch said: {said}");
+        let length = format!("content-length: {}", layer.size);
+        assert!(head.to_ascii_lowercase().contains(&length), "{round}: {head}");
+        let copied = tempfile::tempdir().expect("dir");
+        copy_out(
+            &mirror.address,
+            REPO_TAG,
+            "linux/amd64",
+            &copied.path().join("image"),
+        )
+        .expect(round);
         mirror.restart();
     }
 }

@@ -344,6 +344,31 @@ impl Registry {
         Ok(log.lines().filter_map(blob_get_bytes).sum())
     }
 
+    /// Mounts blob `digest` of repository `from` into repository `to` (the distribution API's
+    /// cross-repository mount: no bytes are sent).
+    pub fn mount_blob(&self, digest: &str, from: &str, to: &str) -> anyhow::Result<()> {
+        let target = format!("/v2/{to}/blobs/uploads/?mount={digest}&from={from}");
+        let (status, body) = crate::http1::request(&self.address, "POST", &target, &[], b"")?;
+        ensure!(status == 201, "mounting {digest} into {to}: {status} {body}");
+        Ok(())
+    }
+
+    /// Pushes the OCI image manifest `manifest` as `repository:tag` (the registry checks that
+    /// the blobs it names are in the repository, not their sizes).
+    pub fn put_manifest(
+        &self,
+        repository: &str,
+        tag: &str,
+        manifest: &serde_json::Value,
+    ) -> anyhow::Result<()> {
+        let target = format!("/v2/{repository}/manifests/{tag}");
+        let headers = [format!("Content-Type: {MANIFEST_MEDIA_TYPE}")];
+        let body = serde_json::to_vec(manifest)?;
+        let (status, answer) = crate::http1::request(&self.address, "PUT", &target, &headers, &body)?;
+        ensure!(status == 201, "pushing {repository}:{tag}: {status} {answer}");
+        Ok(())
+    }
+
     /// Every token its token server has given so far, oldest first (none without token auth).
     pub fn tokens_issued(&self) -> Vec<String> {
         self.tokens.as_ref().map(TokenServer::issued).unwrap_or_default()
@@ -949,6 +974,28 @@ fn skopeo() -> Command {
         .arg(r#"mount -t tmpfs -o size=16m larder-skopeo /var/lib && exec "$@""#)
         .args(["sh", "skopeo"]);
     skopeo
+}
+
+/// Copies `reference` (`repo:tag`, the platform `os/architecture`) from the registry at
+/// `registry` (`host:port`, plain HTTP) into an OCI layout at `dest`: skopeo checks every
+/// digest and size as it copies.
+pub fn copy_out(registry: &str, reference: &str, platform: &str, dest: &Path) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, br#"{"default":[{"type":"insecureAcceptAnything"}]}"#)?;
+    let (os, arch) = platform
+        .split_once('/')
+        .context("a platform is os/architecture")?;
+    let mut copy = skopeo();
+    copy.arg("--policy")
+        .arg(&policy)
+        .args(["--override-os", os, "--override-arch", arch])
+        .args(["copy", "--src-tls-verify=false"])
+        .arg(format!("docker://{registry}/{reference}"))
+        .arg(format!("oci:{}", dest.display()));
+    let output = run(&mut copy)?;
+    ensure!(output.status.success(), "skopeo copy: {}", said(&output));
+    Ok(())
 }
 
 /// What `skopeo inspect` says of `reference` (`repo:tag`) in the registry at `registry`
