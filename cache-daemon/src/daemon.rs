@@ -174,228 +174,285 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     })?;
     let config = args.config.load()?;
     raise_open_files_limit();
-    let control_socket = config.control.socket.clone();
-    let mountpoint = prepare_mountpoint(&config.mount.path)?;
-    let stats = Arc::new(Stats::default());
-    let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth).map_err(|source| {
-        DaemonError::Io {
-            what: "starting the I/O engine",
-            source,
-        }
-    })?;
-    let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
-    let peers = Peers::new(&config.peer)?;
-    let membership = peers.members.clone();
-    // Stops the HTTP servers, the members' DNS resolution and the warm-node tasks.
-    let stop = CancellationToken::new();
-    let phase = Arc::new(Phase::default());
-    let metrics_task = match config.metrics.listen {
-        Some(address) => Some(
-            serve_metrics(
-                address,
-                &stats,
-                &store,
-                membership.clone(),
-                phase.clone(),
-                stop.clone(),
-            )
-            .await?,
-        ),
-        None => None,
-    };
-    let manifests = Manifests::new();
-    let peer_tier = peers.members.clone().map(|members| PeerTier {
-        source: Arc::new(PeerSource::new(
-            peers.client.clone(),
-            members.clone(),
-            manifests.clone(),
-            stats.clone(),
-        )),
-        members: Arc::new(members) as _,
-    });
-    // The members' DNS resolution, the hellos to members listed without a rack, and the
-    // warm-node tasks.
-    let background = TaskTracker::new();
-    if let Some(members) = &peers.members {
-        let hello = Arc::new(AskWho {
-            client: peers.client.clone(),
-            rack: config.peer.rack.clone(),
-        });
-        members.spawn_dns(&background, stop.clone(), hello.clone());
-        members.spawn_hellos(&background, stop.clone(), hello);
-    }
-    let warm = match &config.warm.plan {
-        Some(path) => Some((
-            read_plan(path)?,
-            NodeClient::new(&config.warm, &peers.hello.node)?,
-        )),
-        None => None,
-    };
-    let cache = Cache::new(
-        store,
-        &config.origin,
-        config.cache.memory_limit,
-        stats.clone(),
-        peer_tier,
-    );
-    let sources = sources(&config, &stats)?;
-    let origins: Vec<(String, Arc<Origin>)> = sources
-        .iter()
-        .map(|(name, s)| (name.clone(), s.origin.clone()))
-        .collect();
-    let mirror = match config.registry.listen.filter(|_| config.registry.enabled()) {
-        Some(address) => Some((
-            address,
-            Mirror::new(
-                &config.registry,
-                &config.origin,
-                cache.clone(),
-                &config.cache.dir,
-                stats.clone(),
-            )?,
-        )),
-        None => None,
-    };
-    let peer_task = match config.peer.listen {
-        Some(address) => {
-            // Members ask for image content by the registry's origin, as for any source.
-            let registries = mirror.iter().flat_map(|(_, mirror)| mirror.origins());
-            let by_name = origins.iter().cloned().chain(registries).collect();
-            Some(
-                peers
-                    .serve(address, &cache, by_name, &stats, stop.clone())
-                    .await?,
-            )
-        }
-        None => None,
-    };
-    let mut jobs = Jobs::new(cache.clone(), origins.clone(), mountpoint.clone(), stats.clone());
-    // Removed when dropped: at SIGTERM, or on any error from here on.
-    let mut hosts_files = None;
-    let registry_task = match mirror {
-        Some((address, mirror)) => {
-            jobs = jobs.with_mirror(mirror.clone());
-            let (task, bound) = serve_registry(address, mirror, stop.clone()).await?;
-            if let Some(dir) = &config.registry.containerd_hosts_dir {
-                hosts_files = Some(MirrorHostsFiles::write(dir, &config.registry.upstreams, bound)?);
-            }
-            Some(task)
-        }
-        None => None,
-    };
-    let jobs = Arc::new(jobs);
-    let sealer = Arc::new(Sealer::new(
-        origins,
-        mountpoint.clone(),
-        config.cache.block_size.as_u64(),
-        config.origin.part_size.as_u64(),
-        manifests,
-    ));
-    let settings = Settings {
-        mount: mountpoint.display().to_string(),
-        cache_dir: config.cache.dir.display().to_string(),
-        block_size: config.cache.block_size.as_u64(),
-        sources: config
-            .sources
-            .iter()
-            .map(|s| format!("{} = {}", s.name, s.url))
-            .collect(),
-    };
-    let control = Arc::new(Control::new(
-        jobs.clone(),
-        sealer.clone(),
-        stats.clone(),
-        cache.store().clone(),
-        settings,
-        membership,
-    ));
-    let listener = control::bind(&control_socket).map_err(|source| DaemonError::ControlSocket {
-        path: control_socket.clone(),
-        source,
-    })?;
-    let control_task = tokio::spawn(http::serve(
-        listener,
-        control::service(control.clone()),
-        control::LIMITS,
-        stop.clone(),
-    ));
-    let sample_task = tokio::spawn(control.sample());
-    let passthrough = config.cache.passthrough;
-    let namespace = Arc::new(Namespace::new(sources, cache.clone(), passthrough));
-    let fuse_stats = stats.clone();
-    let options = MountOptions {
-        deadline: config.origin.read_deadline + Duration::from_secs(5),
-        passthrough,
-        observer: Some(Arc::new(move |op, elapsed| {
-            fuse_stats.latency.fuse(op).observe(elapsed);
-        })),
-        ..MountOptions::default()
-    };
-    let mounted = larder_fuse_mount::mount(
-        namespace,
-        &mountpoint,
-        &options,
-        tokio::runtime::Handle::current(),
-    )
-    .map_err(|source| mount_error(&mountpoint, source))?;
-    phase.serving();
-    if let Some((plan, client)) = warm {
-        let name = config.warm.plan_name().unwrap_or_default();
-        Warm::new(jobs.clone(), plan, &name, config.warm.check_interval, client)
-            .spawn(&background, stop.clone());
-    }
-    tracing::info!(
-        mount = %mountpoint.display(),
-        cache = %config.cache.dir.display(),
-        capacity = %config.cache.capacity,
-        sources = config.sources.len(),
-        control = %control_socket.display(),
-        "larder is serving"
-    );
-
+    let daemon = Daemon::start(&config).await?;
     wait_for_signal().await.map_err(|source| DaemonError::Io {
         what: "waiting for signals",
         source,
     })?;
-    // containerd pulls straight from the registries from now on, not from a mirror that stops.
-    drop(hosts_files);
-    tracing::info!("stopping: cancelling prefetch and seal jobs");
-    phase.stopping();
-    stop.cancel();
-    sample_task.abort();
-    let _ = control_task.await;
-    let _ = std::fs::remove_file(&control_socket);
-    jobs.shutdown().await;
-    background.close();
-    background.wait().await;
-    sealer.shutdown().await;
-    let grace = config.mount.shutdown_grace;
-    tracing::info!(
-        grace = %humantime::format_duration(grace),
-        "detaching the mount: files still open under it are served until they close, for at most the grace period"
-    );
-    let detached = tokio::select! {
-        // Detach first, whatever else is ready.
-        biased;
-        detached = mounted.detach(grace) => detached,
-        // A second SIGTERM or Ctrl-C ends the grace period.
-        signal = wait_for_signal() => signal.map(|()| Detached::GraceExpired),
-    };
-    if let Ok(Detached::GraceExpired) = detached {
-        tracing::warn!(
-            grace = %humantime::format_duration(grace),
-            "files were still open under the mount at the end of the grace period (or a second signal): their reads fail from now on"
+    daemon.shutdown().await
+}
+
+/// The running daemon: every part [`Daemon::shutdown`] stops, in the order it stops them. A
+/// start that fails part-way drops what it had started (the hosts files are removed, the
+/// tasks' listeners close with the runtime).
+struct Daemon {
+    /// containerd's hosts files pointing at the mirror, removed first at shutdown.
+    hosts_files: Option<MirrorHostsFiles>,
+    /// What `/readyz` says.
+    phase: Arc<Phase>,
+    /// Stops the HTTP servers, the members' DNS resolution and hellos, the warm-node tasks.
+    stop: CancellationToken,
+    control: ControlServer,
+    jobs: Arc<Jobs>,
+    /// The members' DNS resolution and hellos, and the warm-node tasks.
+    background: TaskTracker,
+    sealer: Arc<Sealer>,
+    mounted: larder_fuse_mount::Mounted,
+    grace: Duration,
+    cache: Cache,
+    /// The metrics, peer and registry listeners, which end with `stop`.
+    listeners: Vec<JoinHandle<()>>,
+}
+
+/// The control API's listener and its sampling task.
+struct ControlServer {
+    task: JoinHandle<()>,
+    sample: JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl ControlServer {
+    /// Binds the control socket and serves `control` on it until `stop`.
+    fn start(control: Arc<Control>, socket: &Path, stop: CancellationToken) -> Result<Self, DaemonError> {
+        let listener = control::bind(socket).map_err(|source| DaemonError::ControlSocket {
+            path: socket.to_owned(),
+            source,
+        })?;
+        let task = tokio::spawn(http::serve(
+            listener,
+            control::service(control.clone()),
+            control::LIMITS,
+            stop,
+        ));
+        let sample = tokio::spawn(control.sample());
+        Ok(Self {
+            task,
+            sample,
+            socket: socket.to_owned(),
+        })
+    }
+
+    /// Waits for the listener to end (its stop token cancelled) and removes the socket.
+    async fn shutdown(self) {
+        self.sample.abort();
+        let _ = self.task.await;
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Daemon {
+    /// Opens the cache, starts every listener and mounts: the daemon serves once this returns.
+    async fn start(config: &Config) -> Result<Self, DaemonError> {
+        let mountpoint = prepare_mountpoint(&config.mount.path)?;
+        let stats = Arc::new(Stats::default());
+        let engine =
+            engine::build(config.cache.io_engine, config.cache.io_queue_depth).map_err(|source| {
+                DaemonError::Io {
+                    what: "starting the I/O engine",
+                    source,
+                }
+            })?;
+        let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+        let peers = Peers::new(&config.peer)?;
+        let membership = peers.members.clone();
+        let stop = CancellationToken::new();
+        let phase = Arc::new(Phase::default());
+        let mut listeners = Vec::new();
+        if let Some(address) = config.metrics.listen {
+            let phase = phase.clone();
+            let metrics = serve_metrics(address, &stats, &store, membership.clone(), phase, stop.clone());
+            listeners.push(metrics.await?);
+        }
+        let manifests = Manifests::new();
+        let peer_tier = peers.members.clone().map(|members| PeerTier {
+            source: Arc::new(PeerSource::new(
+                peers.client.clone(),
+                members.clone(),
+                manifests.clone(),
+                stats.clone(),
+            )),
+            members: Arc::new(members) as _,
+        });
+        let background = TaskTracker::new();
+        if let Some(members) = &peers.members {
+            let hello = Arc::new(AskWho {
+                client: peers.client.clone(),
+                rack: config.peer.rack.clone(),
+            });
+            members.spawn_dns(&background, stop.clone(), hello.clone());
+            members.spawn_hellos(&background, stop.clone(), hello);
+        }
+        let warm = match &config.warm.plan {
+            Some(path) => Some((
+                read_plan(path)?,
+                NodeClient::new(&config.warm, &peers.hello.node)?,
+            )),
+            None => None,
+        };
+        let cache = Cache::new(
+            store,
+            &config.origin,
+            config.cache.memory_limit,
+            stats.clone(),
+            peer_tier,
         );
+        let sources = sources(config, &stats)?;
+        let origins: Vec<(String, Arc<Origin>)> = sources
+            .iter()
+            .map(|(name, s)| (name.clone(), s.origin.clone()))
+            .collect();
+        let mirror = match config.registry.listen.filter(|_| config.registry.enabled()) {
+            Some(address) => Some((
+                address,
+                Mirror::new(
+                    &config.registry,
+                    &config.origin,
+                    cache.clone(),
+                    &config.cache.dir,
+                    stats.clone(),
+                )?,
+            )),
+            None => None,
+        };
+        if let Some(address) = config.peer.listen {
+            // Members ask for image content by the registry's origin, as for any source.
+            let registries = mirror.iter().flat_map(|(_, mirror)| mirror.origins());
+            let by_name = origins.iter().cloned().chain(registries).collect();
+            listeners.push(
+                peers
+                    .serve(address, &cache, by_name, &stats, stop.clone())
+                    .await?,
+            );
+        }
+        let mut jobs = Jobs::new(cache.clone(), origins.clone(), mountpoint.clone(), stats.clone());
+        // Removed when dropped: at shutdown, or on any error from here on.
+        let mut hosts_files = None;
+        if let Some((address, mirror)) = mirror {
+            jobs = jobs.with_mirror(mirror.clone());
+            let (task, bound) = serve_registry(address, mirror, stop.clone()).await?;
+            listeners.push(task);
+            if let Some(dir) = &config.registry.containerd_hosts_dir {
+                hosts_files = Some(MirrorHostsFiles::write(dir, &config.registry.upstreams, bound)?);
+            }
+        }
+        let jobs = Arc::new(jobs);
+        let sealer = Arc::new(Sealer::new(
+            origins,
+            mountpoint.clone(),
+            config.cache.block_size.as_u64(),
+            config.origin.part_size.as_u64(),
+            manifests,
+        ));
+        let settings = Settings {
+            mount: mountpoint.display().to_string(),
+            cache_dir: config.cache.dir.display().to_string(),
+            block_size: config.cache.block_size.as_u64(),
+            sources: config
+                .sources
+                .iter()
+                .map(|s| format!("{} = {}", s.name, s.url))
+                .collect(),
+        };
+        let control = Arc::new(Control::new(
+            jobs.clone(),
+            sealer.clone(),
+            stats.clone(),
+            cache.store().clone(),
+            settings,
+            membership,
+        ));
+        let control = ControlServer::start(control, &config.control.socket, stop.clone())?;
+        let passthrough = config.cache.passthrough;
+        let namespace = Arc::new(Namespace::new(sources, cache.clone(), passthrough));
+        let fuse_stats = stats.clone();
+        let options = MountOptions {
+            deadline: config.origin.read_deadline + Duration::from_secs(5),
+            passthrough,
+            observer: Some(Arc::new(move |op, elapsed| {
+                fuse_stats.latency.fuse(op).observe(elapsed);
+            })),
+            ..MountOptions::default()
+        };
+        let mounted = larder_fuse_mount::mount(
+            namespace,
+            &mountpoint,
+            &options,
+            tokio::runtime::Handle::current(),
+        )
+        .map_err(|source| mount_error(&mountpoint, source))?;
+        phase.serving();
+        if let Some((plan, client)) = warm {
+            let name = config.warm.plan_name().unwrap_or_default();
+            Warm::new(jobs.clone(), plan, &name, config.warm.check_interval, client)
+                .spawn(&background, stop.clone());
+        }
+        tracing::info!(
+            mount = %mountpoint.display(),
+            cache = %config.cache.dir.display(),
+            capacity = %config.cache.capacity,
+            sources = config.sources.len(),
+            control = %config.control.socket.display(),
+            "larder is serving"
+        );
+        Ok(Self {
+            hosts_files,
+            phase,
+            stop,
+            control,
+            jobs,
+            background,
+            sealer,
+            mounted,
+            grace: config.mount.shutdown_grace,
+            cache,
+            listeners,
+        })
     }
-    cache.stop_fills();
-    cache.flush().await;
-    for task in [metrics_task, peer_task, registry_task].into_iter().flatten() {
-        let _ = task.await;
+
+    /// Stops in order: containerd is pointed back at the registries, `/readyz` says stopping,
+    /// the listeners and background tasks stop, the prefetch and seal jobs are cancelled, the
+    /// mount is detached and serves its open files for the grace period (or until a second
+    /// signal), the fills still in flight are abandoned and the cache writes of blocks already
+    /// received are waited for.
+    async fn shutdown(self) -> Result<(), DaemonError> {
+        // containerd pulls straight from the registries from now on, not from a mirror that stops.
+        drop(self.hosts_files);
+        tracing::info!("stopping: cancelling prefetch and seal jobs");
+        self.phase.stopping();
+        self.stop.cancel();
+        self.control.shutdown().await;
+        self.jobs.shutdown().await;
+        self.background.close();
+        self.background.wait().await;
+        self.sealer.shutdown().await;
+        let grace = self.grace;
+        tracing::info!(
+            grace = %humantime::format_duration(grace),
+            "detaching the mount: files still open under it are served until they close, for at most the grace period"
+        );
+        let detached = tokio::select! {
+            // Detach first, whatever else is ready.
+            biased;
+            detached = self.mounted.detach(grace) => detached,
+            // A second SIGTERM or Ctrl-C ends the grace period.
+            signal = wait_for_signal() => signal.map(|()| Detached::GraceExpired),
+        };
+        if let Ok(Detached::GraceExpired) = detached {
+            tracing::warn!(
+                grace = %humantime::format_duration(grace),
+                "files were still open under the mount at the end of the grace period (or a second signal): their reads fail from now on"
+            );
+        }
+        self.cache.stop_fills();
+        self.cache.flush().await;
+        for task in self.listeners {
+            let _ = task.await;
+        }
+        detached.map(drop).map_err(|source| DaemonError::Io {
+            what: "detaching the mount",
+            source,
+        })
     }
-    detached.map(drop).map_err(|source| DaemonError::Io {
-        what: "detaching the mount",
-        source,
-    })
 }
 
 /// Raises the soft limit of open files to the hard one, as the daemon holds a descriptor per
