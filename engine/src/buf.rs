@@ -1,7 +1,8 @@
 //! Page-aligned buffers for O_DIRECT I/O.
 //!
-//! A request owns its buffer while the kernel works on it and gets it back with the result, so
-//! no buffer is ever shared between userspace and an in-flight operation.
+//! A read owns its buffer while the kernel fills it and gets it back with the result, so no
+//! one sees bytes the kernel is still writing; a write shares its buffer (`Arc`), as the kernel
+//! only reads from it and the same block's bytes may be going to readers meanwhile.
 //!
 //! Block-sized buffers (1 MiB and up) are mapped from the kernel and, when dropped, kept in a
 //! small pool for the next one of the same size: a fill or a block read reuses memory whose
