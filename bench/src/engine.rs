@@ -12,7 +12,7 @@ use larder_engine as engine;
 use larder_object::ObjectVersion;
 use larder_origin::Origin;
 use larder_read_path::{Cache, OpenObject, Reader};
-use larder_stats::Stats;
+use larder_stats::{OriginStats, Stats, StoreStats};
 use larder_store::format::{Entry, RecordHeader};
 use larder_store::{self as store, BlockStore, Lookup};
 use larder_tests::seaweed::Seaweed;
@@ -55,8 +55,8 @@ fn gib_per_s(bytes: u64, elapsed: Duration) -> f64 {
 async fn open_cache(config: &CacheConfig, origin: &OriginConfig) -> anyhow::Result<Cache> {
     let stats = Arc::new(Stats::default());
     let engine = engine::build(config.io_engine, config.io_queue_depth)?;
-    let store = Arc::new(BlockStore::open(config, engine, stats.clone()).await?);
-    Ok(Cache::new(store, origin, config.memory_limit, stats, None))
+    let store = Arc::new(BlockStore::open(config, engine, stats.store.clone()).await?);
+    Ok(Cache::new(store, origin, config.memory_limit, &stats, None))
 }
 
 /// Reads the whole object through a reader in 1 MiB requests, as the FUSE layer will.
@@ -178,7 +178,7 @@ fn synthesize_cache(dir: &Path, block_size: u64, blocks: u32) -> anyhow::Result<
 async fn restart_time(config: &CacheConfig, version: &ObjectVersion) -> anyhow::Result<(Duration, usize)> {
     let started = Instant::now();
     let engine = engine::build(config.io_engine, config.io_queue_depth)?;
-    let store = BlockStore::open(config, engine, Arc::new(Stats::default())).await?;
+    let store = BlockStore::open(config, engine, Arc::new(StoreStats::default())).await?;
     let hit = store.read_block(version, version.id(), 0).await;
     let elapsed = started.elapsed();
     anyhow::ensure!(
@@ -213,7 +213,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
         client.clone(),
         StorePath::default(),
         &origin_config,
-        Arc::new(Stats::default()),
+        Arc::new(OriginStats::default()),
     ));
     let object = OpenObject::new(origin.clone(), origin.head(KEY).await?);
     let restart_dir = tempfile::tempdir_in(&args.work_dir)?;

@@ -252,7 +252,7 @@ impl Daemon {
                     source,
                 }
             })?;
-        let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
+        let store = Arc::new(BlockStore::open(&config.cache, engine, stats.store.clone()).await?);
         let peers = Peers::new(&config.peer)?;
         let membership = peers.members.clone();
         let stop = CancellationToken::new();
@@ -269,7 +269,7 @@ impl Daemon {
                 peers.client.clone(),
                 members.clone(),
                 manifests.clone(),
-                stats.clone(),
+                &stats,
             )),
             members: Arc::new(members) as _,
         });
@@ -293,7 +293,7 @@ impl Daemon {
             store,
             &config.origin,
             config.cache.memory_limit,
-            stats.clone(),
+            &stats,
             peer_tier,
         );
         let sources = sources(config, &stats)?;
@@ -309,7 +309,7 @@ impl Daemon {
                     &config.origin,
                     cache.clone(),
                     &config.cache.dir,
-                    stats.clone(),
+                    &stats,
                 )?,
             )),
             None => None,
@@ -363,7 +363,12 @@ impl Daemon {
         ));
         let control = ControlServer::start(control, &config.control.socket, stop.clone())?;
         let passthrough = config.cache.passthrough;
-        let namespace = Arc::new(Namespace::new(sources, cache.clone(), passthrough));
+        let namespace = Arc::new(Namespace::new(
+            sources,
+            cache.clone(),
+            passthrough,
+            stats.mount.clone(),
+        ));
         let fuse_stats = stats.clone();
         let options = MountOptions {
             deadline: config.origin.read_deadline + Duration::from_secs(5),
@@ -610,7 +615,7 @@ impl Peers {
             self.members.clone(),
             cache.clone(),
             origins,
-            stats.clone(),
+            stats.peer.clone(),
         );
         let (service, limits) = (peer::listener::service(service), peer::listener::LIMITS);
         Ok(match self.acceptor.clone() {
@@ -646,7 +651,7 @@ fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, Configure
         .iter()
         .map(|source| {
             let origin =
-                Origin::from_config(source, &config.origin, stats.clone(), &env).map_err(Box::new)?;
+                Origin::from_config(source, &config.origin, stats.origin.clone(), &env).map_err(Box::new)?;
             let origin = Arc::new(origin);
             let ttl = (!source.immutable).then_some(source.metadata_ttl);
             Ok((source.name.clone(), ConfiguredSource { origin, ttl }))

@@ -685,19 +685,19 @@ mod tests {
     #[test]
     fn render_writes_every_family_with_help_type_and_values() {
         let stats = Stats::default();
-        larder_stats::add(&stats.served_nvme_bytes, 10);
-        larder_stats::add(&stats.served_origin_bytes, 32);
-        larder_stats::add(&stats.lookup_joined, 4);
-        larder_stats::add(&stats.origin_errors_version_changed, 5);
-        larder_stats::add(&stats.prefetch_done_bytes, 6);
-        larder_stats::add(&stats.passthrough_opens, 2);
-        larder_stats::add(&stats.passthrough_open_bytes, 7);
-        larder_stats::add(&stats.served_peer_bytes, 9);
-        larder_stats::add(&stats.peer_requests_bad_data, 3);
-        larder_stats::add(&stats.peer_fetched_bytes, 11);
-        larder_stats::add(&stats.peer_sent_bytes, 12);
-        larder_stats::add(&stats.peer_served_refused, 13);
-        larder_stats::add(&stats.origin_checks_mismatch, 14);
+        larder_stats::add(&stats.read.served_nvme_bytes, 10);
+        larder_stats::add(&stats.read.served_origin_bytes, 32);
+        larder_stats::add(&stats.read.lookup_joined, 4);
+        larder_stats::add(&stats.origin.origin_errors_version_changed, 5);
+        larder_stats::add(&stats.jobs.prefetch_done_bytes, 6);
+        larder_stats::add(&stats.mount.passthrough_opens, 2);
+        larder_stats::add(&stats.mount.passthrough_open_bytes, 7);
+        larder_stats::add(&stats.read.served_peer_bytes, 9);
+        larder_stats::add(&stats.peer.peer_requests_bad_data, 3);
+        larder_stats::add(&stats.peer.peer_fetched_bytes, 11);
+        larder_stats::add(&stats.peer.peer_sent_bytes, 12);
+        larder_stats::add(&stats.peer.peer_served_refused, 13);
+        larder_stats::add(&stats.read.origin_checks_mismatch, 14);
         stats.latency.fill_origin.observe(Duration::from_millis(20));
         stats.latency.fill_peer.observe(Duration::from_millis(3));
         stats
@@ -710,8 +710,8 @@ mod tests {
             member("c", MemberHealth::Down),
             member("d", MemberHealth::Down),
         ];
-        larder_stats::add(&stats.prefetch_jobs_running, 1);
-        larder_stats::add(&stats.prefetch_jobs_failed, 2);
+        larder_stats::add(&stats.jobs.prefetch_jobs_running, 1);
+        larder_stats::add(&stats.jobs.prefetch_jobs_failed, 2);
         larder_stats::add(&stats.prefetch_failed[1], 3);
         let text = render(&snapshot(&stats, &members));
 

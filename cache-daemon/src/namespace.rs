@@ -42,7 +42,7 @@ use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{ListEntry, Origin, OriginError, PageToken};
 use larder_peers::manifest::is_seal_key;
 use larder_read_path::{Cache, OpenObject, ReadError, Reader};
-use larder_stats::add;
+use larder_stats::{MountStats, add};
 use larder_store::Lease;
 use object_store::path::PathPart;
 use parking_lot::Mutex;
@@ -220,6 +220,8 @@ pub struct Namespace {
     next_fh: AtomicU64,
     /// Offer the kernel the data file of complete objects at open.
     passthrough: bool,
+    /// Counts the opens handed to the kernel.
+    stats: Arc<MountStats>,
     mounted_at: SystemTime,
 }
 
@@ -254,8 +256,14 @@ fn join(dir: &str, name: &str) -> String {
 impl Namespace {
     /// A tree over `sources` (name, source), reading through `cache`. With one source, its
     /// contents are the root; with several, each is a directory of the root. With
-    /// `passthrough`, opening a complete object offers the kernel its data file.
-    pub fn new(sources: Vec<(String, ConfiguredSource)>, cache: Cache, passthrough: bool) -> Self {
+    /// `passthrough`, opening a complete object offers the kernel its data file (counted in
+    /// `stats`).
+    pub fn new(
+        sources: Vec<(String, ConfiguredSource)>,
+        cache: Cache,
+        passthrough: bool,
+        stats: Arc<MountStats>,
+    ) -> Self {
         let root_source = (sources.len() == 1).then_some(0);
         let mounted_at = SystemTime::now();
         let mut inodes = Inodes::default();
@@ -277,6 +285,7 @@ impl Namespace {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             passthrough,
+            stats,
             mounted_at,
         }
     }
@@ -655,9 +664,8 @@ impl FileTree for Namespace {
         let Some(size) = self.handles.lock().get(&fh).map(|h| h.size) else {
             return;
         };
-        let stats = self.cache.stats();
-        add(&stats.passthrough_opens, 1);
-        add(&stats.passthrough_open_bytes, size);
+        add(&self.stats.passthrough_opens, 1);
+        add(&self.stats.passthrough_open_bytes, size);
     }
 
     async fn release(&self, fh: u64) {

@@ -528,8 +528,8 @@ impl Jobs {
             cancel: self.shutdown.child_token(),
         });
         self.jobs.lock().jobs.insert(job.id, job.clone());
-        add(&self.stats.prefetch_planned_bytes, planned);
-        add(&self.stats.prefetch_jobs_running, 1);
+        add(&self.stats.jobs.prefetch_planned_bytes, planned);
+        add(&self.stats.jobs.prefetch_jobs_running, 1);
         tracing::info!(
             job = job.id,
             objects = job.objects,
@@ -584,12 +584,12 @@ impl Jobs {
         job.finish(state);
         self.jobs.lock().finished(job.id);
         let stats = &self.stats;
-        stats.prefetch_jobs_running.fetch_sub(1, Ordering::Relaxed);
+        stats.jobs.prefetch_jobs_running.fetch_sub(1, Ordering::Relaxed);
         add(
             match state {
-                JobState::Failed => &stats.prefetch_jobs_failed,
-                JobState::Cancelled => &stats.prefetch_jobs_cancelled,
-                JobState::Done | JobState::Running => &stats.prefetch_jobs_done,
+                JobState::Failed => &stats.jobs.prefetch_jobs_failed,
+                JobState::Cancelled => &stats.jobs.prefetch_jobs_cancelled,
+                JobState::Done | JobState::Running => &stats.jobs.prefetch_jobs_done,
             },
             1,
         );
@@ -615,7 +615,7 @@ impl Jobs {
         match result {
             Ok(fetched) => {
                 job.done.fetch_add(len, Ordering::Relaxed);
-                add(&self.stats.prefetch_done_bytes, len);
+                add(&self.stats.jobs.prefetch_done_bytes, len);
                 if fetched {
                     job.fetched.fetch_add(len, Ordering::Relaxed);
                 }
@@ -644,10 +644,10 @@ impl Jobs {
         let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as usize;
         let stats = &self.stats;
         JobCounts {
-            running: count(&stats.prefetch_jobs_running),
-            done: count(&stats.prefetch_jobs_done),
-            failed: count(&stats.prefetch_jobs_failed),
-            cancelled: count(&stats.prefetch_jobs_cancelled),
+            running: count(&stats.jobs.prefetch_jobs_running),
+            done: count(&stats.jobs.prefetch_jobs_done),
+            failed: count(&stats.jobs.prefetch_jobs_failed),
+            cancelled: count(&stats.jobs.prefetch_jobs_cancelled),
         }
     }
 

@@ -12,7 +12,7 @@ use larder_config::IoEngineKind;
 use larder_engine::fault::{Fault, Op};
 use larder_fuse_mount::MountOptions;
 use larder_origin::Origin;
-use larder_stats::Stats;
+use larder_stats::OriginStats;
 use larder_tests::fixture::{CacheFixture, test_config};
 use larder_tests::{FaultPlan, S3Server, content, s3_client_with_secret, seed};
 use tracing::field::{Field, Visit};
@@ -103,6 +103,7 @@ async fn a_failed_read_is_logged_once_with_its_cause() {
         vec![("models".into(), source)],
         fixture.cache.clone(),
         false,
+        fixture.stats.mount.clone(),
     ));
     let mountpoint = dir.path().join("mnt");
     std::fs::create_dir(&mountpoint).expect("mkdir");
@@ -185,7 +186,7 @@ async fn a_denied_origin_is_named_in_one_warning() {
         client,
         Default::default(),
         &larder_config::OriginConfig::default(),
-        Arc::new(Stats::default()),
+        Arc::new(OriginStats::default()),
     );
     for _ in 0..3 {
         let error = origin.head("a.bin").await.expect_err("denied");
@@ -227,7 +228,7 @@ async fn a_cache_disk_that_fails_every_write_is_said_once_not_per_block() {
     assert!(bytes == content(seed(key, 0), 0, size), "wrong bytes");
     // The writes run after the reads are answered: wait for the last to be counted.
     let started = std::time::Instant::now();
-    while fixture.stats.cache_write_failures.load(Ordering::Relaxed) < 32 {
+    while fixture.stats.read.cache_write_failures.load(Ordering::Relaxed) < 32 {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(10),
             "32 failed writes were never counted"

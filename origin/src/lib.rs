@@ -24,7 +24,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use larder_config::{OriginConfig, Redacted, SourceConfig, SourceUrl};
 use larder_object::{Identity, ObjectVersion};
-use larder_stats::{Stats, add};
+use larder_stats::{OriginStats, add};
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 use object_store::{
@@ -277,7 +277,7 @@ pub struct Origin {
     budget: RetryBudget,
     request_timeout: Duration,
     deadline: Duration,
-    stats: Arc<Stats>,
+    stats: Arc<OriginStats>,
     /// Whether the first denied request was logged: later ones only reach the debug log.
     denied_logged: AtomicBool,
     /// Asks the store for the checksums it publishes (S3 and GCS only).
@@ -359,7 +359,7 @@ impl Origin {
     pub fn from_config(
         source: &SourceConfig,
         config: &OriginConfig,
-        stats: Arc<Stats>,
+        stats: Arc<OriginStats>,
         env: &Environment,
     ) -> Result<Self, OriginError> {
         install_crypto_provider();
@@ -583,7 +583,7 @@ impl Origin {
     }
 
     /// The counters it adds to.
-    pub fn stats(&self) -> &Arc<Stats> {
+    pub fn stats(&self) -> &Arc<OriginStats> {
         &self.stats
     }
 
@@ -641,7 +641,7 @@ impl Origin {
         store: Arc<dyn ObjectStore>,
         prefix: Path,
         config: &OriginConfig,
-        stats: Arc<Stats>,
+        stats: Arc<OriginStats>,
     ) -> Self {
         Self {
             name: name.to_owned(),

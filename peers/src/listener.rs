@@ -29,7 +29,7 @@ use larder_peer_proto::client::{KEEPALIVE_EVERY, RUN_HIT_HEADER};
 use larder_peer_proto::server::{Sender, authenticate, frame};
 use larder_peer_proto::wire::{HELLO_PATH, Hello, KEEPALIVE_INDEX, RUN_PATH, RunRequest, hello_rack};
 use larder_read_path::{Cache, OpenObject};
-use larder_stats::{Stats, add};
+use larder_stats::{PeerStats, add};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
@@ -64,7 +64,7 @@ pub struct PeerListener {
     members: Option<Membership>,
     cache: Cache,
     origins: HashMap<String, Arc<Origin>>,
-    stats: Arc<Stats>,
+    stats: Arc<PeerStats>,
     /// Answers in flight, by asking node.
     running: Mutex<HashMap<String, usize>>,
 }
@@ -97,7 +97,7 @@ impl PeerListener {
         members: Option<Membership>,
         cache: Cache,
         origins: HashMap<String, Arc<Origin>>,
-        stats: Arc<Stats>,
+        stats: Arc<PeerStats>,
     ) -> Arc<Self> {
         Arc::new(Self {
             verifier,

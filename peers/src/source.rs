@@ -15,7 +15,7 @@ use larder_peer_proto::owner::RunId;
 use larder_peer_proto::wire::{RunRequest, VersionTag};
 use larder_read_path::fill::{BlockSource, FillFor, NotNext, Provenance, Run};
 use larder_read_path::{OpenObject, ReadError, Source};
-use larder_stats::{Stats, add};
+use larder_stats::{Latencies, PeerStats, Stats, add};
 use larder_store::VerifiedBlock;
 
 use crate::manifest::Manifests;
@@ -27,18 +27,20 @@ pub struct PeerSource {
     client: Client,
     members: Membership,
     manifests: Manifests,
-    stats: Arc<Stats>,
+    stats: Arc<PeerStats>,
+    latency: Arc<Latencies>,
 }
 
 impl PeerSource {
     /// A peer tier asking `members` with `client`, checking blocks against the sealed
-    /// manifests `manifests` finds.
-    pub fn new(client: Client, members: Membership, manifests: Manifests, stats: Arc<Stats>) -> Self {
+    /// manifests `manifests` finds, counting in its part of `stats`.
+    pub fn new(client: Client, members: Membership, manifests: Manifests, stats: &Stats) -> Self {
         Self {
             client,
             members,
             manifests,
-            stats,
+            stats: stats.peer.clone(),
+            latency: stats.latency.clone(),
         }
     }
 
@@ -228,7 +230,7 @@ impl BlockSource for PeerSource {
                         &self.stats.peer_requests_filled
                     };
                     add(counter, 1);
-                    self.stats.latency.fill_peer.observe(started.elapsed());
+                    self.latency.fill_peer.observe(started.elapsed());
                     self.members.succeeded(&peer.id);
                     Ok(())
                 }

@@ -21,13 +21,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use larder_stats::Stats;
+use larder_stats::ReadStats;
 
 /// The budget. `used` is the stats' gauge itself, so metrics show the live figure.
 #[derive(Debug)]
 pub struct MemoryBudget {
     limit: u64,
-    stats: Arc<Stats>,
+    stats: Arc<ReadStats>,
     /// Charged bytes of blocks waiting for their cache write.
     writing: AtomicU64,
     /// The most bytes charged at once.
@@ -45,7 +45,7 @@ pub struct Charge {
 
 impl MemoryBudget {
     /// A budget of `limit` bytes, publishing its use in `stats`.
-    pub fn new(limit: u64, stats: Arc<Stats>) -> Arc<Self> {
+    pub fn new(limit: u64, stats: Arc<ReadStats>) -> Arc<Self> {
         stats.memory_limit_bytes.store(limit, Ordering::Relaxed);
         Arc::new(Self {
             limit,
@@ -216,7 +216,7 @@ mod tests {
     use super::*;
 
     fn budget(limit: u64) -> Arc<MemoryBudget> {
-        MemoryBudget::new(limit, Arc::new(Stats::default()))
+        MemoryBudget::new(limit, Arc::new(ReadStats::default()))
     }
 
     #[test]

@@ -496,7 +496,7 @@ impl Cache {
                     }
                     (Ok(()), false) => {
                         if source.kind() == Source::Origin {
-                            self.inner.stats.latency.fill_origin.observe(started.elapsed());
+                            self.inner.latency.fill_origin.observe(started.elapsed());
                         }
                         break;
                     }

@@ -47,7 +47,7 @@ use larder_config::{ByteSize, OriginConfig};
 use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{Origin, OriginError};
 use larder_stats::said::Throttled;
-use larder_stats::{Stats, add};
+use larder_stats::{Latencies, ReadStats, Stats, add};
 use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
@@ -195,7 +195,9 @@ struct Inner {
     budget: Arc<MemoryBudget>,
     part_blocks: u32,
     readahead: Range<u64>,
-    stats: Arc<Stats>,
+    stats: Arc<ReadStats>,
+    /// How long fills take.
+    latency: Arc<Latencies>,
     /// The runtime the cache was made in, and its tasks on it.
     runtime: Handle,
     tasks: TaskTracker,
@@ -292,7 +294,7 @@ impl Cache {
         store: Arc<BlockStore>,
         config: &OriginConfig,
         memory_limit: ByteSize,
-        stats: Arc<Stats>,
+        stats: &Stats,
         peers: Option<PeerTier>,
     ) -> Self {
         let block_size = store.block_size();
@@ -306,7 +308,7 @@ impl Cache {
         // The readahead fetches no further than what can be kept in memory for its reader
         // (see [`Kept`]): a block fetched further ahead would be read back from disk.
         let readahead_max = readahead_max.min(memory_limit / 2).max(block_size);
-        let slots = Slots::new(config.concurrency, config.read_deadline / 4, stats.clone());
+        let slots = Slots::new(config.concurrency, config.read_deadline / 4, stats.read.clone());
         let origin = OriginSource::new(slots);
         let (peer_source, members) = peers.map(|p| (p.source, p.members)).unzip();
         Self {
@@ -316,10 +318,11 @@ impl Cache {
                 inflight: Mutex::new(HashMap::new()),
                 failed: Lately::default(),
                 unstored: Lately::default(),
-                budget: MemoryBudget::new(memory_limit, stats.clone()),
+                budget: MemoryBudget::new(memory_limit, stats.read.clone()),
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
-                stats,
+                stats: stats.read.clone(),
+                latency: stats.latency.clone(),
                 runtime: Handle::current(),
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
@@ -341,11 +344,6 @@ impl Cache {
     /// The block store underneath.
     pub fn store(&self) -> &Arc<BlockStore> {
         &self.inner.store
-    }
-
-    /// The counters it adds to.
-    pub fn stats(&self) -> &Arc<Stats> {
-        &self.inner.stats
     }
 
     /// The memory budget of its blocks.
@@ -684,7 +682,7 @@ impl Cache {
     fn disk_hit(&self, hit: Hit, index: u32, offset: usize, started: Instant) -> Block {
         let Hit { bytes, written, hash } = hit;
         let stats = &self.inner.stats;
-        stats.latency.fill_nvme.observe(started.elapsed());
+        self.inner.latency.fill_nvme.observe(started.elapsed());
         add(&stats.lookup_hit, 1);
         let charge = self.inner.budget.charge(bytes.len() as u64);
         Block {

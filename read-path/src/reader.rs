@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use larder_stats::{Stats, add};
+use larder_stats::{ReadStats, add};
 use larder_store::BlockHold;
 use larder_store::Fetched;
 use parking_lot::Mutex;
@@ -260,7 +260,7 @@ impl Span {
     /// A block read from disk that this process stored after the reader's file was opened (at
     /// the store's generation `opened`; readahead's, most often) counts where it was fetched
     /// from: only bytes on the node before the open are hits.
-    fn assemble(&self, blocks: &[Block], stats: &Stats, opened: u64) -> Bytes {
+    fn assemble(&self, blocks: &[Block], stats: &ReadStats, opened: u64) -> Bytes {
         let slice = |block: &Block| {
             let from = self.offset.saturating_sub(block.start) as usize;
             let to = ((self.end - block.start) as usize).min(block.bytes.len());

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use larder_stats::Stats;
+use larder_stats::ReadStats;
 use parking_lot::Mutex;
 use tokio::sync::{AcquireError, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
@@ -32,7 +32,7 @@ pub struct Slots {
     slow: Duration,
     state: Mutex<State>,
     /// Where the slots and the most requests in flight at once since start are shown.
-    stats: Arc<Stats>,
+    stats: Arc<ReadStats>,
 }
 
 #[derive(Debug)]
@@ -58,7 +58,7 @@ pub struct Slot<'a> {
 impl Slots {
     /// At most `max` slots (at least 1), starting at `max`; a request slower than `slow`
     /// counts as starved. Shown in `stats`.
-    pub fn new(max: usize, slow: Duration, stats: Arc<Stats>) -> Self {
+    pub fn new(max: usize, slow: Duration, stats: Arc<ReadStats>) -> Self {
         let max = max.max(1);
         stats.origin_slots.store(max as u64, Ordering::Relaxed);
         Self {
@@ -183,7 +183,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn starved_requests_halve_the_slots_once_a_moment_and_fast_ones_add_them_back() {
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(ReadStats::default());
         let slots = Slots::new(16, SLOW, stats.clone());
         assert_eq!(round(&slots, Duration::from_secs(1), true).await, 16);
         // 16 slow requests ending together: one cut, to 8.

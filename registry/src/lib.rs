@@ -40,7 +40,7 @@ use larder_object::{Identity, ObjectId, ObjectVersion};
 use larder_origin::Origin;
 use larder_read_path::budget::MemoryBudget;
 use larder_read_path::{Cache, OpenObject, ReadError};
-use larder_stats::{Stats, add};
+use larder_stats::{RegistryStats, Stats, add};
 use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};
 
@@ -224,7 +224,7 @@ pub struct Mirror {
     cache: Cache,
     index: Arc<Index>,
     tag_ttl: Duration,
-    stats: Arc<Stats>,
+    stats: Arc<RegistryStats>,
     verified: Mutex<HashMap<ObjectId, Verified>>,
     checks: Mutex<HashMap<ObjectId, Check>>,
 }
@@ -282,7 +282,7 @@ impl Mirror {
         origin: &OriginConfig,
         cache: Cache,
         cache_dir: &Path,
-        stats: Arc<Stats>,
+        stats: &Stats,
     ) -> Result<Arc<Self>, SetupError> {
         let credentials = match &config.credentials {
             Some(path) => {
@@ -317,7 +317,7 @@ impl Mirror {
                 base,
                 auth,
                 token_hosts.clone(),
-                stats.clone(),
+                stats.origin.clone(),
             )?);
             let store = Arc::new(UpstreamStore::new(upstream.clone()));
             let origin = Arc::new(
@@ -327,7 +327,7 @@ impl Mirror {
                     store,
                     object_store::path::Path::default(),
                     origin,
-                    stats.clone(),
+                    stats.origin.clone(),
                 )
                 .with_content_names(content_at),
             );
@@ -338,7 +338,7 @@ impl Mirror {
             cache,
             index: Index::open(cache_dir),
             tag_ttl: config.tag_ttl,
-            stats,
+            stats: stats.registry.clone(),
             verified: Mutex::new(HashMap::new()),
             checks: Mutex::new(HashMap::new()),
         }))

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use larder_stats::{Stats, add};
+use larder_stats::{OriginStats, add};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
@@ -140,7 +140,7 @@ pub struct Upstream {
     withheld: AtomicBool,
     /// Where its HEADs and their failures are counted, as origin requests (its GETs are
     /// counted by the [`larder_origin::Origin`] over its [`UpstreamStore`]).
-    stats: Arc<Stats>,
+    stats: Arc<OriginStats>,
 }
 
 impl fmt::Debug for Upstream {
@@ -178,7 +178,7 @@ impl Upstream {
         base: Url,
         auth: Option<&str>,
         token_hosts: Arc<[String]>,
-        stats: Arc<Stats>,
+        stats: Arc<OriginStats>,
     ) -> Result<Self, SetupError> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))

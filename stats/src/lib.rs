@@ -1,13 +1,16 @@
-//! Counters kept by the daemon: bytes served by source, lookups by result, passthrough opens,
-//! origin requests and errors, cache writes and evictions, prefetch progress; and latency
-//! histograms ([`Histogram`]) of fills and FUSE requests. Every part of the daemon counts
-//! here; the metrics endpoint and `larder status` read [`StatsSnapshot`]s; tests assert on them.
-//! This module depends on nothing else in the daemon.
+//! Counters kept by the daemon, one set per layer: the block store's ([`StoreStats`]), the
+//! origins' ([`OriginStats`]), the read path's ([`ReadStats`]), the peer tier's
+//! ([`PeerStats`]), the mount's ([`MountStats`]), the prefetch jobs' ([`JobStats`]) and the
+//! registry mirror's ([`RegistryStats`]); and latency histograms ([`Histogram`]) of fills and
+//! FUSE requests. Each layer is handed its own part of the [`Stats`] the binary makes, and
+//! counts only there; the metrics endpoint and `larder status` read the whole as one
+//! [`StatsSnapshot`]; tests assert on them.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod said;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -15,21 +18,36 @@ use larder_control_api::FailureCause;
 use larder_fuse_mount::Operation;
 
 macro_rules! counters {
-    ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
-        /// Live counters and histograms, shared by every part of the daemon.
+    ($(
+        $(#[doc = $layer_doc:literal])*
+        $field:ident: $layer:ident {
+            $( $(#[doc = $doc:literal])* $name:ident ),* $(,)?
+        }
+    )*) => {
+        $(
+            $(#[doc = $layer_doc])*
+            #[derive(Debug, Default)]
+            pub struct $layer {
+                $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+            }
+        )*
+
+        /// Every layer's counters and the latency histograms: the binary makes one and hands
+        /// each layer its own part.
         #[derive(Debug, Default)]
         pub struct Stats {
-            $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+            $( #[doc = concat!("See [`", stringify!($layer), "`].")] pub $field: Arc<$layer>, )*
             /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
             pub prefetch_failed: [AtomicU64; FailureCause::ALL.len()],
-            /// Latency histograms.
-            pub latency: Latencies,
+            /// Latency histograms of fills (read path, peer tier) and of FUSE requests.
+            pub latency: Arc<Latencies>,
         }
 
-        /// A copy of [`Stats`] at one instant.
+        /// A copy of every layer's counters at one instant, side by side, as the metrics
+        /// endpoint and `larder status` render them.
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct StatsSnapshot {
-            $( $(#[doc = $doc])* pub $name: u64, )*
+            $( $( $(#[doc = $doc])* pub $name: u64, )* )*
             /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
             pub prefetch_failed: [u64; FailureCause::ALL.len()],
             /// Latency histograms.
@@ -40,7 +58,7 @@ macro_rules! counters {
             /// Reads every counter and histogram.
             pub fn snapshot(&self) -> StatsSnapshot {
                 StatsSnapshot {
-                    $( $name: self.$name.load(Ordering::Relaxed), )*
+                    $( $( $name: self.$field.$name.load(Ordering::Relaxed), )* )*
                     prefetch_failed: std::array::from_fn(|i| self.prefetch_failed[i].load(Ordering::Relaxed)),
                     latency: self.latency.snapshot(),
                 }
@@ -50,142 +68,163 @@ macro_rules! counters {
 }
 
 counters! {
-    /// The origin's fill slots now (a gauge; see `cache/slots.rs`).
-    origin_slots,
-    /// The most origin fills in flight at once since start (a gauge).
-    origin_fills_peak,
-    /// Bytes handed to readers that came from the NVMe block store.
-    served_nvme_bytes,
-    /// Bytes handed to readers that came from the origin (including joined in-flight fills).
-    served_origin_bytes,
-    /// Bytes handed to readers that came from a rack peer (including joined in-flight fills).
-    served_peer_bytes,
-    /// Block bytes received from rack peers and checked: bytes the origin did not have to send.
-    peer_fetched_bytes,
-    /// The part of them received from members of other racks: across the spine.
-    peer_fetched_across_racks_bytes,
-    /// Block bytes this node sent to rack peers.
-    peer_sent_bytes,
-    /// Run requests to peers answered with blocks the peer had cached.
-    peer_requests_hit,
-    /// Run requests to peers answered with blocks the peer filled from its origin (or joined).
-    peer_requests_filled,
-    /// Run requests to peers that had no owner to ask or that the owner declined (404/503).
-    peer_requests_miss,
-    /// Run requests not sent because the member's circuit was open, or refused at connect.
-    peer_requests_refused,
-    /// Run requests whose answer did not start or stalled past its deadline.
-    peer_requests_timeout,
-    /// Blocks taken from the origin because the run's owner was late, before the owner was
-    /// asked again for the rest of the run.
-    peer_hedged_blocks,
-    /// Run requests the peer refused as unauthenticated (401), or answers whose tags failed.
-    peer_requests_unauthorized,
-    /// Answers with a block whose bytes did not match its hash or the sealed manifest.
-    peer_requests_bad_data,
-    /// Requests from peers that this node refused (bad MAC, stale, replayed, malformed).
-    peer_served_refused,
-    /// Objects completed with blocks from rack peers whose origin MD5 (ETag) matched, or whose
-    /// blocks were each compared with the origin's.
-    origin_checks_match,
-    /// Objects completed with blocks from rack peers whose origin CRC matched, the origin
-    /// publishing nothing stronger: no accident, but a member could have chosen the bytes.
-    origin_checks_crc_only,
-    /// Objects completed with blocks from rack peers whose origin checksum did not match:
-    /// those blocks were dropped.
-    origin_checks_mismatch,
-    /// Objects completed with blocks from rack peers with no origin checksum to check.
-    origin_checks_unchecked,
-    /// Bytes the origin checks read back from the cache.
-    origin_check_read_bytes,
-    /// Block lookups answered by the block store.
-    lookup_hit,
-    /// Block lookups that started a fill.
-    lookup_miss,
-    /// Block lookups that joined a fill already in flight (started by the readahead, by a fill
-    /// of an earlier block of the same part, by another reader or by a prefetch job).
-    lookup_joined,
-    /// Blocks read from disk whose BLAKE3 did not match the record: dropped and refetched.
-    lookup_corrupt,
-    /// Block reads from disk that failed with an I/O error: treated as misses.
-    cache_read_errors,
-    /// Blocks whose fill the readahead started before a read asked for them.
-    readahead_blocks,
-    /// Blocks the readahead (or a fill's run past the block asked for) did not fetch because
-    /// they did not fit the memory budget.
-    readahead_held_back,
-    /// Block bytes in memory, charged to the memory budget (a gauge).
-    memory_used_bytes,
-    /// The memory budget, `cache.memory_limit` (a gauge).
-    memory_limit_bytes,
-    /// Times a prefetch job waited for room in the memory budget, or a fill for the cache
-    /// writes to catch up.
-    memory_waits,
-    /// Opens of complete files handed to the kernel (FUSE passthrough): their reads never
-    /// reach the daemon.
-    passthrough_opens,
-    /// Sizes of the files opened in passthrough, summed: an upper bound on the bytes read
-    /// that way.
-    passthrough_open_bytes,
-    /// Ranged GETs sent to origins (every attempt).
-    origin_get_requests,
-    /// HEAD requests sent to origins.
-    origin_head_requests,
-    /// LIST requests sent to origins.
-    origin_list_requests,
-    /// PUT requests sent to origins (seal manifests).
-    origin_put_requests,
-    /// Attempts that were retries of an earlier one.
-    origin_retries,
-    /// Body bytes received from origins.
-    origin_bytes,
-    /// Origin answers: not found.
-    origin_errors_not_found,
-    /// Origin answers: permission denied or unauthenticated.
-    origin_errors_permission,
-    /// Origin answers: the pinned version changed.
-    origin_errors_version_changed,
-    /// Transient failures (5xx, resets, timeouts, short bodies), retried or not.
-    origin_errors_transient,
-    /// Other origin errors (bad request, unsupported operation).
-    origin_errors_other,
-    /// Block bytes written to the block store.
-    cache_write_bytes,
-    /// Block writes that failed (disk full, I/O error); the read was still served.
-    cache_write_failures,
-    /// Block writes skipped because no space could be freed (everything pinned or in use).
-    cache_writes_skipped,
-    /// Blocks evicted to make room.
-    evicted_blocks,
-    /// Bytes evicted to make room.
-    evicted_bytes,
-    /// Bytes that prefetch jobs set out to bring into the cache.
-    prefetch_planned_bytes,
-    /// Bytes that prefetch jobs have brought into the cache (or found there).
-    prefetch_done_bytes,
-    /// Prefetch jobs filling now (a gauge).
-    prefetch_jobs_running,
-    /// Prefetch jobs that ended with every block cached.
-    prefetch_jobs_done,
-    /// Prefetch jobs that ended with objects not cached.
-    prefetch_jobs_failed,
-    /// Prefetch jobs stopped before the end (cancelled, or the daemon stopped).
-    prefetch_jobs_cancelled,
-    /// Manifest requests to the registry mirror.
-    registry_manifest_requests,
-    /// Blob requests to the registry mirror.
-    registry_blob_requests,
-    /// Registry mirror requests refused: not the pull API's grammar, or a registry that is not
-    /// configured upstream.
-    registry_refused,
-    /// Bytes of verified manifests and blobs the registry mirror sent.
-    registry_sent_bytes,
-    /// Checks of content against its digest (a SHA-256 pass over it, read from the cache).
-    registry_digest_checks,
-    /// Content whose upstream bytes did not match its digest (dropped, fetched again).
-    registry_digest_mismatches,
-    /// Tags served as last resolved because their upstream could not be reached.
-    registry_stale_tags,
+    /// The block store's: what it wrote and evicted.
+    store: StoreStats {
+        /// Block bytes written to the block store.
+        cache_write_bytes,
+        /// Blocks evicted to make room.
+        evicted_blocks,
+        /// Bytes evicted to make room.
+        evicted_bytes,
+    }
+    /// The origins' (the registry's upstreams count here too): requests, bytes, errors.
+    origin: OriginStats {
+        /// Ranged GETs sent to origins (every attempt).
+        origin_get_requests,
+        /// HEAD requests sent to origins.
+        origin_head_requests,
+        /// LIST requests sent to origins.
+        origin_list_requests,
+        /// PUT requests sent to origins (seal manifests).
+        origin_put_requests,
+        /// Attempts that were retries of an earlier one.
+        origin_retries,
+        /// Body bytes received from origins.
+        origin_bytes,
+        /// Origin answers: not found.
+        origin_errors_not_found,
+        /// Origin answers: permission denied or unauthenticated.
+        origin_errors_permission,
+        /// Origin answers: the pinned version changed.
+        origin_errors_version_changed,
+        /// Transient failures (5xx, resets, timeouts, short bodies), retried or not.
+        origin_errors_transient,
+        /// Other origin errors (bad request, unsupported operation).
+        origin_errors_other,
+    }
+    /// The read path's: bytes served by source, lookups, fills, the memory budget, the origin check of blocks from rack peers, cache writes that failed.
+    read: ReadStats {
+        /// The origin's fill slots now (a gauge; see `cache/slots.rs`).
+        origin_slots,
+        /// The most origin fills in flight at once since start (a gauge).
+        origin_fills_peak,
+        /// Bytes handed to readers that came from the NVMe block store.
+        served_nvme_bytes,
+        /// Bytes handed to readers that came from the origin (including joined in-flight fills).
+        served_origin_bytes,
+        /// Bytes handed to readers that came from a rack peer (including joined in-flight fills).
+        served_peer_bytes,
+        /// Blocks taken from the origin because the run's owner was late, before the owner was
+        /// asked again for the rest of the run.
+        peer_hedged_blocks,
+        /// Objects completed with blocks from rack peers whose origin MD5 (ETag) matched, or whose
+        /// blocks were each compared with the origin's.
+        origin_checks_match,
+        /// Objects completed with blocks from rack peers whose origin CRC matched, the origin
+        /// publishing nothing stronger: no accident, but a member could have chosen the bytes.
+        origin_checks_crc_only,
+        /// Objects completed with blocks from rack peers whose origin checksum did not match:
+        /// those blocks were dropped.
+        origin_checks_mismatch,
+        /// Objects completed with blocks from rack peers with no origin checksum to check.
+        origin_checks_unchecked,
+        /// Bytes the origin checks read back from the cache.
+        origin_check_read_bytes,
+        /// Block lookups answered by the block store.
+        lookup_hit,
+        /// Block lookups that started a fill.
+        lookup_miss,
+        /// Block lookups that joined a fill already in flight (started by the readahead, by a fill
+        /// of an earlier block of the same part, by another reader or by a prefetch job).
+        lookup_joined,
+        /// Blocks read from disk whose BLAKE3 did not match the record: dropped and refetched.
+        lookup_corrupt,
+        /// Block reads from disk that failed with an I/O error: treated as misses.
+        cache_read_errors,
+        /// Blocks whose fill the readahead started before a read asked for them.
+        readahead_blocks,
+        /// Blocks the readahead (or a fill's run past the block asked for) did not fetch because
+        /// they did not fit the memory budget.
+        readahead_held_back,
+        /// Block bytes in memory, charged to the memory budget (a gauge).
+        memory_used_bytes,
+        /// The memory budget, `cache.memory_limit` (a gauge).
+        memory_limit_bytes,
+        /// Times a prefetch job waited for room in the memory budget, or a fill for the cache
+        /// writes to catch up.
+        memory_waits,
+        /// Block writes that failed (disk full, I/O error); the read was still served.
+        cache_write_failures,
+        /// Block writes skipped because no space could be freed (everything pinned or in use).
+        cache_writes_skipped,
+    }
+    /// The rack peer tier's: runs asked of members and answered to them.
+    peer: PeerStats {
+        /// Block bytes received from rack peers and checked: bytes the origin did not have to send.
+        peer_fetched_bytes,
+        /// The part of them received from members of other racks: across the spine.
+        peer_fetched_across_racks_bytes,
+        /// Block bytes this node sent to rack peers.
+        peer_sent_bytes,
+        /// Run requests to peers answered with blocks the peer had cached.
+        peer_requests_hit,
+        /// Run requests to peers answered with blocks the peer filled from its origin (or joined).
+        peer_requests_filled,
+        /// Run requests to peers that had no owner to ask or that the owner declined (404/503).
+        peer_requests_miss,
+        /// Run requests not sent because the member's circuit was open, or refused at connect.
+        peer_requests_refused,
+        /// Run requests whose answer did not start or stalled past its deadline.
+        peer_requests_timeout,
+        /// Run requests the peer refused as unauthenticated (401), or answers whose tags failed.
+        peer_requests_unauthorized,
+        /// Answers with a block whose bytes did not match its hash or the sealed manifest.
+        peer_requests_bad_data,
+        /// Requests from peers that this node refused (bad MAC, stale, replayed, malformed).
+        peer_served_refused,
+    }
+    /// The mount's: files handed to the kernel.
+    mount: MountStats {
+        /// Opens of complete files handed to the kernel (FUSE passthrough): their reads never
+        /// reach the daemon.
+        passthrough_opens,
+        /// Sizes of the files opened in passthrough, summed: an upper bound on the bytes read
+        /// that way.
+        passthrough_open_bytes,
+    }
+    /// The prefetch jobs'.
+    jobs: JobStats {
+        /// Bytes that prefetch jobs set out to bring into the cache.
+        prefetch_planned_bytes,
+        /// Bytes that prefetch jobs have brought into the cache (or found there).
+        prefetch_done_bytes,
+        /// Prefetch jobs filling now (a gauge).
+        prefetch_jobs_running,
+        /// Prefetch jobs that ended with every block cached.
+        prefetch_jobs_done,
+        /// Prefetch jobs that ended with objects not cached.
+        prefetch_jobs_failed,
+        /// Prefetch jobs stopped before the end (cancelled, or the daemon stopped).
+        prefetch_jobs_cancelled,
+    }
+    /// The registry mirror's.
+    registry: RegistryStats {
+        /// Manifest requests to the registry mirror.
+        registry_manifest_requests,
+        /// Blob requests to the registry mirror.
+        registry_blob_requests,
+        /// Registry mirror requests refused: not the pull API's grammar, or a registry that is not
+        /// configured upstream.
+        registry_refused,
+        /// Bytes of verified manifests and blobs the registry mirror sent.
+        registry_sent_bytes,
+        /// Checks of content against its digest (a SHA-256 pass over it, read from the cache).
+        registry_digest_checks,
+        /// Content whose upstream bytes did not match its digest (dropped, fetched again).
+        registry_digest_mismatches,
+        /// Tags served as last resolved because their upstream could not be reached.
+        registry_stale_tags,
+    }
 }
 
 /// Upper bounds of the histogram buckets: in nanoseconds, and as Prometheus writes them in

@@ -48,7 +48,7 @@ use larder_config::CacheConfig;
 use larder_engine::{ALIGN, AlignedBuf, IoEngine, align_up};
 use larder_object::crc::BlockCrcs;
 use larder_object::{ObjectId, ObjectVersion};
-use larder_stats::{Stats, add};
+use larder_stats::{StoreStats, add};
 use parking_lot::Mutex;
 use rustix::fs::{FallocateFlags, OFlags};
 use tokio::sync::OnceCell;
@@ -439,7 +439,7 @@ pub struct BlockStore {
     min_free_fraction: f64,
     verify: bool,
     state: Mutex<State>,
-    stats: Arc<Stats>,
+    stats: Arc<StoreStats>,
 }
 
 impl BlockStore {
@@ -448,7 +448,7 @@ impl BlockStore {
     pub async fn open(
         config: &CacheConfig,
         engine: Arc<dyn IoEngine>,
-        stats: Arc<Stats>,
+        stats: Arc<StoreStats>,
     ) -> Result<Self, StoreError> {
         let config = config.clone();
         let opened = tokio::task::spawn_blocking(move || Self::open_blocking(&config, engine, stats)).await;
@@ -464,7 +464,7 @@ impl BlockStore {
     fn open_blocking(
         config: &CacheConfig,
         engine: Arc<dyn IoEngine>,
-        stats: Arc<Stats>,
+        stats: Arc<StoreStats>,
     ) -> Result<Self, StoreError> {
         let store = Self {
             held: Arc::new(HeldDir::lock(&config.dir)?),

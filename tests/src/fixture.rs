@@ -84,20 +84,14 @@ impl CacheFixture {
             faults.clone(),
             Default::default(),
             &config.origin,
-            stats.clone(),
+            stats.origin.clone(),
         ));
         let disk = FaultyEngine::new(engine::build(
             config.cache.io_engine,
             config.cache.io_queue_depth,
         )?);
-        let store = Arc::new(BlockStore::open(&config.cache, disk.clone(), stats.clone()).await?);
-        let cache = Cache::new(
-            store,
-            &config.origin,
-            config.cache.memory_limit,
-            stats.clone(),
-            None,
-        );
+        let store = Arc::new(BlockStore::open(&config.cache, disk.clone(), stats.store.clone()).await?);
+        let cache = Cache::new(store, &config.origin, config.cache.memory_limit, &stats, None);
         Ok(Self {
             server,
             faults,

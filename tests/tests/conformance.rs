@@ -22,7 +22,7 @@ use larder_config::{OriginConfig, SourceConfig};
 use larder_object::ObjectVersion;
 use larder_origin::environment::Environment;
 use larder_origin::{ListEntry, Origin, OriginError, PAGE_KEYS};
-use larder_stats::Stats;
+use larder_stats::OriginStats;
 use larder_tests::azurite::{self, Azurite};
 use larder_tests::gcs::FakeGcs;
 use larder_tests::seaweed::Seaweed;
@@ -212,8 +212,13 @@ impl Store {
 
     fn origin_at(&self, url: &str, env: &Environment) -> Origin {
         let source = SourceConfig::new("conformance", url);
-        Origin::from_config(&source, &OriginConfig::default(), Arc::new(Stats::default()), env)
-            .expect("origin")
+        Origin::from_config(
+            &source,
+            &OriginConfig::default(),
+            Arc::new(OriginStats::default()),
+            env,
+        )
+        .expect("origin")
     }
 
     fn origin(&self) -> Origin {
@@ -400,7 +405,7 @@ async fn an_http_origin_signs_in_with_the_user_and_password_of_its_url() {
     let origin = Origin::from_config(
         &source,
         &OriginConfig::default(),
-        Arc::new(Stats::default()),
+        Arc::new(OriginStats::default()),
         &Environment::default(),
     )
     .expect("origin");
@@ -467,7 +472,7 @@ async fn gcs_signs_with_the_service_account_key_file_named() {
     let origin = Origin::from_config(
         &source,
         &OriginConfig::default(),
-        Arc::new(Stats::default()),
+        Arc::new(OriginStats::default()),
         &env,
     )
     .expect("origin");

@@ -10,7 +10,7 @@ use larder_engine as engine;
 use larder_origin::environment::Environment;
 use larder_origin::{ListEntry, Origin, OriginError};
 use larder_read_path::{Cache, OpenObject, Reader};
-use larder_stats::Stats;
+use larder_stats::{OriginStats, Stats};
 use larder_store::BlockStore;
 use larder_tests::fixture::test_config;
 use larder_tests::{FaultPlan, FaultStore, RequestKind, S3Server, content, seed};
@@ -25,7 +25,7 @@ fn origin_over(store: Arc<dyn object_store::ObjectStore>, prefix: &str) -> Origi
         store,
         Path::from(prefix),
         &OriginConfig::default(),
-        Arc::new(Stats::default()),
+        Arc::new(OriginStats::default()),
     )
 }
 
@@ -157,7 +157,7 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
         Origin::from_config(
             &config.sources[0],
             &config.origin,
-            stats.clone(),
+            stats.origin.clone(),
             &Environment::default(),
         )
         .expect("origin"),
@@ -169,11 +169,11 @@ async fn a_local_directory_source_is_built_from_its_url_and_served() {
     let version = origin.head("datasets/shard-0.bin").await.expect("head");
     let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth).expect("engine");
     let store = Arc::new(
-        BlockStore::open(&config.cache, engine, stats.clone())
+        BlockStore::open(&config.cache, engine, stats.store.clone())
             .await
             .expect("store"),
     );
-    let cache = Cache::new(store, &config.origin, config.cache.memory_limit, stats, None);
+    let cache = Cache::new(store, &config.origin, config.cache.memory_limit, &stats, None);
     let object = OpenObject::new(origin, version);
     let got = Reader::new(cache, object).read(0, size).await.expect("read");
     assert!(got == content(seed("local", 0), 0, size));
@@ -186,7 +186,7 @@ fn unusable_source_urls_are_config_errors() {
         let error = Origin::from_config(
             &source,
             &OriginConfig::default(),
-            Arc::new(Stats::default()),
+            Arc::new(OriginStats::default()),
             &Environment::default(),
         )
         .expect_err(url);
@@ -213,7 +213,7 @@ async fn the_retry_budget_gets_ratio_tokens_per_first_attempt_and_a_trickle() {
         backoff_max: Duration::ZERO,
         ..OriginConfig::default()
     };
-    let stats = Arc::new(Stats::default());
+    let stats = Arc::new(OriginStats::default());
     let origin = Origin::new(
         "models",
         "s3://larder-test",

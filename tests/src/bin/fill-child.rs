@@ -29,12 +29,12 @@ async fn main() -> anyhow::Result<()> {
     let origin = Arc::new(Origin::from_config(
         &config.sources[0],
         &config.origin,
-        stats.clone(),
+        stats.origin.clone(),
         &Environment::process(),
     )?);
     let engine = engine::build(config.cache.io_engine, config.cache.io_queue_depth)?;
-    let store = Arc::new(BlockStore::open(&config.cache, engine, stats.clone()).await?);
-    let cache = Cache::new(store, &config.origin, config.cache.memory_limit, stats, None);
+    let store = Arc::new(BlockStore::open(&config.cache, engine, stats.store.clone()).await?);
+    let cache = Cache::new(store, &config.origin, config.cache.memory_limit, &stats, None);
     let object = OpenObject::new(origin.clone(), origin.head(key).await?);
     let mut announced = false;
     loop {
