@@ -53,8 +53,8 @@ pub(crate) struct ImagesArgs {
     /// Bytes of layers per platform of the two-platform image.
     #[arg(long, default_value = "1GiB")]
     layers: ByteSize,
-    /// Rounds; the report gives the median and the spread.
-    #[arg(long, default_value_t = 3)]
+    /// Rounds (BENCH.md asks for at least 5); the report gives the median and the spread.
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// The `larder` binary under test.
     #[arg(long, default_value = "target/release/larder")]
