@@ -160,6 +160,12 @@ impl BlockSource for PeerSource {
         Source::Peer
     }
 
+    /// A member of another rack asked this node for the run: filled from the origin only, so
+    /// that no request is passed on twice (see [`FillFor::Peer`]).
+    fn serves(&self, fill_for: FillFor) -> bool {
+        fill_for != FillFor::Peer { relay: false }
+    }
+
     fn fetch<'a>(
         &'a self,
         object: &'a OpenObject,

@@ -33,6 +33,12 @@ pub trait BlockSource: Send + Sync + std::fmt::Debug {
     /// What the bytes it supplies count as.
     fn kind(&self) -> Source;
 
+    /// Whether it is asked for a fill for `fill_for` (every fill, unless it says otherwise).
+    fn serves(&self, fill_for: FillFor) -> bool {
+        let _ = fill_for;
+        true
+    }
+
     /// Fetches `range` (block-aligned at its start) of `object` into `run`.
     fn fetch<'a>(
         &'a self,
@@ -460,7 +466,7 @@ impl Cache {
                 .inner
                 .sources
                 .iter()
-                .filter(|source| fill_for != FillFor::Peer { relay: false } || source.kind() != Source::Peer)
+                .filter(|source| source.serves(fill_for))
                 .collect();
             let mut tier = 0;
             while let Some(source) = sources.get(tier) {
@@ -468,13 +474,13 @@ impl Cache {
                 if range.is_empty() {
                     break;
                 }
-                // A late owner is most likely slow, not gone, and already filling the run from
-                // the origin: this node takes one block from the origin, so its reader moves
-                // on, and asks the owner again for the rest, rather than fetch the whole run a
-                // second time. Each late answer costs one block; an owner late three times in a
-                // row has its circuit opened, and the run's next candidate is asked instead.
-                let hedge = source.kind() == Source::Origin
-                    && matches!(result, Err(ReadError::PeerLate(_)))
+                // A tier that answered late (a rack peer's owner) is most likely slow, not
+                // gone, and already filling the run: the next tier supplies one block, so the
+                // reader moves on, and the late one is asked again for the rest, rather than
+                // the whole run fetched a second time. Each late answer costs one block; an
+                // owner late three times in a row has its circuit opened, and the run's next
+                // candidate is asked instead.
+                let hedge = matches!(result, Err(ReadError::PeerLate(_)))
                     && range.end - range.start > run.block_size();
                 if hedge {
                     range.end = range.start + run.block_size();
@@ -489,10 +495,7 @@ impl Cache {
                 match (&result, hedge) {
                     (Ok(()), true) => {
                         larder_stats::add(&self.inner.stats.peer_hedged_blocks, 1);
-                        tier = sources
-                            .iter()
-                            .position(|s| s.kind() == Source::Peer)
-                            .unwrap_or(tier);
+                        tier -= 1;
                     }
                     (Ok(()), false) => {
                         if source.kind() == Source::Origin {
