@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use larder_peer_proto::auth::{ClusterKey, RequestHead, header};
@@ -108,15 +108,35 @@ async fn origin_of(objects: &[(&str, u64, Upload)]) -> (Seaweed, RecordingProxy)
 
 /// Reads the model through every member's mount at once; panics on a wrong byte.
 fn read_everywhere(rack: &Rack, members: &[usize], size: u64) {
+    read_while(model_paths(rack, members), size, || {});
+}
+
+/// The model's path in the mount of each of `members`.
+fn model_paths(rack: &Rack, members: &[usize]) -> Vec<(usize, PathBuf)> {
+    members
+        .iter()
+        .map(|&i| (i, rack.daemon(i).mount.join(MODEL)))
+        .collect()
+}
+
+/// Reads the model at each of `readers` (member, path) at once while `during` runs, and waits
+/// for every read; panics on a wrong byte.
+fn read_while(readers: Vec<(usize, PathBuf)>, size: u64, during: impl FnOnce()) {
     let expected = content(seed(MODEL, 0), 0, size as usize);
     std::thread::scope(|scope| {
-        for &i in members {
-            let path = rack.daemon(i).mount.join(MODEL);
-            let expected = &expected;
-            scope.spawn(move || {
-                let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
-                assert!(bytes == *expected, "n{i} read wrong bytes");
-            });
+        let readers: Vec<_> = readers
+            .into_iter()
+            .map(|(i, path)| {
+                let expected = &expected;
+                scope.spawn(move || {
+                    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
+                    assert!(bytes == *expected, "n{i} read wrong bytes");
+                })
+            })
+            .collect();
+        during();
+        for reader in readers {
+            reader.join().expect("reader");
         }
     });
 }
@@ -429,19 +449,7 @@ fn hedged_blocks(rack: &Rack, i: usize) -> f64 {
 /// `victim` is killed (SIGKILL) once it has sent peers something: each must read the right
 /// bytes.
 fn read_while_killing(rack: &mut Rack, readers: &[usize], victim: usize, size: u64) {
-    let expected = content(seed(MODEL, 0), 0, size as usize);
-    std::thread::scope(|scope| {
-        let readers: Vec<_> = readers
-            .iter()
-            .map(|&i| {
-                let path = rack.daemon(i).mount.join(MODEL);
-                let expected = &expected;
-                scope.spawn(move || {
-                    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
-                    assert!(bytes == *expected, "n{i} read wrong bytes");
-                })
-            })
-            .collect();
+    read_while(model_paths(rack, readers), size, || {
         let started = Instant::now();
         while rack
             .metric(victim, "larder_peer_sent_bytes_total")
@@ -455,9 +463,6 @@ fn read_while_killing(rack: &mut Rack, readers: &[usize], victim: usize, size: u
             std::thread::sleep(Duration::from_millis(50));
         }
         rack.kill9(victim).expect("kill");
-        for reader in readers {
-            reader.join().expect("reader");
-        }
     });
 }
 
@@ -563,18 +568,7 @@ async fn racks_cut_off_from_each_other_mid_read_each_go_on_alone() {
     let (rack, proxy) = tokio::task::spawn_blocking(move || {
         let rack =
             Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, LOADED).expect("racks");
-        let expected = content(seed(MODEL, 0), 0, size as usize);
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = (0..4)
-                .map(|i| {
-                    let path = rack.daemon(i).mount.join(MODEL);
-                    let expected = &expected;
-                    scope.spawn(move || {
-                        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("n{i}: {e}"));
-                        assert!(bytes == *expected, "n{i} read wrong bytes");
-                    })
-                })
-                .collect();
+        read_while(model_paths(&rack, &[0, 1, 2, 3]), size, || {
             // Cut at the first bytes between the racks.
             let started = Instant::now();
             while between.iter().all(|p| p.body_bytes() == 0) {
@@ -586,9 +580,6 @@ async fn racks_cut_off_from_each_other_mid_read_each_go_on_alone() {
             }
             for cut in &between {
                 cut.set_fault(Fault::CloseConnections);
-            }
-            for reader in readers {
-                reader.join().expect("reader");
             }
         });
         (rack, proxy)

@@ -218,7 +218,7 @@ struct Inner {
     runs: AtomicUsize,
     /// The rack's members, when there is a peer tier: a failed origin check marks them.
     members: Option<Arc<dyn fill::Members>>,
-    /// Origin checks of objects completed with blocks from peers ([`check`]).
+    /// Origin checks of objects completed with blocks from peers ([`origin_check`]).
     checks: origin_check::OriginChecks,
 }
 

@@ -155,10 +155,13 @@ pub(crate) struct Progress {
     pub(crate) recent: std::collections::VecDeque<(u32, Bytes)>,
 }
 
-/// Blocks a check keeps in memory after hashing them, for the clients streaming it: up to the
-/// first figure while the memory budget has room for another block, else the second. A client
+/// Blocks a check keeps in memory after hashing them, for the clients streaming it, while the
+/// memory budget has room for another block; [`HASHED_KEPT_TIGHT`] when it has not. A client
 /// further behind reads its blocks back from the cache disk (and checks them again).
-const HASHED_KEPT: (usize, usize) = (16, 4);
+const HASHED_KEPT: usize = 16;
+
+/// Blocks a check keeps after hashing them when the memory budget is full.
+const HASHED_KEPT_TIGHT: usize = 4;
 
 /// Blocks a check holds that were fetched ahead of its hashing: the parts fetched at once, at
 /// the default part and block sizes.
@@ -167,24 +170,35 @@ const HELD_AHEAD: usize = 16;
 /// Blocks of a check fetched before it hashed them, by index, with their BLAKE3: at most
 /// [`HELD_AHEAD`], and only while the memory budget has room for another block (a block not
 /// held is read back from the disk when its turn comes).
-#[derive(Debug, Default)]
-struct Ahead(Mutex<BTreeMap<u32, (Bytes, [u8; 32])>>);
+#[derive(Debug)]
+struct Ahead<'a> {
+    held: Mutex<BTreeMap<u32, (Bytes, [u8; 32])>>,
+    budget: &'a MemoryBudget,
+    block_size: u64,
+}
 
-impl Ahead {
-    fn hold(&self, index: u32, block: (Bytes, [u8; 32]), budget: &MemoryBudget, block_size: u64) {
-        let mut held = self.0.lock();
-        if held.len() < HELD_AHEAD && budget.room_for(block_size) {
+impl<'a> Ahead<'a> {
+    fn new(budget: &'a MemoryBudget, block_size: u64) -> Self {
+        Self {
+            held: Mutex::default(),
+            budget,
+            block_size,
+        }
+    }
+
+    fn hold(&self, index: u32, block: (Bytes, [u8; 32])) {
+        let mut held = self.held.lock();
+        if held.len() < HELD_AHEAD && self.budget.room_for(self.block_size) {
             held.insert(index, block);
         }
     }
 
-    /// Block `index`, if held; blocks before it are dropped too (held after the hashing had
-    /// already read them elsewhere).
+    /// Block `index`, if held; blocks before it go too (held after the hashing had already
+    /// read them elsewhere).
     fn take(&self, index: u32) -> Option<(Bytes, [u8; 32])> {
-        let mut held = self.0.lock();
-        let later = held.split_off(&(index + 1));
+        let mut held = self.held.lock();
         let block = held.remove(&index);
-        *held = later;
+        held.retain(|&later, _| later > index);
         block
     }
 }
@@ -656,7 +670,7 @@ impl Mirror {
             // The parts are fetched ahead, several at once, while the blocks are hashed in
             // order as they arrive: those fetched ahead of the hashing are held for it, so
             // that it need not read them back from the disk.
-            let ahead = Ahead::default();
+            let ahead = Ahead::new(self.cache.budget(), store.block_size());
             let fills =
                 self.cache.fill_objects(
                     vec![object.clone()],
@@ -664,7 +678,7 @@ impl Mirror {
                     |_, index, result| match result {
                         Ok(fetched) => {
                             if let Some(block) = fetched {
-                                ahead.hold(index, block, self.cache.budget(), store.block_size());
+                                ahead.hold(index, block);
                             }
                             true
                         }
@@ -720,15 +734,15 @@ impl Mirror {
         }
     }
 
-    /// The SHA-256 of `object` read from the cache block by block, hashed off the runtime's
-    /// threads, and each block's BLAKE3 as the cache has it (hashed as the block arrived, or
-    /// checked on its read from disk): not hashed again here.
+    /// The SHA-256 of `object`, block by block in order (each block held in `ahead`, else from
+    /// the cache), hashed off the runtime's threads; and each block's BLAKE3 as the cache has
+    /// it (hashed as the block arrived, or checked on its read from disk): not hashed again.
     async fn hash(
         &self,
         object: &Arc<OpenObject>,
         digest: &Digest,
         progress: &tokio::sync::watch::Sender<Progress>,
-        ahead: &Ahead,
+        ahead: &Ahead<'_>,
     ) -> Result<([u8; 32], Vec<[u8; 32]>), MirrorError> {
         let block_size = self.cache.store().block_size();
         let count = object.version().size.div_ceil(block_size) as u32;
@@ -761,9 +775,8 @@ impl Mirror {
             progress.send_modify(|progress| {
                 progress.hashes.push(hash);
                 progress.recent.push_back((index, bytes));
-                let (most, least) = HASHED_KEPT;
-                while progress.recent.len() > most
-                    || (progress.recent.len() > least && !budget.room_for(block_size))
+                while progress.recent.len() > HASHED_KEPT
+                    || (progress.recent.len() > HASHED_KEPT_TIGHT && !budget.room_for(block_size))
                 {
                     progress.recent.pop_front();
                 }
