@@ -802,6 +802,65 @@ fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() 
     assert_eq!(status, 200, "{head}");
 }
 
+/// Bytes the process `pid` has had read from a disk so far (`/proc/PID/io`): outside the
+/// daemon, and O_DIRECT reads of its cache included.
+fn disk_read_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("/proc/PID/io");
+    io.lines()
+        .find_map(|line| line.strip_prefix("read_bytes: "))
+        .and_then(|value| value.parse().ok())
+        .expect("read_bytes")
+}
+
+/// A client taking a cold 40 MiB layer slowly (1 MiB blocks, one every 50 ms) gets every
+/// block from the mirror's memory as the check hashed it: the check keeps pace with it
+/// instead of running to the end and leaving the client to read each block back from the
+/// cache disk (before, the whole layer, 41 MB, was read back). The layer is whole and right.
+#[test]
+fn a_cold_layer_streams_to_a_slow_client_from_memory_not_from_the_cache_disk() {
+    let image = TestImage::write(24, 160 << 20).expect("image");
+    let extra = ["--block-size", "1MiB", "--part-size", "4MiB"];
+    let mirror = Mirror::start(&image, None, &extra);
+    let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
+    assert!(layer.size >= 40 << 20, "a layer of {} bytes", layer.size);
+    let pid = mirror.daemon().pid().expect("pid");
+    let before = disk_read_bytes(pid);
+
+    let mut stream = TcpStream::connect(&mirror.address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut answer = Vec::new();
+    let mut chunk = vec![0; 1 << 20];
+    loop {
+        let read = stream.read(&mut chunk).expect("read");
+        if read == 0 {
+            break;
+        }
+        answer.extend_from_slice(&chunk[..read]);
+        std::thread::sleep(Duration::from_millis(50 * read as u64 / (1 << 20)));
+    }
+    let at = answer.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer[..at])
+    );
+    let body = &answer[at..];
+    assert_eq!(body.len() as u64, layer.size, "the layer cut short");
+    let hex = layer.digest.strip_prefix("sha256:").expect("a sha256 digest");
+    let pushed = std::fs::read(image.path().join("blobs/sha256").join(hex)).expect("the layer");
+    assert!(body == pushed, "the layer's bytes are not those pushed");
+    let read_back = disk_read_bytes(pid) - before;
+    assert!(
+        read_back < 1 << 20,
+        "{read_back} bytes read back from the cache disk for a cold layer"
+    );
+}
+
 /// podman (the containers/image library CRI-O uses) pulls through the mirror with the
 /// registries.conf of docs/REGISTRY.md ("CRI-O (and podman)"), the registry itself
 /// unreachable (its name resolves nowhere): every layer right; after a restart of the daemon

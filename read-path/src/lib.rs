@@ -533,6 +533,19 @@ impl Cache {
         object: &Arc<OpenObject>,
         index: u32,
     ) -> Result<Option<(Bytes, [u8; 32])>, ReadError> {
+        match self.fill_started(object, index).await? {
+            Some(fill) => self.fill_written(object, index, fill).await,
+            None => Ok(None),
+        }
+    }
+
+    /// The first half of [`Cache::fill`]: the fill of block `index` joined or started (once the
+    /// budget has room), or `None` when the store has the block.
+    async fn fill_started(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+    ) -> Result<Option<SharedFill>, ReadError> {
         let inner = &self.inner;
         let key = (object.id, index);
         if inner.store.contains(object.id, index) && !inner.store.verified(object.id, index) {
@@ -545,11 +558,11 @@ impl Cache {
         // A job's fill waits for room in the memory budget before it starts; nobody is waiting
         // for its blocks.
         let mut charge: Option<Charge> = None;
-        let fill = loop {
+        loop {
             {
                 let mut inflight = inner.inflight.lock();
                 match inflight.get(&key) {
-                    Some(fill) => break fill.clone(),
+                    Some(fill) => return Ok(Some(fill.clone())),
                     None if inner.store.contains(object.id, index) => return Ok(None),
                     None => {
                         if let Some(error) = self.failed_lately(key) {
@@ -557,13 +570,24 @@ impl Cache {
                         }
                         if let Some(charge) = charge.take() {
                             self.start_fill(object, index, &mut inflight, FillFor::Job, Some(charge));
-                            break inflight.get(&key).cloned().ok_or(ReadError::Abandoned)?;
+                            return inflight.get(&key).cloned().ok_or(ReadError::Abandoned).map(Some);
                         }
                     }
                 }
             }
             charge = Some(inner.budget.charge_when_room(inner.store.block_size()).await);
-        };
+        }
+    }
+
+    /// The second half of [`Cache::fill`]: the bytes of `fill`, once block `index` is written.
+    async fn fill_written(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        fill: SharedFill,
+    ) -> Result<Option<(Bytes, [u8; 32])>, ReadError> {
+        let inner = &self.inner;
+        let key = (object.id, index);
         let block = fill.await?;
         loop {
             let written = inner.written.notified();
@@ -585,13 +609,27 @@ impl Cache {
 
     /// Fills every missing block of `objects`, `parts_at_once` origin parts at a time, the
     /// blocks of a part in order (the first missing block's fill covers the rest of the part,
-    /// and the blocks after it join that fill). `each` hears every block's result (the block
-    /// fetched, or `None`, as [`Cache::fill`] says) and answers whether to go on with its
-    /// part: a failed fill usually fails the rest of its part too.
+    /// and the blocks after it join that fill as soon as it starts, so that each block's bytes
+    /// are had even when it is written before its turn). `each` hears every block's result
+    /// (the block fetched, or `None`, as [`Cache::fill`] says), in order, and answers whether
+    /// to go on with its part: a failed fill usually fails the rest of its part too.
     pub async fn fill_objects(
         &self,
         objects: Vec<Arc<OpenObject>>,
         parts_at_once: usize,
+        each: impl Fn(&OpenObject, u32, Result<Option<(Bytes, [u8; 32])>, ReadError>) -> bool,
+    ) {
+        self.fill_objects_paced(objects, parts_at_once, |_| std::future::ready(()), each)
+            .await;
+    }
+
+    /// [`Cache::fill_objects`], each part started only once `before` its blocks returns: a
+    /// caller consuming the blocks as they come keeps the fetch from running ahead of it.
+    pub async fn fill_objects_paced<Before: Future<Output = ()>>(
+        &self,
+        objects: Vec<Arc<OpenObject>>,
+        parts_at_once: usize,
+        before: impl Fn(Range<u32>) -> Before,
         each: impl Fn(&OpenObject, u32, Result<Option<(Bytes, [u8; 32])>, ReadError>) -> bool,
     ) {
         let block_size = self.inner.store.block_size();
@@ -602,12 +640,25 @@ impl Cache {
                 .step_by(part_blocks as usize)
                 .map(move |first| (object.clone(), first..count.min(first + part_blocks)))
         });
-        let each = &each;
+        let (before, each) = (&before, &each);
         futures::stream::iter(parts)
             .map(|(object, blocks)| async move {
+                before(blocks.clone()).await;
+                let object = &object;
+                let mut fills = futures::stream::FuturesOrdered::new();
                 for index in blocks {
-                    let result = self.fill(&object, index).await;
-                    if !each(&object, index, result) {
+                    let started = self.fill_started(object, index).await;
+                    fills.push_back(async move {
+                        let result = match started {
+                            Ok(Some(fill)) => self.fill_written(object, index, fill).await,
+                            Ok(None) => Ok(None),
+                            Err(error) => Err(error),
+                        };
+                        (index, result)
+                    });
+                }
+                while let Some((index, result)) = fills.next().await {
+                    if !each(object, index, result) {
                         break;
                     }
                 }

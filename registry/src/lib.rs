@@ -25,6 +25,7 @@ pub mod reference;
 pub mod server;
 
 mod index;
+mod pace;
 pub mod upstream;
 
 use std::collections::{BTreeMap, HashMap};
@@ -45,6 +46,7 @@ use parking_lot::Mutex;
 use sha2::{Digest as _, Sha256};
 
 use self::index::{ContentEntry, Index};
+use self::pace::Pace;
 use self::reference::{Digest, ImageRef, Reference};
 use self::upstream::{Described, TagsPage, Upstream, UpstreamError, UpstreamStore};
 
@@ -134,6 +136,7 @@ type SharedCheck = Shared<BoxFuture<'static, Result<Verified, MirrorError>>>;
 struct Check {
     result: SharedCheck,
     progress: tokio::sync::watch::Receiver<Progress>,
+    pace: Arc<Pace>,
     waiters: std::sync::Weak<Waiters>,
 }
 
@@ -172,34 +175,66 @@ const HELD_AHEAD: usize = 16;
 /// held is read back from the disk when its turn comes).
 #[derive(Debug)]
 struct Ahead<'a> {
-    held: Mutex<BTreeMap<u32, (Bytes, [u8; 32])>>,
+    held: Mutex<Held>,
+    /// A block's fill has ended, or the fetch has failed.
+    settled: tokio::sync::Notify,
     budget: &'a MemoryBudget,
     block_size: u64,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    /// By index, each block whose fill has ended: its bytes and BLAKE3 if held.
+    blocks: BTreeMap<u32, Option<(Bytes, [u8; 32])>>,
+    /// The fetch failed: blocks not settled yet never will be.
+    failed: bool,
 }
 
 impl<'a> Ahead<'a> {
     fn new(budget: &'a MemoryBudget, block_size: u64) -> Self {
         Self {
             held: Mutex::default(),
+            settled: tokio::sync::Notify::new(),
             budget,
             block_size,
         }
     }
 
-    fn hold(&self, index: u32, block: (Bytes, [u8; 32])) {
+    /// The fill of block `index` has ended, with its bytes if it fetched them: held if there
+    /// is room.
+    fn settle(&self, index: u32, block: Option<(Bytes, [u8; 32])>) {
         let mut held = self.held.lock();
-        if held.len() < HELD_AHEAD && self.budget.room_for(self.block_size) {
-            held.insert(index, block);
-        }
+        let room =
+            held.blocks.values().flatten().count() < HELD_AHEAD && self.budget.room_for(self.block_size);
+        held.blocks.insert(index, block.filter(|_| room));
+        self.settled.notify_waiters();
     }
 
-    /// Block `index`, if held; blocks before it go too (held after the hashing had already
-    /// read them elsewhere).
-    fn take(&self, index: u32) -> Option<(Bytes, [u8; 32])> {
-        let mut held = self.held.lock();
-        let block = held.remove(&index);
-        held.retain(|&later, _| later > index);
-        block
+    fn fail(&self) {
+        self.held.lock().failed = true;
+        self.settled.notify_waiters();
+    }
+
+    /// Block `index` once its fill has ended, if it was held (else it is read from the cache,
+    /// or fetched again if the fetch failed); blocks before it go too.
+    async fn take(&self, index: u32) -> Option<(Bytes, [u8; 32])> {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            // Registered before the look, so a block settled between the two still wakes us.
+            settled.as_mut().enable();
+            {
+                let mut held = self.held.lock();
+                if let Some(block) = held.blocks.remove(&index) {
+                    held.blocks.retain(|&later, _| later > index);
+                    return block;
+                }
+                if held.failed {
+                    return None;
+                }
+            }
+            settled.await;
+        }
     }
 }
 
@@ -208,13 +243,15 @@ impl<'a> Ahead<'a> {
 pub(crate) enum Following {
     /// Verified already.
     Verified(Verified),
-    /// Under way: its result, how far it has hashed, and this request's place among those
-    /// waiting (dropped, it no longer keeps the check going).
+    /// Under way: its result, how far it has hashed, the clients streaming it, and this
+    /// request's place among those waiting (dropped, it no longer keeps the check going).
     UnderWay {
         /// The check's result.
         result: SharedCheck,
         /// How far it has hashed.
         progress: tokio::sync::watch::Receiver<Progress>,
+        /// Where the clients streaming its blocks are.
+        pace: Arc<Pace>,
         /// Keeps the check going.
         waiting: Arc<Waiters>,
     },
@@ -608,6 +645,7 @@ impl Mirror {
             return Following::UnderWay {
                 result: check.result.clone(),
                 progress: check.progress.clone(),
+                pace: check.pace.clone(),
                 waiting,
             };
         }
@@ -616,8 +654,10 @@ impl Mirror {
         let digest = digest_of(object);
         let (mirror, object) = (self.clone(), object.clone());
         let (progress, following) = tokio::sync::watch::channel(Progress::default());
+        let pace = Arc::new(Pace::default());
+        let paced = pace.clone();
         let task = tokio::spawn(async move {
-            let result = mirror.check(&object, &progress).await;
+            let result = mirror.check(&object, &progress, &paced).await;
             mirror.checks.lock().remove(&object.id());
             result
         });
@@ -635,22 +675,26 @@ impl Mirror {
         let check = Check {
             result: result.clone(),
             progress: following.clone(),
+            pace: pace.clone(),
             waiters: Arc::downgrade(&waiting),
         };
         checks.insert(id, check);
         Following::UnderWay {
             result,
             progress: following,
+            pace,
             waiting,
         }
     }
 
     /// Fills `object` whole and hashes it against its digest, saying in `progress` how far it
-    /// has hashed; a mismatch drops it from the cache and tries once more.
+    /// has hashed, at the `pace` of the clients streaming it; a mismatch drops it from the
+    /// cache and tries once more.
     async fn check(
         &self,
         object: &Arc<OpenObject>,
         progress: &tokio::sync::watch::Sender<Progress>,
+        pace: &Pace,
     ) -> Result<Verified, MirrorError> {
         let digest = digest_of(object).ok_or_else(|| MirrorError::Manifest {
             what: object.version().key.clone(),
@@ -669,27 +713,37 @@ impl Mirror {
             let failed = Mutex::new(None);
             // The parts are fetched ahead, several at once, while the blocks are hashed in
             // order as they arrive: those fetched ahead of the hashing are held for it, so
-            // that it need not read them back from the disk.
+            // that it need not read them back from the disk, and a part starts only once
+            // its blocks would be held.
             let ahead = Ahead::new(self.cache.budget(), store.block_size());
-            let fills =
-                self.cache.fill_objects(
-                    vec![object.clone()],
-                    PARTS_AT_ONCE,
-                    |_, index, result| match result {
-                        Ok(fetched) => {
-                            if let Some(block) = fetched {
-                                ahead.hold(index, block);
-                            }
-                            true
-                        }
-                        Err(error) => {
-                            failed.lock().get_or_insert(error);
-                            false
-                        }
-                    },
-                );
+            let hashed = progress.subscribe();
+            let fills = self.cache.fill_objects_paced(
+                vec![object.clone()],
+                PARTS_AT_ONCE,
+                |blocks| {
+                    let mut hashed = hashed.clone();
+                    // A part longer than the blocks held starts when its first is hashed.
+                    let last = blocks.end.min(blocks.start + HELD_AHEAD as u32) as usize;
+                    async move {
+                        let within = |p: &Progress| p.hashes.len() + HELD_AHEAD >= last;
+                        // Only this check sends progress, and it outlives its fills.
+                        let _ = hashed.wait_for(within).await;
+                    }
+                },
+                |_, index, result| match result {
+                    Ok(fetched) => {
+                        ahead.settle(index, fetched);
+                        true
+                    }
+                    Err(error) => {
+                        failed.lock().get_or_insert(error);
+                        ahead.fail();
+                        false
+                    }
+                },
+            );
             add(&self.stats.registry_digest_checks, 1);
-            let ((), hashed) = tokio::join!(fills, self.hash(object, &digest, progress, &ahead));
+            let ((), hashed) = tokio::join!(fills, self.hash(object, &digest, progress, pace, &ahead));
             if let Some(source) = failed.into_inner() {
                 self.unfetchable(object, &digest).await;
                 return Err(MirrorError::Fill { digest, source });
@@ -735,21 +789,32 @@ impl Mirror {
     }
 
     /// The SHA-256 of `object`, block by block in order (each block held in `ahead`, else from
-    /// the cache), hashed off the runtime's threads; and each block's BLAKE3 as the cache has
-    /// it (hashed as the block arrived, or checked on its read from disk): not hashed again.
+    /// the cache), hashed off the runtime's threads at the `pace` of the clients streaming it;
+    /// and each block's BLAKE3 as the cache has it (hashed as the block arrived, or checked on
+    /// its read from disk): not hashed again.
     async fn hash(
         &self,
         object: &Arc<OpenObject>,
         digest: &Digest,
         progress: &tokio::sync::watch::Sender<Progress>,
+        pace: &Pace,
         ahead: &Ahead<'_>,
     ) -> Result<([u8; 32], Vec<[u8; 32]>), MirrorError> {
         let block_size = self.cache.store().block_size();
         let count = object.version().size.div_ceil(block_size) as u32;
+        let budget = self.cache.budget();
+        let kept = || {
+            if budget.room_for(block_size) {
+                HASHED_KEPT
+            } else {
+                HASHED_KEPT_TIGHT
+            }
+        };
         let mut sha = Sha256::new();
         let mut hashes = Vec::with_capacity(count as usize);
         for index in 0..count {
-            let (bytes, hash) = match ahead.take(index) {
+            pace.until_kept(index, kept()).await;
+            let (bytes, hash) = match ahead.take(index).await {
                 Some(block) => block,
                 None => self
                     .cache
@@ -771,13 +836,10 @@ impl Mirror {
             })?;
             sha = back;
             hashes.push(hash);
-            let budget = self.cache.budget();
             progress.send_modify(|progress| {
                 progress.hashes.push(hash);
                 progress.recent.push_back((index, bytes));
-                while progress.recent.len() > HASHED_KEPT
-                    || (progress.recent.len() > HASHED_KEPT_TIGHT && !budget.room_for(block_size))
-                {
+                while progress.recent.len() > kept() {
                     progress.recent.pop_front();
                 }
             });

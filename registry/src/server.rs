@@ -332,8 +332,13 @@ async fn send(
         Following::UnderWay {
             result,
             progress,
+            pace,
             waiting,
-        } => (None, Some((result, progress, waiting))),
+        } => {
+            // Only the whole content streams as it is hashed; a range waits for the verdict.
+            let place = whole.then(|| pace.join());
+            (None, Some((result, progress, place, waiting)))
+        }
     };
     // The check's attempt the bytes sent so far came from.
     let mut sent_from = None;
@@ -343,9 +348,18 @@ async fn send(
         let holds_end = u64::from(index + 1) * block_size >= size;
         // The block's BLAKE3, and its bytes when the check hands over those it just hashed.
         let expected = match (&hashes, &mut under_way) {
-            (Some(hashes), _) => hashes.get(index as usize).map(|&hash| (hash, None)),
+            // The check that verified the content may still hold the block for its clients.
+            (Some(hashes), under_way) => hashes.get(index as usize).map(|&hash| {
+                let kept = under_way
+                    .as_ref()
+                    .and_then(|(_, progress, ..)| kept(&progress.borrow(), index));
+                (hash, kept)
+            }),
             (None, None) => None,
-            (None, Some((result, progress, _))) => {
+            (None, Some((result, progress, place, _))) => {
+                if let Some(place) = place {
+                    place.at(index);
+                }
                 let hashed = tokio::select! {
                     hashed = hashed_block(progress, index, whole && !holds_end) => Ok(hashed),
                     verified = result.clone() => Err(verified),
@@ -366,7 +380,8 @@ async fn send(
                             tracing::warn!(%key, "registry answer cut: the bytes sent were of an attempt that failed its digest");
                             return;
                         }
-                        let hash = verified.get(index as usize).map(|&hash| (hash, None));
+                        let kept = kept(&progress.borrow(), index);
+                        let hash = verified.get(index as usize).map(|&hash| (hash, kept));
                         hashes = Some(verified);
                         hash
                     }
@@ -413,18 +428,22 @@ async fn hashed_block(
             .wait_for(|p| p.early && p.hashes.len() > index as usize)
             .await
     {
-        let bytes = progress
-            .recent
-            .iter()
-            .find(|(kept, _)| *kept == index)
-            .map(|(_, bytes)| bytes.clone());
         return Hashed {
             attempt: progress.attempt,
             hash: progress.hashes[index as usize],
-            bytes,
+            bytes: kept(&progress, index),
         };
     }
     std::future::pending().await
+}
+
+/// Block `index`'s bytes, if the check still keeps them for the clients streaming it.
+fn kept(progress: &Progress, index: u32) -> Option<Bytes> {
+    progress
+        .recent
+        .iter()
+        .find(|(kept, _)| *kept == index)
+        .map(|(_, bytes)| bytes.clone())
 }
 
 /// A block the check has hashed: in which attempt, its BLAKE3, and its bytes if the check
