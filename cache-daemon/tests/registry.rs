@@ -802,14 +802,10 @@ fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() 
     assert_eq!(status, 200, "{head}");
 }
 
-/// Bytes the process `pid` has had read from a disk so far (`/proc/PID/io`): outside the
-/// daemon, and O_DIRECT reads of its cache included.
-fn disk_read_bytes(pid: u32) -> u64 {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("/proc/PID/io");
-    io.lines()
-        .find_map(|line| line.strip_prefix("read_bytes: "))
-        .and_then(|value| value.parse().ok())
-        .expect("read_bytes")
+/// The bytes of `blob` as pushed.
+fn pushed(image: &TestImage, blob: &Blob) -> Vec<u8> {
+    let hex = blob.digest.strip_prefix("sha256:").expect("a sha256 digest");
+    std::fs::read(image.path().join("blobs/sha256").join(hex)).expect("the blob")
 }
 
 /// A client taking a cold 40 MiB layer slowly (1 MiB blocks, one every 50 ms) gets every
@@ -823,8 +819,7 @@ fn a_cold_layer_streams_to_a_slow_client_from_memory_not_from_the_cache_disk() {
     let mirror = Mirror::start(&image, None, &extra);
     let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
     assert!(layer.size >= 40 << 20, "a layer of {} bytes", layer.size);
-    let pid = mirror.daemon().pid().expect("pid");
-    let before = disk_read_bytes(pid);
+    let before = mirror.daemon().disk_read_bytes().expect("disk reads");
 
     let mut stream = TcpStream::connect(&mirror.address).expect("connect");
     stream
@@ -851,13 +846,40 @@ fn a_cold_layer_streams_to_a_slow_client_from_memory_not_from_the_cache_disk() {
     );
     let body = &answer[at..];
     assert_eq!(body.len() as u64, layer.size, "the layer cut short");
-    let hex = layer.digest.strip_prefix("sha256:").expect("a sha256 digest");
-    let pushed = std::fs::read(image.path().join("blobs/sha256").join(hex)).expect("the layer");
-    assert!(body == pushed, "the layer's bytes are not those pushed");
-    let read_back = disk_read_bytes(pid) - before;
+    assert!(
+        body == pushed(&image, &layer),
+        "the layer's bytes are not those pushed"
+    );
+    let read_back = mirror.daemon().disk_read_bytes().expect("disk reads") - before;
     assert!(
         read_back < 1 << 20,
         "{read_back} bytes read back from the cache disk for a cold layer"
+    );
+}
+
+/// With a memory budget of two blocks, smaller than the blocks a check keeps for its clients,
+/// a cold layer still streams whole to a client (the check and its fetch wait on each other
+/// and on the budget, and none of them for ever).
+#[test]
+fn a_cold_layer_streams_whole_with_a_memory_budget_of_two_blocks() {
+    let image = TestImage::write(25, 64 << 20).expect("image");
+    let extra = [
+        "--block-size",
+        "1MiB",
+        "--part-size",
+        "4MiB",
+        "--memory-limit",
+        "2MiB",
+    ];
+    let mirror = Mirror::start(&image, None, &extra);
+    let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    let (status, head, body) = get_bytes(&mirror.address, &path);
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(body.len() as u64, layer.size, "the layer cut short");
+    assert!(
+        body == pushed(&image, &layer),
+        "the layer's bytes are not those pushed"
     );
 }
 

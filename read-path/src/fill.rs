@@ -214,7 +214,7 @@ fn assemble(run: &mut Run<'_>, block: &mut Option<(AlignedBuf, GroupHasher)>, mu
 /// How long a fill for a waiting reader waits for room in the memory budget before it takes
 /// its block's memory anyway: the bound that keeps readers from deadlocking on memory held by
 /// other waiting readers, long enough for fills in flight to finish and return theirs.
-const MEMORY_PATIENCE: Duration = Duration::from_secs(1);
+pub(crate) const MEMORY_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The blocks of a fill still to come: the waiters and memory charges of the blocks not yet
 /// complete. Each tier pushes complete, verified blocks into it, in order.

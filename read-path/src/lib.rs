@@ -55,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use budget::{Charge, MemoryBudget};
-use fill::{BlockSource, FillFor, OriginSource, PeerTier};
+use fill::{BlockSource, FillFor, MEMORY_PATIENCE, OriginSource, PeerTier};
 pub use origin_check::{Checked, OriginCheckError};
 pub use reader::Reader;
 use slots::Slots;
@@ -533,18 +533,20 @@ impl Cache {
         object: &Arc<OpenObject>,
         index: u32,
     ) -> Result<Option<(Bytes, [u8; 32])>, ReadError> {
-        match self.fill_started(object, index).await? {
+        match self.fill_started(object, index, false).await? {
             Some(fill) => self.fill_written(object, index, fill).await,
             None => Ok(None),
         }
     }
 
     /// The first half of [`Cache::fill`]: the fill of block `index` joined or started (once the
-    /// budget has room), or `None` when the store has the block.
+    /// budget has room; if `waited_for`, after [`MEMORY_PATIENCE`] at most, as for a reader),
+    /// or `None` when the store has the block.
     async fn fill_started(
         &self,
         object: &Arc<OpenObject>,
         index: u32,
+        waited_for: bool,
     ) -> Result<Option<SharedFill>, ReadError> {
         let inner = &self.inner;
         let key = (object.id, index);
@@ -556,7 +558,7 @@ impl Cache {
             }
         }
         // A job's fill waits for room in the memory budget before it starts; nobody is waiting
-        // for its blocks.
+        // for its blocks (unless `waited_for`).
         let mut charge: Option<Charge> = None;
         loop {
             {
@@ -575,7 +577,12 @@ impl Cache {
                     }
                 }
             }
-            charge = Some(inner.budget.charge_when_room(inner.store.block_size()).await);
+            let block_size = inner.store.block_size();
+            charge = Some(if waited_for {
+                inner.budget.charge_soon(block_size, MEMORY_PATIENCE).await
+            } else {
+                inner.budget.charge_when_room(block_size).await
+            });
         }
     }
 
@@ -619,17 +626,31 @@ impl Cache {
         parts_at_once: usize,
         each: impl Fn(&OpenObject, u32, Result<Option<(Bytes, [u8; 32])>, ReadError>) -> bool,
     ) {
-        self.fill_objects_paced(objects, parts_at_once, |_| std::future::ready(()), each)
-            .await;
+        let ready = |_| std::future::ready(());
+        self.fill_parts(objects, parts_at_once, ready, false, each).await;
     }
 
     /// [`Cache::fill_objects`], each part started only once `before` its blocks returns: a
-    /// caller consuming the blocks as they come keeps the fetch from running ahead of it.
+    /// caller consuming the blocks as they come keeps the fetch from running ahead of it. Its
+    /// blocks are waited for: a fill waits for room in the memory budget no longer than a
+    /// reader's does (the caller may hold blocks of its own in the budget meanwhile).
     pub async fn fill_objects_paced<Before: Future<Output = ()>>(
         &self,
         objects: Vec<Arc<OpenObject>>,
         parts_at_once: usize,
         before: impl Fn(Range<u32>) -> Before,
+        each: impl Fn(&OpenObject, u32, Result<Option<(Bytes, [u8; 32])>, ReadError>) -> bool,
+    ) {
+        self.fill_parts(objects, parts_at_once, before, true, each).await;
+    }
+
+    /// The loop of [`Cache::fill_objects`] and [`Cache::fill_objects_paced`].
+    async fn fill_parts<Before: Future<Output = ()>>(
+        &self,
+        objects: Vec<Arc<OpenObject>>,
+        parts_at_once: usize,
+        before: impl Fn(Range<u32>) -> Before,
+        waited_for: bool,
         each: impl Fn(&OpenObject, u32, Result<Option<(Bytes, [u8; 32])>, ReadError>) -> bool,
     ) {
         let block_size = self.inner.store.block_size();
@@ -647,7 +668,7 @@ impl Cache {
                 let object = &object;
                 let mut fills = futures::stream::FuturesOrdered::new();
                 for index in blocks {
-                    let started = self.fill_started(object, index).await;
+                    let started = self.fill_started(object, index, waited_for).await;
                     fills.push_back(async move {
                         let result = match started {
                             Ok(Some(fill)) => self.fill_written(object, index, fill).await,

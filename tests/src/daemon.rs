@@ -145,6 +145,18 @@ impl DaemonProcess {
         self.child.as_ref().map(Child::id)
     }
 
+    /// Bytes the daemon has had read from a disk so far (`/proc/PID/io`, O_DIRECT reads of its
+    /// cache included): measured outside the daemon.
+    pub fn disk_read_bytes(&self) -> anyhow::Result<u64> {
+        let pid = self.pid().context("the daemon has exited")?;
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+        io.lines()
+            .find_map(|line| line.strip_prefix("read_bytes: "))
+            .context("no read_bytes in /proc/PID/io")?
+            .parse()
+            .context("read_bytes")
+    }
+
     /// Stops the daemon with SIGTERM and returns its exit status.
     pub fn stop(self) -> anyhow::Result<ExitStatus> {
         self.terminate()?;
