@@ -46,6 +46,17 @@ struct Row {
     upstream_bytes: Vec<u64>,
     /// CPU seconds the daemon used during the pull (none for a direct pull).
     mirror_cpu: Vec<f64>,
+    /// Bytes the daemon read from its disk during the pull (`/proc/PID/io`).
+    mirror_reads: Vec<u64>,
+}
+
+/// What one pull took.
+struct Pulled {
+    seconds: f64,
+    upstream_bytes: u64,
+    /// The daemon's CPU seconds and disk reads (none for a direct pull).
+    cpu: f64,
+    reads: u64,
 }
 
 /// The kinds of pull, in the order of the report.
@@ -78,21 +89,27 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
         eprintln!("round {}/{}", round + 1, args.rounds);
         // Every pull starts alike: containerd's store empty, no dirty pages of the last pull
         // left to write back, nothing in the page cache.
-        let mut pull = |hosts: &Path, mirror: Option<&Mirror>| -> anyhow::Result<(f64, u64, f64)> {
+        let mut pull = |hosts: &Path, mirror: Option<&Mirror>| -> anyhow::Result<Pulled> {
             containerd.remove_all()?;
             // SAFETY: sync takes no arguments and cannot fail.
             unsafe { libc::sync() };
             dropped &= drop_page_cache();
-            let pid = mirror.and_then(|m| m.process().ok()?.pid());
-            let cpu = || pid.and_then(process_cpu).unwrap_or(0.0);
-            let (bytes, cpu_before) = (registry.blob_bytes_sent()?, cpu());
+            let daemon = mirror.and_then(|m| m.process().ok());
+            let cpu = || daemon.and_then(|d| process_cpu(d.pid()?)).unwrap_or(0.0);
+            let reads = || daemon.and_then(|d| d.disk_read_bytes().ok()).unwrap_or(0);
+            let (bytes, cpu_before, reads_before) = (registry.blob_bytes_sent()?, cpu(), reads());
             let started = Instant::now();
             let output = containerd.pull(&reference, Some(hosts), Some(PLATFORM))?;
             let took = started.elapsed().as_secs_f64();
             if !output.status.success() {
                 bail!("pull failed: {}", String::from_utf8_lossy(&output.stderr));
             }
-            Ok((took, registry.blob_bytes_sent()? - bytes, cpu() - cpu_before))
+            Ok(Pulled {
+                seconds: took,
+                upstream_bytes: registry.blob_bytes_sent()? - bytes,
+                cpu: cpu() - cpu_before,
+                reads: reads() - reads_before,
+            })
         };
         // Direct pulls open and close the round; the others are compared with their mean.
         let mut round_pulls = vec![pull(&direct_hosts, None)?];
@@ -124,13 +141,14 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&pre_dir)?;
         let closing = pull(&direct_hosts, None)?;
 
-        let direct = (round_pulls[0].0 + closing.0) / 2.0;
-        round_pulls[0] = (direct, round_pulls[0].1, 0.0);
-        for (row, (seconds, bytes, cpu)) in rows.iter_mut().zip(round_pulls) {
-            row.seconds.push(seconds);
-            row.ratios.push(seconds / direct);
-            row.upstream_bytes.push(bytes);
-            row.mirror_cpu.push(cpu);
+        let direct = (round_pulls[0].seconds + closing.seconds) / 2.0;
+        round_pulls[0].seconds = direct;
+        for (row, pulled) in rows.iter_mut().zip(round_pulls) {
+            row.seconds.push(pulled.seconds);
+            row.ratios.push(pulled.seconds / direct);
+            row.upstream_bytes.push(pulled.upstream_bytes);
+            row.mirror_cpu.push(pulled.cpu);
+            row.mirror_reads.push(pulled.reads);
         }
     }
     containerd.remove_all()?;
@@ -224,19 +242,21 @@ fn report(args: &ImagesArgs, rows: &[Row], prefetch: &[f64], blob_bytes: u64) ->
     );
     let _ = writeln!(
         out,
-        "| pull | median s (min–max) | ÷ the round's direct, median (min–max) | upstream blob bytes per pull | mirror CPU s per GiB |"
+        "| pull | median s (min–max) | ÷ the round's direct, median (min–max) | upstream blob bytes per pull | mirror CPU s per GiB | mirror disk reads per pull |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|");
     let gib = blob_bytes as f64 / (1u64 << 30) as f64;
     for (name, row) in PULLS.iter().zip(rows) {
         let (median, min, max) = summary(row.seconds.clone());
         let (ratio, low, high) = summary(row.ratios.clone());
         let bytes = summary(row.upstream_bytes.iter().map(|&b| b as f64).collect()).0;
         let cpu = summary(row.mirror_cpu.clone()).0 / gib;
+        let reads = summary(row.mirror_reads.iter().map(|&b| b as f64).collect()).0;
         let _ = writeln!(
             out,
-            "| {name} | {median:.2} ({min:.2}–{max:.2}) | {ratio:.2}× ({low:.2}–{high:.2}) | {:.2}× the blobs | {cpu:.2} |",
-            bytes / blob_bytes as f64
+            "| {name} | {median:.2} ({min:.2}–{max:.2}) | {ratio:.2}× ({low:.2}–{high:.2}) | {:.2}× the blobs | {cpu:.2} | {:.2}× the blobs |",
+            bytes / blob_bytes as f64,
+            reads / blob_bytes as f64
         );
     }
     let (median, min, max) = summary(prefetch.to_vec());
