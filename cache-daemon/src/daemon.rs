@@ -55,7 +55,7 @@ use tokio_util::task::TaskTracker;
 use crate::containerd::{HostsError, MirrorHostsFiles};
 use crate::control::{self, Control};
 use crate::kube::{KubeError, NodeClient};
-use crate::metrics::{self, Phase, Snapshot};
+use crate::metrics::{self, FuseLatencies, Phase, Snapshot};
 use crate::namespace::{ConfiguredSource, Namespace};
 use crate::prefetch::Jobs;
 use crate::process::ProcessStats;
@@ -245,6 +245,7 @@ impl Daemon {
     async fn start(config: &Config) -> Result<Self, DaemonError> {
         let mountpoint = prepare_mountpoint(&config.mount.path)?;
         let stats = Arc::new(Stats::default());
+        let fuse_latency = Arc::new(FuseLatencies::default());
         let engine =
             engine::build(config.cache.io_engine, config.cache.io_queue_depth).map_err(|source| {
                 DaemonError::Io {
@@ -260,7 +261,14 @@ impl Daemon {
         let mut listeners = Vec::new();
         if let Some(address) = config.metrics.listen {
             let phase = phase.clone();
-            let metrics = serve_metrics(address, &stats, &store, membership.clone(), phase, stop.clone());
+            let metrics = serve_metrics(
+                address,
+                (&stats, &fuse_latency),
+                &store,
+                membership.clone(),
+                phase,
+                stop.clone(),
+            );
             listeners.push(metrics.await?);
         }
         let manifests = Manifests::new();
@@ -369,13 +377,11 @@ impl Daemon {
             passthrough,
             stats.mount.clone(),
         ));
-        let fuse_stats = stats.clone();
+        let fuse_latency = fuse_latency.clone();
         let options = MountOptions {
             deadline: config.origin.read_deadline + Duration::from_secs(5),
             passthrough,
-            observer: Some(Arc::new(move |op, elapsed| {
-                fuse_stats.latency.fuse(op).observe(elapsed);
-            })),
+            observer: Some(Arc::new(move |op, elapsed| fuse_latency.observe(op, elapsed))),
             ..MountOptions::default()
         };
         let mounted = larder_fuse_mount::mount(
@@ -479,11 +485,12 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Binds the metrics listener and serves it (with the health checks, ready as `phase` and the
-/// store say) on a task of its own until `stop`.
+/// Binds the metrics listener and serves it (the layers' `stats` and the mount's `fuse`
+/// latencies, the health checks, ready as `phase` and the store say) on a task of its own
+/// until `stop`.
 async fn serve_metrics(
     address: SocketAddr,
-    stats: &Arc<Stats>,
+    (stats, fuse): (&Arc<Stats>, &Arc<FuseLatencies>),
     store: &Arc<BlockStore>,
     membership: Option<Membership>,
     phase: Arc<Phase>,
@@ -498,11 +505,12 @@ async fn serve_metrics(
         let (store, phase) = (store.clone(), phase.clone());
         move || phase.readiness(store.usage().dir_lost, store.disk_failure())
     };
-    let (stats, store) = (stats.clone(), store.clone());
+    let (stats, fuse, store) = (stats.clone(), fuse.clone(), store.clone());
     let snapshot = move || {
         let usage = store.usage();
         Snapshot {
             stats: stats.snapshot(),
+            fuse: fuse.snapshot(),
             members: membership.as_ref().map(Membership::states).unwrap_or_default(),
             ready: phase.readiness(usage.dir_lost, store.disk_failure()).is_ok(),
             usage,

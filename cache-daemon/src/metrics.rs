@@ -25,7 +25,7 @@ use larder_control_api::FailureCause;
 use larder_fuse_mount::Operation;
 use larder_http::{self as http, Body, Limits};
 use larder_peers::members::{MemberHealth, MemberState};
-use larder_stats::{HistogramSnapshot, StatsSnapshot};
+use larder_stats::{Histogram, HistogramSnapshot, StatsSnapshot};
 use larder_store::Usage;
 
 use crate::process::ProcessStats;
@@ -45,8 +45,10 @@ pub const LIMITS: Limits = Limits {
 /// What one scrape shows, read when the scrape arrives.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    /// The daemon's counters and histograms.
+    /// The layers' counters and histograms.
     pub stats: StatsSnapshot,
+    /// How long the mount's FUSE requests took.
+    pub fuse: FuseSnapshot,
     /// The block store's usage.
     pub usage: Usage,
     /// The rack's members, this node included; empty when peers are off.
@@ -55,6 +57,35 @@ pub struct Snapshot {
     pub ready: bool,
     /// The process's own figures; `None` where `/proc` cannot be read.
     pub process: Option<ProcessStats>,
+}
+
+/// How long FUSE requests take, by operation: the histograms the mount's observer
+/// (`MountOptions::observer`) records into. They are the binary's, not `larder-stats`', because
+/// the operations are the FUSE adapter's and the stats crate depends on no layer.
+#[derive(Debug, Default)]
+pub struct FuseLatencies([Histogram; Operation::ALL.len()]);
+
+impl FuseLatencies {
+    /// Records one request of kind `op`, from its arrival to its reply.
+    pub fn observe(&self, op: Operation, elapsed: Duration) {
+        self.0[op as usize].observe(elapsed);
+    }
+
+    /// Reads every operation's histogram.
+    pub fn snapshot(&self) -> FuseSnapshot {
+        FuseSnapshot(std::array::from_fn(|i| self.0[i].snapshot()))
+    }
+}
+
+/// A copy of [`FuseLatencies`] at one instant.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FuseSnapshot([HistogramSnapshot; Operation::ALL.len()]);
+
+impl FuseSnapshot {
+    /// The requests of kind `op`.
+    pub fn get(&self, op: Operation) -> &HistogramSnapshot {
+        &self.0[op as usize]
+    }
 }
 
 /// Where the daemon is in its life, for `/readyz`: it starts [`Phase::Mounting`], the
@@ -106,6 +137,7 @@ pub fn render(snapshot: &Snapshot) -> String {
     let mut out = Exposition::default();
     let Snapshot {
         stats: s,
+        fuse,
         usage,
         members,
         ready,
@@ -470,14 +502,14 @@ pub fn render(snapshot: &Snapshot) -> String {
         "Time to get one fill: a block read from the block store (nvme), a ranged GET of up to one part from the origin, waiting for an origin slot included (origin), or a run of blocks from a rack peer, from the request to its last block, complete runs only (peer).",
         "source",
         &[
-            ("nvme", &s.latency.fill_nvme),
-            ("origin", &s.latency.fill_origin),
-            ("peer", &s.latency.fill_peer),
+            ("nvme", &s.fill_nvme),
+            ("origin", &s.fill_origin),
+            ("peer", &s.fill_peer),
         ],
     );
     let fuse: Vec<_> = Operation::ALL
         .iter()
-        .map(|&op| (op.name(), s.latency.fuse(op)))
+        .map(|&op| (op.name(), fuse.get(op)))
         .collect();
     out.histograms(
         "larder_fuse_request_duration_seconds",
@@ -655,6 +687,7 @@ mod tests {
     fn snapshot(stats: &Stats, members: &[MemberState]) -> Snapshot {
         Snapshot {
             stats: stats.snapshot(),
+            fuse: FuseSnapshot::default(),
             usage: usage(),
             members: members.to_vec(),
             ready: true,
@@ -699,11 +732,9 @@ mod tests {
         larder_stats::add(&stats.peer.peer_served_refused, 13);
         larder_stats::add(&stats.read.origin_checks_mismatch, 14);
         stats.latency.fill_origin.observe(Duration::from_millis(20));
-        stats.latency.fill_peer.observe(Duration::from_millis(3));
-        stats
-            .latency
-            .fuse(Operation::Readdir)
-            .observe(Duration::from_micros(300));
+        stats.peer_latency.fill_peer.observe(Duration::from_millis(3));
+        let fuse = FuseLatencies::default();
+        fuse.observe(Operation::Readdir, Duration::from_micros(300));
         let members = [
             member("a", MemberHealth::This),
             member("b", MemberHealth::Up),
@@ -713,7 +744,10 @@ mod tests {
         larder_stats::add(&stats.jobs.prefetch_jobs_running, 1);
         larder_stats::add(&stats.jobs.prefetch_jobs_failed, 2);
         larder_stats::add(&stats.prefetch_failed[1], 3);
-        let text = render(&snapshot(&stats, &members));
+        let text = render(&Snapshot {
+            fuse: fuse.snapshot(),
+            ..snapshot(&stats, &members)
+        });
 
         for line in [
             "# TYPE larder_read_bytes_total counter",

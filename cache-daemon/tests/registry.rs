@@ -779,19 +779,15 @@ fn a_blob_larger_than_the_cache_is_refused_and_a_fetch_nobody_waits_for_stops() 
         layer.size
     );
     drop(stream);
-    // The upstream's bytes stop growing (each second's count the same as the last), short of
-    // the whole layer.
+    // Every blob GET to the upstream ends (the parts in flight are sent to their end), short
+    // of the whole layer. Were the fetch going on, the next part's GET would be under way
+    // before the last of the parts at once had ended: no blob GET open means it stopped.
     let deadline = Instant::now() + Duration::from_secs(40);
-    let mut last = mirror.upstream_blob_bytes();
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
-        let now = mirror.upstream_blob_bytes();
-        if now == last {
-            break;
-        }
+    while mirror.proxy.open_of(is_blob_get) > 0 {
         assert!(Instant::now() < deadline, "the upstream kept sending");
-        last = now;
+        std::thread::sleep(Duration::from_millis(50));
     }
+    let last = mirror.upstream_blob_bytes();
     assert!(
         last < layer.size,
         "the whole layer ({} bytes) was fetched for a client that had gone: {last}",
@@ -929,10 +925,11 @@ fn podman_pulls_through_the_mirror_with_the_documented_registries_conf() {
     );
 }
 
-/// Tokens that last two seconds: once the mirror's token has expired, its next request to the
-/// registry gets a 401, the mirror asks the token service for a new one, and the client never
-/// sees the 401. Both pulls' tag resolutions reach the registry (tag TTL 0), the second one
-/// past the first token's life.
+/// Tokens that last two seconds: once the mirror's token has expired (the mirror keeps one a
+/// little less than its life, a second here), its next request to the registry gets a 401,
+/// the mirror asks the token service for a new one, and the client never sees the 401. Every
+/// pull's tag resolution reaches the registry (tag TTL 0); the client pulls until a new token
+/// has been issued, each pull answered 200.
 #[test]
 fn an_expired_token_is_renewed() {
     let image = TestImage::write(22, 4 << 20).expect("image");
@@ -942,14 +939,14 @@ fn an_expired_token_is_renewed() {
     let (status, body) = get(&mirror.address, &path);
     assert_eq!(status, 200, "{body}");
     let issued = mirror.registry.tokens_issued().len();
-    // Past the token's life.
-    std::thread::sleep(Duration::from_secs(3));
-    let (status, body) = get(&mirror.address, &path);
-    assert_eq!(status, 200, "{body}");
-    assert!(
-        mirror.registry.tokens_issued().len() > issued,
-        "no new token after the first expired"
-    );
+    // Well past the token's life: a mirror that kept using it would get no other.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mirror.registry.tokens_issued().len() == issued {
+        assert!(Instant::now() < deadline, "no new token after the first expired");
+        std::thread::sleep(Duration::from_millis(50));
+        let (status, body) = get(&mirror.address, &path);
+        assert_eq!(status, 200, "{body}");
+    }
 }
 
 /// A private image whose credentials the daemon does not have, only the client (a pod's pull

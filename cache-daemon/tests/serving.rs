@@ -184,7 +184,9 @@ async fn idle_connections_do_not_starve_the_control_socket() {
         }
     }
     assert!(!idle.is_empty(), "no connection was accepted at all");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // No pause for the daemon to take the flood: the listener's backlog is first in, first
+    // out, so the connection of the `status` below is accepted only once the daemon has
+    // accepted every connection of the flood.
 
     let daemon = tokio::task::spawn_blocking(move || {
         let status = larder_within(&daemon, &["status", "--json"], Duration::from_secs(5))

@@ -24,6 +24,19 @@ const WAIT: Duration = Duration::from_secs(30);
 /// An object outside the plan.
 const OTHER: &str = "other/x.bin";
 
+/// The lines of the daemon's `log` that contain `what`, each with the time the daemon wrote
+/// it (the RFC 3339 stamp that begins each line).
+fn stamped<'a>(log: &'a str, what: &str) -> Vec<(std::time::SystemTime, &'a str)> {
+    log.lines()
+        .filter(|line| line.contains(what))
+        .map(|line| {
+            let stamp = line.split_whitespace().next().unwrap_or_default();
+            let at = humantime::parse_rfc3339(stamp).unwrap_or_else(|e| panic!("{line}: {e}"));
+            (at, line)
+        })
+        .collect()
+}
+
 /// The label state the last patch of `patches` gave.
 fn last(patches: &[Patch]) -> Option<Option<String>> {
     patches.last().and_then(|p| p.label(LABEL))
@@ -134,11 +147,33 @@ async fn the_node_is_labelled_while_the_plan_is_complete_and_the_label_converges
     let mut daemon = daemon;
     assert!(daemon.exited().expect("exited").is_none(), "the daemon stopped");
     api.resume().await.expect("resume");
-    api.wait_for(WAIT, |p| p.len() > seen && removed(p))
+    let patches = api
+        .wait_for(WAIT, |p| p.len() > seen && removed(p))
         .await
         .expect("label removed after the outage");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(removed(&api.patches()), "{:#?}", api.patches());
+    // And it stays removed: the checker goes on finding the plan incomplete, and nothing is
+    // patched again. Each check lists the plan's prefix at the origin; once a second listing
+    // after the removal has arrived, the check before it has ended, and a label it had wanted
+    // set would have been patched.
+    let listings = || {
+        let requests = server.requests();
+        requests
+            .iter()
+            .filter(|r| r.method == "GET" && r.query.as_deref().is_some_and(|q| q.contains("prefix=base")))
+            .count()
+    };
+    let before = listings();
+    let started = std::time::Instant::now();
+    while listings() < before + 2 {
+        assert!(started.elapsed() < WAIT, "the plan was not checked again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        api.patches()[patches.len()..],
+        [],
+        "patched after the label was removed: {:#?}",
+        api.patches()
+    );
     let log = std::fs::read_to_string(log).expect("log");
     assert_eq!(
         log.matches("cannot patch the node label").count(),
@@ -376,8 +411,10 @@ async fn the_api_server_is_trusted_only_through_the_configured_ca() {
 
 /// A plan the cache cannot hold: each prefetch is refused before any GET, the label stays
 /// off, and the prefetches come further and further apart (here a check every 100 ms: without
-/// the backoff some 30 in 3 s), so a node that cannot hold its plan does not pull it from the
-/// origin over and over.
+/// the backoff a prefetch every check), so a node that cannot hold its plan does not pull it
+/// from the origin over and over. The daemon's own log says when each prefetch was tried and
+/// how long it means to wait before the next: the waits double, and each gap between two
+/// tries is at least the wait announced between them.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_plan_that_does_not_fit_is_tried_less_and_less_often() {
     let server = S3Server::start("larder-test").await.expect("s3 server");
@@ -405,11 +442,44 @@ async fn a_plan_that_does_not_fit_is_tried_less_and_less_often() {
         &token,
     ];
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
-    let tries = log.matches("cannot prefetch the warm plan").count();
-    assert!((2..=7).contains(&tries), "{tries} prefetches in 3 s:\n{log}");
-    assert!(removed(&api.patches()), "{:#?}", api.patches());
+    const TRIED: &str = "cannot prefetch the warm plan";
+    const RETRY: &str = "the warm plan is still incomplete after a prefetch";
+    let started = std::time::Instant::now();
+    let log = loop {
+        let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+        if log.matches(RETRY).count() >= 4 {
+            break log;
+        }
+        assert!(started.elapsed() < WAIT, "fewer than 4 prefetches tried:\n{log}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let tries: Vec<_> = stamped(&log, TRIED).into_iter().map(|(at, _)| at).collect();
+    let waits: Vec<Duration> = stamped(&log, RETRY)
+        .into_iter()
+        .map(|(_, line)| {
+            let wait = line.split_once("retry_in=").expect("retry_in").1.trim();
+            humantime::parse_duration(wait).unwrap_or_else(|e| panic!("{line}: {e}"))
+        })
+        .collect();
+    assert_eq!(
+        waits[..4],
+        [100, 200, 400, 800].map(Duration::from_millis),
+        "the waits after each try:\n{log}"
+    );
+    assert!(tries.len() >= 4, "{log}");
+    for (i, pair) in tries.windows(2).take(3).enumerate() {
+        let gap = pair[1].duration_since(pair[0]).expect("tries in order");
+        // The log's clock is the wall clock: a few milliseconds' leeway for its adjustments.
+        assert!(
+            gap + Duration::from_millis(5) >= waits[i],
+            "try {} came {gap:?} after the one before, which announced {:?}:\n{log}",
+            i + 2,
+            waits[i]
+        );
+    }
+    api.wait_for(WAIT, removed)
+        .await
+        .expect("the label removed at start");
     assert!(
         !api.patches()
             .iter()

@@ -15,7 +15,7 @@ use larder_peer_proto::owner::RunId;
 use larder_peer_proto::wire::{RunRequest, VersionTag};
 use larder_read_path::fill::{BlockSource, FillFor, NotNext, Provenance, Run};
 use larder_read_path::{OpenObject, ReadError, Source};
-use larder_stats::{Latencies, PeerStats, Stats, add};
+use larder_stats::{PeerLatencies, PeerStats, Stats, add};
 use larder_store::VerifiedBlock;
 
 use crate::manifest::Manifests;
@@ -28,7 +28,7 @@ pub struct PeerSource {
     members: Membership,
     manifests: Manifests,
     stats: Arc<PeerStats>,
-    latency: Arc<Latencies>,
+    latency: Arc<PeerLatencies>,
 }
 
 impl PeerSource {
@@ -40,7 +40,7 @@ impl PeerSource {
             members,
             manifests,
             stats: stats.peer.clone(),
-            latency: stats.latency.clone(),
+            latency: stats.peer_latency.clone(),
         }
     }
 

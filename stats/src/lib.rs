@@ -1,10 +1,12 @@
 //! Counters kept by the daemon, one set per layer: the block store's ([`StoreStats`]), the
 //! origins' ([`OriginStats`]), the read path's ([`ReadStats`]), the peer tier's
 //! ([`PeerStats`]), the mount's ([`MountStats`]), the prefetch jobs' ([`JobStats`]) and the
-//! registry mirror's ([`RegistryStats`]); and latency histograms ([`Histogram`]) of fills and
-//! FUSE requests. Each layer is handed its own part of the [`Stats`] the binary makes, and
-//! counts only there; the metrics endpoint and `larder status` read the whole as one
-//! [`StatsSnapshot`]; tests assert on them.
+//! registry mirror's ([`RegistryStats`]); and the latency histograms of the layers that time
+//! what they do: the read path's fills ([`Latencies`]) and the peer tier's runs
+//! ([`PeerLatencies`]). Each layer is handed its own part of the [`Stats`] the binary makes,
+//! and counts only there; the metrics endpoint and `larder status` read the whole as one
+//! [`StatsSnapshot`]; tests assert on them. [`Histogram`] is here for any layer to keep: the
+//! binary keeps its own of FUSE requests, whose operations this crate does not know.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -15,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use larder_control_api::FailureCause;
-use larder_fuse_mount::Operation;
 
 macro_rules! counters {
     ($(
@@ -32,15 +33,17 @@ macro_rules! counters {
             }
         )*
 
-        /// Every layer's counters and the latency histograms: the binary makes one and hands
-        /// each layer its own part.
+        /// Every layer's counters and latency histograms: the binary makes one and hands each
+        /// layer its own part.
         #[derive(Debug, Default)]
         pub struct Stats {
             $( #[doc = concat!("See [`", stringify!($layer), "`].")] pub $field: Arc<$layer>, )*
             /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
             pub prefetch_failed: [AtomicU64; FailureCause::ALL.len()],
-            /// Latency histograms of fills (read path, peer tier) and of FUSE requests.
+            /// The read path's latency histograms.
             pub latency: Arc<Latencies>,
+            /// The peer tier's latency histograms.
+            pub peer_latency: Arc<PeerLatencies>,
         }
 
         /// A copy of every layer's counters at one instant, side by side, as the metrics
@@ -50,8 +53,12 @@ macro_rules! counters {
             $( $( $(#[doc = $doc])* pub $name: u64, )* )*
             /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
             pub prefetch_failed: [u64; FailureCause::ALL.len()],
-            /// Latency histograms.
-            pub latency: LatencySnapshot,
+            /// See [`Latencies::fill_nvme`].
+            pub fill_nvme: HistogramSnapshot,
+            /// See [`Latencies::fill_origin`].
+            pub fill_origin: HistogramSnapshot,
+            /// See [`PeerLatencies::fill_peer`].
+            pub fill_peer: HistogramSnapshot,
         }
 
         impl Stats {
@@ -60,7 +67,9 @@ macro_rules! counters {
                 StatsSnapshot {
                     $( $( $name: self.$field.$name.load(Ordering::Relaxed), )* )*
                     prefetch_failed: std::array::from_fn(|i| self.prefetch_failed[i].load(Ordering::Relaxed)),
-                    latency: self.latency.snapshot(),
+                    fill_nvme: self.latency.fill_nvme.snapshot(),
+                    fill_origin: self.latency.fill_origin.snapshot(),
+                    fill_peer: self.peer_latency.fill_peer.snapshot(),
                 }
             }
         }
@@ -308,7 +317,7 @@ impl HistogramSnapshot {
     }
 }
 
-/// How long fills and FUSE requests take.
+/// The read path's latency histograms: how long its fills take.
 #[derive(Debug, Default)]
 pub struct Latencies {
     /// One block read from the block store, on a hit.
@@ -316,46 +325,14 @@ pub struct Latencies {
     /// One origin fill (a ranged GET of up to a part), from its start (waiting for an origin
     /// slot included) to its last block; successful fills only.
     pub fill_origin: Histogram,
+}
+
+/// The rack peer tier's latency histograms.
+#[derive(Debug, Default)]
+pub struct PeerLatencies {
     /// One run fetched from a rack peer, from the request to its last block; complete runs
     /// only.
     pub fill_peer: Histogram,
-    /// FUSE requests from arrival to reply, indexed by `Operation as usize`.
-    fuse: [Histogram; Operation::ALL.len()],
-}
-
-/// A copy of [`Latencies`] at one instant.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct LatencySnapshot {
-    /// See [`Latencies::fill_nvme`].
-    pub fill_nvme: HistogramSnapshot,
-    /// See [`Latencies::fill_origin`].
-    pub fill_origin: HistogramSnapshot,
-    /// See [`Latencies::fill_peer`].
-    pub fill_peer: HistogramSnapshot,
-    fuse: [HistogramSnapshot; Operation::ALL.len()],
-}
-
-impl Latencies {
-    /// The histogram of FUSE requests of kind `op`.
-    pub fn fuse(&self, op: Operation) -> &Histogram {
-        &self.fuse[op as usize]
-    }
-
-    fn snapshot(&self) -> LatencySnapshot {
-        LatencySnapshot {
-            fill_nvme: self.fill_nvme.snapshot(),
-            fill_origin: self.fill_origin.snapshot(),
-            fill_peer: self.fill_peer.snapshot(),
-            fuse: std::array::from_fn(|i| self.fuse[i].snapshot()),
-        }
-    }
-}
-
-impl LatencySnapshot {
-    /// FUSE requests of kind `op`.
-    pub fn fuse(&self, op: Operation) -> &HistogramSnapshot {
-        &self.fuse[op as usize]
-    }
 }
 
 /// Adds `n` to a counter.

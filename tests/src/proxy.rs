@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,8 +24,9 @@ use crate::{Bucket, ServedRequest};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Every request forwarded, with the body bytes of its response sent so far.
-type RequestLog = Arc<Mutex<Vec<(ServedRequest, Arc<AtomicU64>)>>>;
+/// Every request forwarded, with the body bytes of its response sent so far and whether its
+/// answer has ended.
+type RequestLog = Arc<Mutex<Vec<(ServedRequest, Arc<AtomicU64>, Arc<AtomicBool>)>>>;
 
 /// What the proxy does to the traffic it forwards; switched at run time with
 /// [`RecordingProxy::set_fault`]. Body faults are applied chunk by chunk as the body passes, so
@@ -110,7 +111,10 @@ impl RecordingProxy {
                 && request.headers().contains_key(hyper::header::RANGE);
             let is_head = request.method() == hyper::Method::HEAD;
             let sent = Arc::new(AtomicU64::new(0));
-            served.lock().push((ServedRequest::of(&request), sent.clone()));
+            let ended = Arc::new(AtomicBool::new(false));
+            served
+                .lock()
+                .push((ServedRequest::of(&request), sent.clone(), ended.clone()));
             let (mut parts, body) = request.into_parts();
             let mut uri = std::mem::take(&mut parts.uri).into_parts();
             uri.scheme = Some(Scheme::HTTP);
@@ -125,6 +129,7 @@ impl RecordingProxy {
                 counted: counted.clone(),
                 held: holding.clone(),
                 sent,
+                ended,
                 cut: false,
             };
             async move {
@@ -181,7 +186,7 @@ impl RecordingProxy {
         self.log
             .lock()
             .iter()
-            .map(|(request, _)| request.clone())
+            .map(|(request, ..)| request.clone())
             .collect()
     }
 
@@ -201,9 +206,19 @@ impl RecordingProxy {
         self.log
             .lock()
             .iter()
-            .filter(|(request, _)| pick(request))
-            .map(|(_, sent)| sent.load(Ordering::Relaxed))
+            .filter(|(request, ..)| pick(request))
+            .map(|(_, sent, _)| sent.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// How many of the requests that `pick` chooses are still under way: arrived, and their
+    /// answer not yet sent to its end nor dropped (a client that went, a cut connection).
+    pub fn open_of(&self, pick: impl Fn(&ServedRequest) -> bool) -> usize {
+        self.log
+            .lock()
+            .iter()
+            .filter(|(request, _, ended)| pick(request) && !ended.load(Ordering::Relaxed))
+            .count()
     }
 }
 
@@ -237,6 +252,9 @@ struct FaultyBody {
     held: Arc<AtomicU64>,
     /// Body bytes of this response sent so far (shared with the request log).
     sent: Arc<AtomicU64>,
+    /// Set when this is dropped: the answer has ended, one way or another (shared with the
+    /// request log).
+    ended: Arc<AtomicBool>,
     /// [`Fault::ResetAfter`] was reached: the connection is cut before the next chunk.
     cut: bool,
 }
@@ -309,6 +327,12 @@ impl FaultyBody {
         self.sent.store(start + data.len() as u64, Ordering::Relaxed);
         self.counted.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(data)
+    }
+}
+
+impl Drop for FaultyBody {
+    fn drop(&mut self) {
+        self.ended.store(true, Ordering::Relaxed);
     }
 }
 
