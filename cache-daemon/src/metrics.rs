@@ -731,7 +731,7 @@ mod tests {
         larder_stats::add(&stats.peer.peer_sent_bytes, 12);
         larder_stats::add(&stats.peer.peer_served_refused, 13);
         larder_stats::add(&stats.read.origin_checks_mismatch, 14);
-        stats.latency.fill_origin.observe(Duration::from_millis(20));
+        stats.read_latency.fill_origin.observe(Duration::from_millis(20));
         stats.peer_latency.fill_peer.observe(Duration::from_millis(3));
         let fuse = FuseLatencies::default();
         fuse.observe(Operation::Readdir, Duration::from_micros(300));

@@ -47,7 +47,7 @@ use larder_config::{ByteSize, OriginConfig};
 use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{Origin, OriginError};
 use larder_stats::said::Throttled;
-use larder_stats::{Latencies, ReadStats, Stats, add};
+use larder_stats::{ReadLatencies, ReadStats, Stats, add};
 use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
@@ -197,7 +197,7 @@ struct Inner {
     readahead: Range<u64>,
     stats: Arc<ReadStats>,
     /// How long fills take.
-    latency: Arc<Latencies>,
+    latency: Arc<ReadLatencies>,
     /// The runtime the cache was made in, and its tasks on it.
     runtime: Handle,
     tasks: TaskTracker,
@@ -322,7 +322,7 @@ impl Cache {
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
                 stats: stats.read.clone(),
-                latency: stats.latency.clone(),
+                latency: stats.read_latency.clone(),
                 runtime: Handle::current(),
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),

@@ -2,7 +2,7 @@
 //! origins' ([`OriginStats`]), the read path's ([`ReadStats`]), the peer tier's
 //! ([`PeerStats`]), the mount's ([`MountStats`]), the prefetch jobs' ([`JobStats`]) and the
 //! registry mirror's ([`RegistryStats`]); and the latency histograms of the layers that time
-//! what they do: the read path's fills ([`Latencies`]) and the peer tier's runs
+//! what they do: the read path's fills ([`ReadLatencies`]) and the peer tier's runs
 //! ([`PeerLatencies`]). Each layer is handed its own part of the [`Stats`] the binary makes,
 //! and counts only there; the metrics endpoint and `larder status` read the whole as one
 //! [`StatsSnapshot`]; tests assert on them. [`Histogram`] is here for any layer to keep: the
@@ -41,7 +41,7 @@ macro_rules! counters {
             /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
             pub prefetch_failed: [AtomicU64; FailureCause::ALL.len()],
             /// The read path's latency histograms.
-            pub latency: Arc<Latencies>,
+            pub read_latency: Arc<ReadLatencies>,
             /// The peer tier's latency histograms.
             pub peer_latency: Arc<PeerLatencies>,
         }
@@ -53,9 +53,9 @@ macro_rules! counters {
             $( $( $(#[doc = $doc])* pub $name: u64, )* )*
             /// Objects of prefetch jobs that failed, by cause (indexed as [`FailureCause::ALL`]).
             pub prefetch_failed: [u64; FailureCause::ALL.len()],
-            /// See [`Latencies::fill_nvme`].
+            /// See [`ReadLatencies::fill_nvme`].
             pub fill_nvme: HistogramSnapshot,
-            /// See [`Latencies::fill_origin`].
+            /// See [`ReadLatencies::fill_origin`].
             pub fill_origin: HistogramSnapshot,
             /// See [`PeerLatencies::fill_peer`].
             pub fill_peer: HistogramSnapshot,
@@ -67,8 +67,8 @@ macro_rules! counters {
                 StatsSnapshot {
                     $( $( $name: self.$field.$name.load(Ordering::Relaxed), )* )*
                     prefetch_failed: std::array::from_fn(|i| self.prefetch_failed[i].load(Ordering::Relaxed)),
-                    fill_nvme: self.latency.fill_nvme.snapshot(),
-                    fill_origin: self.latency.fill_origin.snapshot(),
+                    fill_nvme: self.read_latency.fill_nvme.snapshot(),
+                    fill_origin: self.read_latency.fill_origin.snapshot(),
                     fill_peer: self.peer_latency.fill_peer.snapshot(),
                 }
             }
@@ -319,7 +319,7 @@ impl HistogramSnapshot {
 
 /// The read path's latency histograms: how long its fills take.
 #[derive(Debug, Default)]
-pub struct Latencies {
+pub struct ReadLatencies {
     /// One block read from the block store, on a hit.
     pub fill_nvme: Histogram,
     /// One origin fill (a ranged GET of up to a part), from its start (waiting for an origin
