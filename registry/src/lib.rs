@@ -160,15 +160,19 @@ pub(crate) struct Progress {
 
 /// Blocks a check keeps in memory after hashing them, for the clients streaming it, while the
 /// memory budget has room for another block; [`HASHED_KEPT_TIGHT`] when it has not. A client
-/// further behind reads its blocks back from the cache disk (and checks them again).
-const HASHED_KEPT: usize = 16;
+/// further behind reads its blocks back from the cache disk (and checks them again); the check
+/// keeps pace with its clients (see [`pace`]), so a few are enough. With the blocks held ahead,
+/// 48 MiB a check at the default block size: the four layers containerd may pull at once fit
+/// the default memory budget (with 16 and 16, a cold pull read 84 % of its layers back from
+/// the disk, having found the budget full).
+const HASHED_KEPT: usize = 4;
 
 /// Blocks a check keeps after hashing them when the memory budget is full.
-const HASHED_KEPT_TIGHT: usize = 4;
+const HASHED_KEPT_TIGHT: usize = 2;
 
-/// Blocks a check holds that were fetched ahead of its hashing: the parts fetched at once, at
-/// the default part and block sizes.
-const HELD_AHEAD: usize = 16;
+/// Blocks a check holds that were fetched ahead of its hashing: two parts in flight at the
+/// default part and block sizes, enough to keep up with a client on a fast link.
+const HELD_AHEAD: usize = 8;
 
 /// Blocks of a check fetched before it hashed them, by index, with their BLAKE3: at most
 /// [`HELD_AHEAD`], and only while the memory budget has room for another block (a block not
