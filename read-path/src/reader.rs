@@ -130,95 +130,145 @@ impl Reader {
             }
         };
         let bytes = span.assemble(&[block], &self.cache.inner.stats, self.opened);
-        self.plan_steps(&mut self.state.lock(), &span);
+        let step = self.step(&mut self.state.lock(), &span);
+        self.act(&step);
         Some(bytes)
     }
 
     /// Feeds the sequential detector, starts readahead, and returns what to wait for, one
-    /// future per block of the read.
+    /// future per block of the read. What to do is decided under the reader's lock; fills,
+    /// block tasks and holds on disk are started after it is released, and what they give is
+    /// kept under it again (a concurrent read of the handle that started the same block meanwhile
+    /// got the same one: [`Cache::spawn_block`] shares it).
     fn plan(&self, span: &Span) -> Vec<BlockFuture> {
         let cache = &self.cache;
-        let block_size = cache.inner.store.block_size();
-        let mut guard = self.state.lock();
-        let state = &mut *guard;
-        let step = self.plan_steps(state, span);
-        let runs = &cache.inner.runs;
-        let blocks_ahead = if step.sequential {
-            let share = BLOCKS_AHEAD / (runs.load(Ordering::Relaxed) as u32).max(1);
-            (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
-        } else {
-            0
+        let store = &cache.inner.store;
+        let block_size = store.block_size();
+        let (step, wants, ahead, left) = {
+            let mut guard = self.state.lock();
+            let state = &mut *guard;
+            let step = self.step(state, span);
+            let blocks_ahead = if step.sequential {
+                let share = BLOCKS_AHEAD / (cache.inner.runs.load(Ordering::Relaxed) as u32).max(1);
+                (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
+            } else {
+                0
+            };
+            // Keep what concurrent, slightly out-of-order reads around this one may still ask
+            // for. Blocks behind only while the budget has room for them.
+            let behind = if cache.budget().room_for(block_size) {
+                BLOCKS_BEHIND
+            } else {
+                0
+            };
+            let kept = span.first.saturating_sub(behind)..=span.last.saturating_add(2 * BLOCKS_AHEAD);
+            state.blocks.retain(|index, _| kept.contains(index));
+            // Holds are let go after the lock (a hold's end takes the store's lock).
+            let left: Vec<BlockHold> = state
+                .on_disk
+                .extract_if(.., |index, _| !kept.contains(index))
+                .map(|(_, hold)| hold)
+                .collect();
+            // The read's own blocks, whole in a run while the budget has room (the next reads
+            // inside them need no disk read), then those ahead of it as far as the budget goes.
+            // Without room, a run reads the part it wants and holds the block on disk.
+            let wants: Vec<Want> = span
+                .blocks()
+                .map(|index| match state.blocks.get(&index) {
+                    Some(block) => Want::Held(block.clone()),
+                    None if !step.sequential || !cache.room_to_hold() => Want::Part {
+                        index,
+                        hold: step.sequential && !state.on_disk.contains_key(&index),
+                    },
+                    None => Want::Whole(index),
+                })
+                .collect();
+            let last = (span.last + blocks_ahead).min(cache.block_count(&self.object) - 1);
+            let ahead: Vec<u32> = (span.last + 1..=last)
+                .filter(|index| !state.blocks.contains_key(index))
+                .take_while(|_| cache.room_to_hold())
+                .collect();
+            (step, wants, ahead, left)
         };
-        let block_count = cache.block_count(&self.object);
-        // Keep what concurrent, slightly out-of-order reads around this one may still ask for.
-        // Blocks behind only while the budget has room for them.
-        let behind = if cache.budget().room_for(block_size) {
-            BLOCKS_BEHIND
-        } else {
-            0
-        };
-        let low = span.first.saturating_sub(behind);
-        let high = span.last.saturating_add(2 * BLOCKS_AHEAD);
-        state.blocks.retain(|index, _| (low..=high).contains(index));
-        state.on_disk.retain(|index, _| (low..=high).contains(index));
-        // The read's own blocks, whole in a run while the budget has room (the next reads
-        // inside them need no disk read), then those ahead of it as far as the budget goes.
-        // Without room, a run reads the part it wants and holds the block on disk.
-        let wanted = span
-            .blocks()
-            .map(|index| {
-                if let Some(block) = state.blocks.get(&index) {
-                    return block.clone().boxed();
-                }
-                if !step.sequential || !cache.room_to_hold() {
-                    if step.sequential {
-                        let store = &cache.inner.store;
-                        let id = self.object.id;
-                        state
-                            .on_disk
-                            .entry(index)
-                            .or_insert_with(|| store.hold(id, index));
-                    }
-                    let (cache, object) = (cache.clone(), self.object.clone());
-                    let part = span.within(index, block_size);
-                    return async move { cache.block(&object, index, Some(part), FillFor::Node).await }
-                        .boxed();
-                }
-                let block = cache.spawn_block(&self.object, index);
-                state.blocks.insert(index, block.clone());
-                block.boxed()
+        drop(left);
+        self.act(&step);
+        let whole = wants.iter().filter_map(|want| match want {
+            Want::Whole(index) => Some(*index),
+            _ => None,
+        });
+        let spawned: BTreeMap<u32, SharedBlock> = whole
+            .chain(ahead)
+            .map(|index| (index, cache.spawn_block(&self.object, index)))
+            .collect();
+        let holds: Vec<(u32, BlockHold)> = wants
+            .iter()
+            .filter_map(|want| match *want {
+                Want::Part { index, hold: true } => Some((index, store.hold(self.object.id, index))),
+                _ => None,
             })
             .collect();
-        let ahead = span.last + 1..=(span.last + blocks_ahead).min(block_count - 1);
-        for index in ahead {
-            if let Entry::Vacant(entry) = state.blocks.entry(index) {
-                if !cache.room_to_hold() {
-                    break;
-                }
-                entry.insert(cache.spawn_block(&self.object, index));
+        let unneeded: Vec<BlockHold> = {
+            let mut state = self.state.lock();
+            for (&index, block) in &spawned {
+                state.blocks.entry(index).or_insert_with(|| block.clone());
             }
-        }
-        wanted
+            holds
+                .into_iter()
+                .filter_map(|(index, hold)| match state.on_disk.entry(index) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(hold);
+                        None
+                    }
+                    Entry::Occupied(_) => Some(hold),
+                })
+                .collect()
+        };
+        drop(unneeded);
+        wants
+            .into_iter()
+            .map(|want| match want {
+                Want::Held(block) => block.boxed(),
+                Want::Whole(index) => spawned[&index].clone().boxed(),
+                Want::Part { index, .. } => {
+                    let (cache, object) = (cache.clone(), self.object.clone());
+                    let part = span.within(index, block_size);
+                    async move { cache.block(&object, index, Some(part), FillFor::Node).await }.boxed()
+                }
+            })
+            .collect()
     }
 
-    /// Feeds the sequential detector with `span`, counts the runs it starts and ends, and
-    /// starts the readahead it asks for.
-    fn plan_steps(&self, state: &mut ReaderState, span: &Span) -> Step {
-        let cache = &self.cache;
+    /// Feeds the sequential detector with `span` and counts the runs it starts and ends:
+    /// under the reader's lock.
+    fn step(&self, state: &mut ReaderState, span: &Span) -> Step {
         let step = state
             .readahead
             .on_read(span.offset..span.end, self.object.version.size);
-        let runs = &cache.inner.runs;
+        let runs = &self.cache.inner.runs;
         if step.started {
             runs.fetch_add(1, Ordering::Relaxed);
         } else if step.ended {
             runs.fetch_sub(1, Ordering::Relaxed);
         }
-        if let Some(ahead) = step.prefetch.clone() {
-            cache.prefetch(&self.object, ahead);
-        }
         step
     }
+
+    /// Starts the readahead `step` asks for: after the reader's lock is released.
+    fn act(&self, step: &Step) {
+        if let Some(ahead) = step.prefetch.clone() {
+            self.cache.prefetch(&self.object, ahead);
+        }
+    }
+}
+
+/// What a read waits for, for one block: planned under the reader's lock, started after.
+enum Want {
+    /// A block the reader holds already.
+    Held(SharedBlock),
+    /// The whole block, kept by the reader.
+    Whole(u32),
+    /// Only the part the read covers; `hold`: hold the block on disk while the reader is in it.
+    Part { index: u32, hold: bool },
 }
 
 /// The blocks a read covers, and how to cut the read out of them.
