@@ -879,6 +879,59 @@ fn a_cold_layer_streams_whole_with_a_memory_budget_of_two_blocks() {
     );
 }
 
+/// An upstream that starts refusing a cold layer's reads (403) once its first block has gone
+/// to the client: the check fails at the first block it cannot have and the client's answer
+/// ends at once, cut, instead of hanging while the fetch waits for a hashing that has stopped.
+/// With the upstream mended (and the failure no longer remembered), the layer is served whole.
+#[test]
+fn a_layer_the_upstream_stops_serving_midway_ends_the_answer_and_is_served_once_mended() {
+    let image = TestImage::write(26, 160 << 20).expect("image");
+    let extra = ["--block-size", "1MiB", "--part-size", "4MiB"];
+    let mirror = Mirror::start(&image, None, &extra);
+    let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    let mut stream = TcpStream::connect(&mirror.address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("request");
+    let mut first = vec![0; 1 << 20];
+    stream
+        .read_exact(&mut first)
+        .expect("the head and the first block");
+    assert!(
+        first.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..100])
+    );
+    mirror.proxy.set_fault(Fault::RefuseReads(403));
+    let refused = Instant::now();
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest);
+    let took = refused.elapsed();
+    assert!(
+        ((first.len() + rest.len()) as u64) < layer.size,
+        "a layer the upstream stopped serving was sent whole"
+    );
+    assert!(took < Duration::from_secs(30), "the answer took {took:?} to end");
+    // The failed blocks fail at once for a few seconds (FAILED_FILL_MEMORY), then are fetched.
+    mirror.proxy.set_fault(Fault::PassThrough);
+    let deadline = Instant::now() + larder_read_path::FAILED_FILL_MEMORY + Duration::from_secs(20);
+    loop {
+        let (status, head, body) = get_bytes(&mirror.address, &path);
+        if status == 200 && body.len() as u64 == layer.size {
+            assert!(
+                body == pushed(&image, &layer),
+                "the layer's bytes are not those pushed"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "never served whole again: {head}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// podman (the containers/image library CRI-O uses) pulls through the mirror with the
 /// registries.conf of docs/REGISTRY.md ("CRI-O (and podman)"), the registry itself
 /// unreachable (its name resolves nowhere): every layer right; after a restart of the daemon

@@ -747,7 +747,21 @@ impl Mirror {
                 },
             );
             add(&self.stats.registry_digest_checks, 1);
-            let ((), hashed) = tokio::join!(fills, self.hash(object, &digest, progress, pace, &ahead));
+            let hashed = {
+                let hash = self.hash(object, &digest, progress, pace, &ahead);
+                tokio::pin!(fills, hash);
+                tokio::select! {
+                    // The fetch waits for the hashing: a hashing that failed leaves it waiting,
+                    // and it goes; one that ended has opened the way for every part.
+                    hashed = &mut hash => {
+                        if hashed.is_ok() {
+                            fills.await;
+                        }
+                        hashed
+                    }
+                    () = &mut fills => hash.await,
+                }
+            };
             if let Some(source) = failed.into_inner() {
                 self.unfetchable(object, &digest).await;
                 return Err(MirrorError::Fill { digest, source });
