@@ -37,8 +37,11 @@ fn classify(error: &OriginError, asked: Asked) -> (FsErrorKind, Level) {
         OriginError::RetriesExhausted { .. } | OriginError::DeadlineExceeded { .. } => {
             (FsErrorKind::Io, Level::WARN)
         }
-        // A key the store refuses or a source that cannot be built: not a passing fault.
-        OriginError::Rejected { .. } | OriginError::Config { .. } => (FsErrorKind::Io, Level::ERROR),
+        // A key the store refuses, a source asked what it cannot do, or one that cannot be
+        // built: not a passing fault.
+        OriginError::Rejected { .. } | OriginError::NotSupported { .. } | OriginError::Config { .. } => {
+            (FsErrorKind::Io, Level::ERROR)
+        }
     }
 }
 
@@ -133,6 +136,15 @@ mod tests {
                     source_name: source_name.clone(),
                     key: key.clone(),
                     source: store_error(),
+                },
+                libc::EIO,
+                Level::ERROR,
+            ),
+            (
+                OriginError::NotSupported {
+                    source_name: source_name.clone(),
+                    key: key.clone(),
+                    operation: larder_origin::Operation::List,
                 },
                 libc::EIO,
                 Level::ERROR,

@@ -192,7 +192,9 @@ fn origin_cause(error: &OriginError) -> FailureCause {
         OriginError::RetriesExhausted { .. } | OriginError::DeadlineExceeded { .. } => {
             FailureCause::Transient
         }
-        OriginError::Rejected { .. } | OriginError::Config { .. } => FailureCause::Other,
+        OriginError::Rejected { .. } | OriginError::NotSupported { .. } | OriginError::Config { .. } => {
+            FailureCause::Other
+        }
     }
 }
 

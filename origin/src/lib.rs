@@ -1,15 +1,24 @@
 //! Origins: the object stores behind each source.
 //!
-//! An [`Origin`] wraps an `object_store::ObjectStore` built from the source's URL and adds what a
-//! cache needs from it: keys relative to the source's prefix, ranged GETs pinned to the version
-//! seen at open (`If-Match`, and the response's ETag checked as well), per-attempt deadlines,
-//! jittered exponential backoff under a shared retry budget, and errors typed by what the caller
-//! must do about them.
+//! An [`Origin`] wraps a store built from the source's URL and adds what a cache needs from it:
+//! keys relative to the source's prefix, ranged GETs pinned to the version seen at open
+//! (`If-Match`, and the response's ETag checked as well), per-attempt deadlines, jittered
+//! exponential backoff under a shared retry budget, and errors typed by what the caller must do
+//! about them.
+//!
+//! An origin reads through the narrow [`ReadStore`] seam (one GET with options; see
+//! [`read_store`]), which every `object_store::ObjectStore` implements. Listing and writing
+//! Larder's own objects (sealed manifests) need the whole `ObjectStore` and are there only where
+//! the origin was given one ([`Origin::new`], as every source built from a URL is); an origin
+//! over a store that can only be read ([`Origin::read_only`], the registry mirror's upstream)
+//! answers a listing or a write with [`OriginError::NotSupported`], sending nothing. The same
+//! retries, budget and deadlines govern every request, whichever seam it goes through.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod checksums;
 pub mod environment;
+pub mod read_store;
 
 use std::fmt;
 use std::future::Future;
@@ -37,6 +46,7 @@ use tokio::time::Instant;
 
 use crate::checksums::{Convention, Published, PublishedChecksums, Urls};
 use crate::environment::{Cloud, Environment};
+pub use crate::read_store::ReadStore;
 
 /// Why an origin request failed, sorted by what the caller does about it.
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +113,17 @@ pub enum OriginError {
         /// What the store said.
         source: object_store::Error,
     },
+    /// The source can only be read (its origin is [`Origin::read_only`]) and was asked to list
+    /// or write. No request was sent.
+    #[error("source {source_name} cannot {operation} {key:?}: it can only read objects")]
+    NotSupported {
+        /// Name of the source.
+        source_name: String,
+        /// Key (or directory) relative to the source.
+        key: String,
+        /// What it was asked to do.
+        operation: Operation,
+    },
     /// The source cannot be built from its configuration.
     #[error("source {source_name} ({url}): {message}")]
     Config {
@@ -113,6 +134,24 @@ pub enum OriginError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// What an origin is asked to do beyond reading objects, which a read-only origin cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// List keys: a directory's level, everything under it, or whether anything is.
+    List,
+    /// Write an object of Larder's own (a sealed manifest).
+    Write,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::List => "list",
+            Self::Write => "write",
+        })
+    }
 }
 
 /// What is gone when a pinned version changed.
@@ -269,8 +308,12 @@ pub struct Origin {
     url: SourceUrl,
     /// The URL's canonical spelling, made once: what the versions it gives are named by.
     identity_url: String,
-    store: Arc<dyn ObjectStore>,
+    /// What every read (GET, HEAD) goes through.
+    reader: Arc<dyn ReadStore>,
+    /// The whole store, for listings and writes: `None` where the source can only be read.
+    full_store: Option<Arc<dyn ObjectStore>>,
     /// Paged listings, where the store has them (S3, GCS, Azure); others list a directory whole.
+    /// Used only where there is a full store.
     pager: Option<Arc<dyn PaginatedListStore>>,
     prefix: Path,
     backoff: Backoff,
@@ -587,7 +630,8 @@ impl Origin {
         &self.stats
     }
 
-    /// Lists directories page by page through `pager` (the same store as the origin's).
+    /// Lists directories page by page through `pager` (the same store as the origin's). An
+    /// origin made with [`Origin::read_only`] still lists nothing.
     pub fn with_pager(mut self, pager: Arc<dyn PaginatedListStore>) -> Self {
         self.pager = Some(pager);
         self
@@ -633,8 +677,9 @@ impl Origin {
         }
     }
 
-    /// An origin over an already built store; keys are resolved under `prefix`. Tests use this
-    /// to put fault-injecting wrappers around real stores.
+    /// An origin over an already built store, which it reads, lists and writes Larder's
+    /// manifests to; keys are resolved under `prefix`. Tests use this to put fault-injecting
+    /// wrappers around real stores.
     pub fn new(
         name: &str,
         url: &str,
@@ -643,11 +688,39 @@ impl Origin {
         config: &OriginConfig,
         stats: Arc<OriginStats>,
     ) -> Self {
+        let reader: Arc<dyn ReadStore> = Arc::new(Arc::clone(&store));
+        Self::over(name, url, reader, Some(store), prefix, config, stats)
+    }
+
+    /// An origin over a store that can only be read (the registry mirror's upstream): its
+    /// listings and writes fail with [`OriginError::NotSupported`]. Keys are resolved under
+    /// `prefix`.
+    pub fn read_only(
+        name: &str,
+        url: &str,
+        reader: Arc<dyn ReadStore>,
+        prefix: Path,
+        config: &OriginConfig,
+        stats: Arc<OriginStats>,
+    ) -> Self {
+        Self::over(name, url, reader, None, prefix, config, stats)
+    }
+
+    fn over(
+        name: &str,
+        url: &str,
+        reader: Arc<dyn ReadStore>,
+        full_store: Option<Arc<dyn ObjectStore>>,
+        prefix: Path,
+        config: &OriginConfig,
+        stats: Arc<OriginStats>,
+    ) -> Self {
         Self {
             name: name.to_owned(),
             url: url.into(),
             identity_url: larder_object::canonical_source_url(url),
-            store,
+            reader,
+            full_store,
             pager: None,
             prefix,
             backoff: Backoff {
@@ -663,6 +736,20 @@ impl Origin {
             published: None,
             content_names: None,
         }
+    }
+
+    /// The whole store, to `operation` on `key`, or the error saying this origin can only read.
+    fn full_store(&self, key: &str, operation: Operation) -> Result<&Arc<dyn ObjectStore>, OriginError> {
+        self.full_store.as_ref().ok_or_else(|| OriginError::NotSupported {
+            source_name: self.name.clone(),
+            key: key.to_owned(),
+            operation,
+        })
+    }
+
+    /// Whether the origin lists and writes, or only reads.
+    pub fn can_list_and_write(&self) -> bool {
+        self.full_store.is_some()
     }
 
     /// The store location of a key relative to the source. Keys are parsed, never concatenated:
@@ -702,9 +789,13 @@ impl Origin {
     pub async fn head(&self, key: &str) -> Result<ObjectVersion, OriginError> {
         let location = self.location(key)?;
         let meta = self
-            .with_retries(key, || {
+            .with_retries(key, || async {
                 add(&self.stats.origin_head_requests, 1);
-                self.store.head(&location)
+                let options = GetOptions {
+                    head: true,
+                    ..GetOptions::default()
+                };
+                Ok(self.reader.get_opts(&location, options).await?.meta)
             })
             .await?;
         Ok(self.version_of(key.to_owned(), &meta))
@@ -716,7 +807,7 @@ impl Origin {
         let location = self.location(key)?;
         self.with_retries(key, || async {
             add(&self.stats.origin_get_requests, 1);
-            let response = self.store.get(&location).await?;
+            let response = self.reader.get_opts(&location, GetOptions::default()).await?;
             if response.meta.size > max {
                 return Ok(None);
             }
@@ -731,10 +822,11 @@ impl Origin {
     /// PUT is idempotent). For objects of Larder's own (manifests); the sources' data is never
     /// written.
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), OriginError> {
+        let store = self.full_store(key, Operation::Write)?;
         let location = self.location(key)?;
         self.with_retries(key, || {
             add(&self.stats.origin_put_requests, 1);
-            self.store.put(&location, bytes.clone().into())
+            store.put(&location, bytes.clone().into())
         })
         .await
         .map(drop)
@@ -769,12 +861,13 @@ impl Origin {
     /// would fail its whole page: the page is narrowed until the key comes first, and the key
     /// is stepped over and logged. Stores without paged listings return the whole level at once.
     pub async fn list_page(&self, dir: &str, from: Option<&PageToken>) -> Result<ListPage, OriginError> {
+        let store = self.full_store(dir, Operation::List)?;
         let location = self.dir_location(dir)?;
         let Some(pager) = &self.pager else {
             let listing = self
                 .with_retries(dir, || {
                     add(&self.stats.origin_list_requests, 1);
-                    self.store.list_with_delimiter(Some(&location))
+                    store.list_with_delimiter(Some(&location))
                 })
                 .await?;
             return Ok(ListPage {
@@ -841,11 +934,12 @@ impl Origin {
 
     /// Every object under `dir/`, at any depth (`""`: the whole source).
     pub async fn list_all(&self, dir: &str) -> Result<Vec<ObjectVersion>, OriginError> {
+        let store = self.full_store(dir, Operation::List)?;
         let location = self.dir_location(dir)?;
         let metas: Vec<object_store::ObjectMeta> = self
             .with_retries(dir, || {
                 add(&self.stats.origin_list_requests, 1);
-                futures::TryStreamExt::try_collect(self.store.list(Some(&location)))
+                futures::TryStreamExt::try_collect(store.list(Some(&location)))
             })
             .await?;
         Ok(metas
@@ -856,6 +950,7 @@ impl Origin {
 
     /// Whether any key lies under `dir/`, which makes `dir` a directory.
     pub async fn is_dir(&self, dir: &str) -> Result<bool, OriginError> {
+        let store = self.full_store(dir, Operation::List)?;
         let location = self.location(dir)?;
         let found = match &self.pager {
             Some(pager) => {
@@ -874,7 +969,7 @@ impl Origin {
             None => {
                 self.with_retries(dir, || {
                     add(&self.stats.origin_list_requests, 1);
-                    let mut keys = self.store.list(Some(&location));
+                    let mut keys = store.list(Some(&location));
                     async move { keys.next().await.transpose().map(|first| first.is_some()) }
                 })
                 .await
@@ -965,7 +1060,7 @@ impl Origin {
             ..GetOptions::default()
         };
         let response =
-            match tokio::time::timeout(self.request_timeout, self.store.get_opts(location, options)).await {
+            match tokio::time::timeout(self.request_timeout, self.reader.get_opts(location, options)).await {
                 Err(_) => {
                     return Err((
                         0,
@@ -1174,6 +1269,91 @@ impl Origin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An origin over `store` (given whole or only to read from) holding `dir/a.bin`.
+    async fn origin_holding_an_object(whole: bool) -> (Origin, Arc<OriginStats>) {
+        let store = Arc::new(object_store::memory::InMemory::new());
+        ObjectStoreExt::put(
+            store.as_ref(),
+            &Path::from("dir/a.bin"),
+            Bytes::from_static(b"abc").into(),
+        )
+        .await
+        .expect("put");
+        let stats = Arc::new(OriginStats::default());
+        let (name, url, config) = ("registry:example", "oci://example", OriginConfig::default());
+        let origin = if whole {
+            Origin::new(name, url, store, Path::default(), &config, stats.clone())
+        } else {
+            Origin::read_only(name, url, store, Path::default(), &config, stats.clone())
+        };
+        (origin, stats)
+    }
+
+    #[tokio::test]
+    async fn an_origin_that_only_reads_answers_listings_and_writes_with_a_typed_error() {
+        let (origin, stats) = origin_holding_an_object(false).await;
+        assert!(!origin.can_list_and_write());
+        // It reads...
+        assert_eq!(origin.head("dir/a.bin").await.expect("head").size, 3);
+        let whole = origin.get_at_most("dir/a.bin", 10).await.expect("get");
+        assert_eq!(whole.as_deref(), Some(&b"abc"[..]));
+        // ...and says, by source and operation, that it lists and writes nothing.
+        let said = |result: Result<(), OriginError>, operation: Operation, asked: &str| match result {
+            Err(OriginError::NotSupported {
+                source_name,
+                key,
+                operation: what,
+            }) => {
+                assert_eq!(
+                    (source_name.as_str(), key.as_str(), what),
+                    ("registry:example", asked, operation)
+                );
+            }
+            other => panic!("{operation} of {asked:?}: {other:?}"),
+        };
+        said(
+            origin.list_page("dir", None).await.map(drop),
+            Operation::List,
+            "dir",
+        );
+        said(origin.list_page("", None).await.map(drop), Operation::List, "");
+        said(origin.list_all("dir").await.map(drop), Operation::List, "dir");
+        said(origin.is_dir("dir").await.map(drop), Operation::List, "dir");
+        said(
+            origin.put("dir/b.bin", Bytes::from_static(b"x")).await,
+            Operation::Write,
+            "dir/b.bin",
+        );
+        let error = origin.list_all("dir").await.expect_err("a listing");
+        assert_eq!(
+            error.to_string(),
+            "source registry:example cannot list \"dir\": it can only read objects"
+        );
+        // Nothing was asked of the store.
+        let sent = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        assert_eq!(sent(&stats.origin_list_requests), 0);
+        assert_eq!(sent(&stats.origin_put_requests), 0);
+        assert_eq!(sent(&stats.origin_errors_other), 0);
+    }
+
+    #[tokio::test]
+    async fn the_same_store_given_whole_lists_and_writes() {
+        let (origin, stats) = origin_holding_an_object(true).await;
+        assert!(origin.can_list_and_write());
+        let listed = origin.list_all("dir").await.expect("list");
+        assert_eq!(listed.len(), 1);
+        assert!(origin.is_dir("dir").await.expect("is_dir"));
+        origin
+            .put("dir/b.bin", Bytes::from_static(b"x"))
+            .await
+            .expect("put");
+        assert_eq!(
+            origin.list_page("dir", None).await.expect("page").entries.len(),
+            2
+        );
+        assert_eq!(stats.origin_put_requests.load(Ordering::Relaxed), 1);
+    }
 
     #[test]
     fn the_status_of_a_store_error_is_read_from_its_message() {

@@ -3,9 +3,9 @@
 //!
 //! - Manifests and blobs by digest are content addressed: an object whose identity is the
 //!   digest and its size ([`Identity::Digest`](larder_object::Identity)), the same whichever
-//!   repository or registry it is pulled through. It is filled like any object (through an
-//!   [`Origin`] over the upstream, [`upstream::UpstreamStore`]: single-flight, deadlines,
-//!   write-behind, eviction) and checked against its digest before any byte of it is served:
+//!   repository or registry it is pulled through. It is filled like any object (through a
+//!   read-only [`Origin`] over the upstream, [`upstream::UpstreamStore`]: single-flight,
+//!   deadlines, write-behind, eviction) and checked against its digest before any byte of it is served:
 //!   [`Mirror::verified`] fills it whole, hashes it from the cache, and keeps each block's
 //!   BLAKE3; a blob that fails its digest is dropped from the cache, fetched once more, and
 //!   fails if it fails again. Every block served is checked against the BLAKE3 kept, so a block
@@ -376,7 +376,7 @@ impl Mirror {
             )?);
             let store = Arc::new(UpstreamStore::new(upstream.clone()));
             let origin = Arc::new(
-                Origin::new(
+                Origin::read_only(
                     &format!("{ORIGIN_PREFIX}{}", configured.host),
                     &format!("oci://{}", configured.host),
                     store,

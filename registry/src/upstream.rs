@@ -7,9 +7,10 @@
 //! more; a `Basic` challenge is answered with the credentials. Tokens are kept until they
 //! expire (`expires_in`, 60 s when not given) and never logged.
 //!
-//! [`UpstreamStore`] puts blob and manifest GETs behind `object_store`'s trait, so that the
-//! cache fills them through an [`Origin`](larder_origin::Origin) like any object: same
-//! retries, deadlines, single-flight and counters.
+//! [`UpstreamStore`] serves blob and manifest GETs as a [`ReadStore`], the origin's seam for
+//! reading, so that the cache fills them through a read-only [`Origin`](larder_origin::Origin)
+//! like any object: same retries, deadlines, single-flight and counters. It implements nothing
+//! else: an upstream is never listed or written, and its origin says so if asked.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -22,12 +23,10 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use larder_origin::ReadStore;
 use larder_stats::{OriginStats, add};
 use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetRange, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use object_store::{GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta};
 use parking_lot::Mutex;
 use reqwest::header::{
     ACCEPT, AUTHORIZATION, CONTENT_LENGTH, HeaderMap, HeaderValue, LINK, RANGE, WWW_AUTHENTICATE,
@@ -591,9 +590,9 @@ fn split_params(text: &str) -> Vec<&str> {
     params
 }
 
-/// Blob and manifest GETs of an upstream as an object store: location
-/// `<repository>/blobs/<digest>` or `<repository>/manifests/<digest>`. Only `get_opts` is
-/// served; the cache never writes, lists or deletes upstream.
+/// Blob and manifest GETs of an upstream as a [`ReadStore`]: location
+/// `<repository>/blobs/<digest>` or `<repository>/manifests/<digest>`. Reading is all an
+/// upstream does for the cache: it is never written, listed or deleted.
 #[derive(Debug)]
 pub struct UpstreamStore {
     upstream: Arc<Upstream>,
@@ -603,19 +602,6 @@ impl UpstreamStore {
     /// The store over `upstream`.
     pub fn new(upstream: Arc<Upstream>) -> Self {
         Self { upstream }
-    }
-
-    fn not_served(operation: &str) -> object_store::Error {
-        object_store::Error::NotImplemented {
-            operation: operation.to_owned(),
-            implementer: "the registry mirror's upstream".to_owned(),
-        }
-    }
-}
-
-impl fmt::Display for UpstreamStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "registry {}", self.upstream.host)
     }
 }
 
@@ -631,19 +617,7 @@ fn split_location(location: &str) -> Option<(&str, &str)> {
 }
 
 #[async_trait]
-impl ObjectStore for UpstreamStore {
-    async fn put_opts(&self, _: &Path, _: PutPayload, _: PutOptions) -> object_store::Result<PutResult> {
-        Err(Self::not_served("put"))
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        _: &Path,
-        _: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        Err(Self::not_served("put_multipart"))
-    }
-
+impl ReadStore for UpstreamStore {
     async fn get_opts(&self, location: &Path, options: GetOptions) -> object_store::Result<GetResult> {
         let path = location.to_string();
         let generic = |message: String| object_store::Error::Generic {
@@ -723,25 +697,6 @@ impl ObjectStore for UpstreamStore {
             attributes: Default::default(),
             extensions: Default::default(),
         })
-    }
-
-    fn delete_stream(
-        &self,
-        _: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        futures::stream::once(async { Err(Self::not_served("delete")) }).boxed()
-    }
-
-    fn list(&self, _: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        futures::stream::once(async { Err(Self::not_served("list")) }).boxed()
-    }
-
-    async fn list_with_delimiter(&self, _: Option<&Path>) -> object_store::Result<ListResult> {
-        Err(Self::not_served("list"))
-    }
-
-    async fn copy_opts(&self, _: &Path, _: &Path, _: CopyOptions) -> object_store::Result<()> {
-        Err(Self::not_served("copy"))
     }
 }
 
