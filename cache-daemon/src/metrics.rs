@@ -88,7 +88,7 @@ impl FuseSnapshot {
     }
 }
 
-/// Where the daemon is in its life, for `/readyz`: it starts [`Phase::Mounting`], the
+/// Where the daemon is in its life, for `/readyz`: it starts mounting, the
 /// daemon moves it to serving once the mount is up and to stopping on SIGTERM.
 #[derive(Debug, Default)]
 pub struct Phase(AtomicU8);

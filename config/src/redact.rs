@@ -34,7 +34,7 @@ fn start_of_scheme(before_separator: &str) -> usize {
         .map_or(0, |(i, c)| i + c.len_utf8())
 }
 
-/// `text` with the secrets of every URL in it hidden (see the [module](self)).
+/// `text` with the secrets of every URL in it hidden (see the module docs).
 #[derive(Debug, Clone, Copy)]
 pub struct Redacted<'a>(pub &'a str);
 

@@ -1,7 +1,7 @@
 //! The control API's wire types: what `larder prefetch`, `unpin` and `status` send to the
-//! daemon's control socket and what it answers, as JSON. The server ([`crate::control`]) and
-//! the client ([`crate::cli`]) both use them; this module depends on nothing else in the
-//! daemon.
+//! daemon's control socket and what it answers, as JSON. The server (the daemon's `control`
+//! module) and the client (its `cli` module) both use them; this crate depends on no other
+//! crate of the daemon.
 //!
 //! | request | answer |
 //! |---|---|

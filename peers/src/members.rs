@@ -58,8 +58,8 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(120);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a member listed without a rack is asked its rack until it answers, for the first
-/// [`HELLO_FAST_TRIES`] times (a rack's daemons start within seconds of each other); then every
-/// [`HELLO_SLOW_RETRY`].
+/// `HELLO_FAST_TRIES` times (a rack's daemons start within seconds of each other); then every
+/// `HELLO_SLOW_RETRY`.
 pub const HELLO_RETRY: Duration = Duration::from_secs(1);
 /// See [`HELLO_RETRY`].
 const HELLO_FAST_TRIES: u32 = 60;

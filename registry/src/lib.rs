@@ -16,7 +16,7 @@
 //! - Only configured upstreams are served: a request names its registry with containerd's
 //!   `?ns=` parameter, or as the first component of the repository, or is for the only
 //!   upstream configured. Anything else is refused: the mirror is not an open proxy.
-//! - What names content (tags, and the size of each digest) is kept in [`index::Index`], so
+//! - What names content (tags, and the size of each digest) is kept in the index (`index.rs`), so
 //!   cached images pull while their upstream is down, after a restart too.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]

@@ -261,7 +261,7 @@ const BUCKETS: [(u64, &str); 17] = [
 /// The bucket counts plus one for what is slower than the last bound.
 const SLOTS: usize = BUCKETS.len() + 1;
 
-/// A latency histogram with fixed buckets ([`BUCKETS`]), updated with relaxed atomics only.
+/// A latency histogram with fixed buckets (`BUCKETS`), updated with relaxed atomics only.
 ///
 /// Each observation goes to exactly one slot; the total count is the sum of the slots, so a
 /// scrape's `_count` always equals its `+Inf` bucket. The sum is kept in nanoseconds.

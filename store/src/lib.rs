@@ -758,7 +758,7 @@ impl BlockStore {
     }
 
     /// The data file of `version` when every block of it is present and verified (see
-    /// [`BlockMeta::verified`]), opened for plain reads, and a lease that keeps every block
+    /// `BlockMeta::verified`), opened for plain reads, and a lease that keeps every block
     /// in place until it is dropped: what FUSE passthrough hands the kernel.
     pub fn lease_complete(self: &Arc<Self>, version: &ObjectVersion) -> Option<(File, Lease)> {
         let id = version.id();

@@ -784,7 +784,7 @@ impl PlatformImage {
 /// `index.json`, `blobs/sha256/...`), removed when dropped. The layout's `index.json` names
 /// the image index `latest`.
 ///
-/// Each platform's image has [`LAYERS`] layers; each layer is an uncompressed tar holding one
+/// Each platform's image has `LAYERS` layers; each layer is an uncompressed tar holding one
 /// file of seeded random bytes, so every byte and digest is a function of the seed.
 #[derive(Debug)]
 pub struct TestImage {

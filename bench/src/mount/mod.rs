@@ -2,7 +2,7 @@
 //! bucket on loopback (SeaweedFS over S3; `--origin gcs|azure` for the emulators of GCS and
 //! Azure, read by Larder alone), each workload against its limit, in interleaved rounds.
 //!
-//! All systems, and the raw download, reach the store through one [`RecordingProxy`]; the
+//! All systems, and the raw download, reach the store through one `RecordingProxy`; the
 //! stretch of its log that a workload adds gives the origin requests and bytes it cost. Within
 //! a round each workload runs for the limit first, then Larder, rclone and s3fs, so ratios
 //! are taken between runs minutes apart at most. One limit is measured inside Larder's run:
