@@ -301,12 +301,16 @@ impl Run<'_> {
                 .members
                 .is_some()
                 .then(|| BlockCrcs::of(&block.bytes()));
+            let unsettled = peer.is_some();
             let written = cache
                 .inner
                 .store
-                .write_block(&object.version, index, &block, (served, fetched_from), peer, crcs)
+                .write_block(&object.version, index, &block, (served, fetched_from), unsettled)
                 .await;
             let stored = written.is_ok();
+            if stored {
+                cache.note_written((object.id, index), block.hash(), peer, crcs);
+            }
             if let Err(error) = written {
                 let stats = &cache.inner.stats;
                 match &error {

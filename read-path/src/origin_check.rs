@@ -58,14 +58,14 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use larder_object::ObjectId;
-use larder_object::crc::FullCrc;
+use larder_object::crc::{BlockCrcs, FullCrc};
 use larder_stats::add;
-use larder_store::{Lookup, PeerBlock, UNKNOWN_MEMBER};
+use larder_store::{Lookup, UnsettledBlock};
 use md5::{Digest, Md5};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore};
 
-use super::{Cache, OpenObject};
+use super::{BlockKey, Cache, OpenObject};
 
 /// Part sizes of a multipart upload tried at once (each costs an MD5 pass over the object).
 const MAX_PART_SIZES: usize = 4;
@@ -74,6 +74,41 @@ const MIB: u64 = 1 << 20;
 
 /// Objects whose mismatch dropped blocks, remembered for the next open, at most this many.
 const MISMATCHES_KEPT: usize = 1024;
+
+/// The member of an unsettled block written before this process started: the store's record
+/// keeps that the block awaits its check, not who supplied it.
+const UNKNOWN_MEMBER: &str = "";
+
+/// Entries of [`Provenance`] below which it is not swept.
+const PROVENANCE_SWEEP_MIN: usize = 1024;
+
+/// A block a rack member supplied that no origin check has passed yet.
+#[derive(Debug, Clone)]
+struct PeerBlock {
+    /// The block, as the store has it.
+    block: UnsettledBlock,
+    /// The member that supplied it ([`UNKNOWN_MEMBER`] if before a restart).
+    member: Arc<str>,
+}
+
+/// What the read path knows of its blocks beyond the store: the member that supplied a block
+/// (written unsettled until its origin check), and the CRCs of a block fetched while the cache
+/// has rack peers (the origin check combines them instead of reading the block back). Each
+/// entry holds for the block its BLAKE3 names: one whose block the store no longer holds with
+/// that hash (evicted, fetched again) is ignored, and swept once the table has doubled. In
+/// memory only: after a restart an unsettled block names no member and its CRCs are read.
+#[derive(Debug)]
+struct Provenance {
+    blocks: HashMap<BlockKey, Noted>,
+    sweep_at: usize,
+}
+
+#[derive(Debug)]
+struct Noted {
+    hash: [u8; 32],
+    member: Option<Arc<str>>,
+    crcs: Option<BlockCrcs>,
+}
 
 /// The checks of one cache: at most one runs at a time.
 #[derive(Debug)]
@@ -92,6 +127,8 @@ pub(crate) struct OriginChecks {
     /// Objects whose blocks from rack peers were settled without proof against a lying
     /// member (a CRC, or nothing to check against), for the prefetch jobs that report them.
     weak: Mutex<HashMap<ObjectId, Checked>>,
+    /// Who supplied each unsettled block, and blocks' CRCs.
+    provenance: Mutex<Provenance>,
 }
 
 /// How an object's blocks from rack peers were checked against the origin, once no check is
@@ -134,6 +171,10 @@ impl OriginChecks {
             mismatched: Mutex::default(),
             unusable: Mutex::new(HashSet::new()),
             weak: Mutex::default(),
+            provenance: Mutex::new(Provenance {
+                blocks: HashMap::new(),
+                sweep_at: PROVENANCE_SWEEP_MIN,
+            }),
         }
     }
 }
@@ -356,16 +397,71 @@ enum CheckError {
 }
 
 impl Cache {
+    /// Notes, for the origin check, who supplied the block `key` the store now holds with
+    /// BLAKE3 `hash` (a member, written unsettled) and its CRCs, where either is known.
+    pub(crate) fn note_written(
+        &self,
+        key: BlockKey,
+        hash: [u8; 32],
+        member: Option<Arc<str>>,
+        crcs: Option<BlockCrcs>,
+    ) {
+        if member.is_none() && crcs.is_none() {
+            return;
+        }
+        let store = &self.inner.store;
+        let mut provenance = self.inner.checks.provenance.lock();
+        if provenance.blocks.len() >= provenance.sweep_at {
+            provenance
+                .blocks
+                .retain(|&(id, index), noted| store.block_hash(id, index) == Some(noted.hash));
+            provenance.sweep_at = (2 * provenance.blocks.len()).max(PROVENANCE_SWEEP_MIN);
+        }
+        provenance.blocks.insert(key, Noted { hash, member, crcs });
+    }
+
+    /// What is noted of block `key`, if it still holds for the block the store has.
+    fn noted<T>(&self, key: BlockKey, hash: [u8; 32], what: impl FnOnce(&Noted) -> Option<T>) -> Option<T> {
+        let provenance = self.inner.checks.provenance.lock();
+        provenance
+            .blocks
+            .get(&key)
+            .filter(|noted| noted.hash == hash)
+            .and_then(what)
+    }
+
+    /// The blocks of `object` rack members supplied that no origin check has passed, when it
+    /// is complete in the store and holds any (see [`larder_store::BlockStore::unsettled`]).
+    fn peer_blocks(&self, object: &OpenObject) -> Option<Vec<PeerBlock>> {
+        let blocks = self.inner.store.unsettled(object.id, object.version.size)?;
+        let peer_block = |block: UnsettledBlock| {
+            let member = self.noted((object.id, block.index), block.hash, |n| n.member.clone());
+            PeerBlock {
+                member: member.unwrap_or_else(|| UNKNOWN_MEMBER.into()),
+                block,
+            }
+        };
+        Some(blocks.into_iter().map(peer_block).collect())
+    }
+
+    /// The store settles `blocks` of `object`; what was noted of their members goes.
+    async fn settle(&self, object: &OpenObject, blocks: &[PeerBlock]) {
+        let unsettled: Vec<UnsettledBlock> = blocks.iter().map(|b| b.block.clone()).collect();
+        self.inner.store.settle(object.id, &unsettled).await;
+        let mut provenance = self.inner.checks.provenance.lock();
+        for block in blocks {
+            if let Some(noted) = provenance.blocks.get_mut(&(object.id, block.block.index)) {
+                noted.member = None;
+            }
+        }
+    }
+
     /// If `object` is complete in the cache and holds blocks from rack members not yet
     /// checked, queues its origin check (after each write, and before a prefetch calls it done).
     pub fn queue_check(&self, object: &Arc<OpenObject>) {
         let inner = &self.inner;
         // Peers may be off now, and the blocks from before a restart: they are checked anyway.
-        if inner
-            .store
-            .unchecked_peer_blocks(object.id, object.version.size)
-            .is_none()
-        {
+        if inner.store.unsettled(object.id, object.version.size).is_none() {
             return;
         }
         if !inner.checks.busy.lock().queued.insert(object.id) {
@@ -418,7 +514,7 @@ impl Cache {
         if !complete && checks.mismatched.lock().contains_key(&object.id) {
             return Err(OriginCheckError::Dropped);
         }
-        match store.unchecked_peer_blocks(object.id, object.version.size) {
+        match store.unsettled(object.id, object.version.size) {
             Some(_) => Err(OriginCheckError::Unfinished),
             None => Ok(checks
                 .weak
@@ -437,8 +533,8 @@ impl Cache {
 
     /// Checks `object` against its ETag, and keeps or drops its blocks from members.
     async fn check(&self, object: &Arc<OpenObject>) {
-        let (store, stats) = (&self.inner.store, &self.inner.stats);
-        let Some(blocks) = store.unchecked_peer_blocks(object.id, object.version.size) else {
+        let stats = &self.inner.stats;
+        let Some(blocks) = self.peer_blocks(object) else {
             return;
         };
         let key = object.version.key.as_str();
@@ -467,7 +563,7 @@ impl Cache {
                 key,
                 "the origin publishes no checksum to check blocks from rack peers against"
             );
-            store.settle_peer_blocks(object.id, &blocks).await;
+            self.settle(object, &blocks).await;
             return;
         };
         // The ETag may be wrong about the bytes (SSE-KMS gives 32 hex digits that are not the
@@ -515,7 +611,7 @@ impl Cache {
                     self.mismatch(object, &bad).await;
                 }
                 // The rest are the origin's.
-                store.settle_peer_blocks(object.id, &blocks).await;
+                self.settle(object, &blocks).await;
             }
             Err(error) => {
                 tracing::debug!(key, %error, "origin check not finished; it runs again when the object is next complete")
@@ -553,10 +649,12 @@ impl Cache {
         let store = &self.inner.store;
         let (algorithm, expected) = crc.algorithm();
         let count = self.block_count(object);
-        let kept = store.block_crcs(object.id, count);
         let mut whole = None;
-        for (index, kept) in (0..count).zip(kept) {
+        for index in 0..count {
             let len = store.block_len(object.version.size, index);
+            let kept = store
+                .block_hash(object.id, index)
+                .and_then(|hash| self.noted((object.id, index), hash, |n| n.crcs));
             let block = match kept {
                 Some(crcs) => crcs.get(crc),
                 None => {
@@ -588,7 +686,8 @@ impl Cache {
     ) -> Result<Vec<PeerBlock>, CheckError> {
         let store = &self.inner.store;
         let mut bad = Vec::new();
-        for block in blocks {
+        for peer_block in blocks {
+            let block = &peer_block.block;
             let start = self.block_start(block.index);
             let end = start + store.block_len(object.version.size, block.index);
             let mut hasher = blake3::Hasher::new();
@@ -601,7 +700,7 @@ impl Cache {
                 .read_range(&object.version, start..end, started, &mut sink)
                 .await?;
             if *hasher.finalize().as_bytes() != block.hash {
-                bad.push(block.clone());
+                bad.push(peer_block.clone());
             }
         }
         Ok(bad)
@@ -611,7 +710,8 @@ impl Cache {
     /// counts it, opens the members' circuits and says so.
     async fn mismatch(&self, object: &OpenObject, bad: &[PeerBlock]) {
         let inner = &self.inner;
-        inner.store.drop_peer_blocks(object.id, bad).await;
+        let dropped: Vec<UnsettledBlock> = bad.iter().map(|b| b.block.clone()).collect();
+        inner.store.drop_unsettled(object.id, &dropped).await;
         add(&inner.stats.origin_checks_mismatch, 1);
         remember(&inner.checks.mismatched, object.id, ());
         // Blocks recorded before a restart name no member ("a member before the restart").

@@ -11,12 +11,13 @@
 //!          BLAKE3 of the block [32] (zero but for kinds 1 and 3) | CRC32 of the preceding 40 bytes u32
 //! ```
 //!
-//! Entry kinds: 1 present; 2 removed; 3 present, from a rack member and not yet checked against
-//! the origin's checksum; 4 the block from a member now counts as the origin's (its check
-//! passed, or the origin publishes nothing to check it against). Kinds 3 and 4 came after the
-//! format's first release without a version bump, on purpose: a build that does not know them
-//! reads the first of them as a torn tail, so it never takes a member's unchecked block for
-//! the origin's; it only loses the blocks recorded after it.
+//! Entry kinds: 1 present; 2 removed; 3 present and unsettled: awaiting a check from outside
+//! the store (the read path writes a rack member's block so, until the object passes the
+//! origin's checksum); 4 the unsettled block is settled (its check passed, or there was
+//! nothing to check it against). Kinds 3 and 4 came after the format's first release without
+//! a version bump, on purpose: a build that does not know them reads the first of them as a
+//! torn tail, so it never takes an unchecked block for a checked one; it only loses the blocks
+//! recorded after it.
 //!
 //! Integers are little-endian. Entries are appended after the block's bytes are written, so a
 //! present entry never names bytes that were not written. Replay applies entries in order; the
@@ -38,7 +39,7 @@ pub const ENTRY_LEN: usize = 44;
 const FIXED_HEADER_LEN: usize = 68;
 const KIND_PRESENT: u8 = 1;
 const KIND_REMOVED: u8 = 2;
-const KIND_FROM_PEER: u8 = 3;
+const KIND_UNSETTLED: u8 = 3;
 const KIND_SETTLED: u8 = 4;
 
 /// Why a record could not be read.
@@ -153,15 +154,15 @@ pub enum Entry {
         /// Block index.
         index: u32,
     },
-    /// The block's bytes, from a rack member, are in the data file and hash to this; no
-    /// origin check has passed them yet.
-    FromPeer {
+    /// The block's bytes are in the data file and hash to this; they await a check from
+    /// outside the store (the origin check of a rack member's bytes) that has not passed yet.
+    Unsettled {
         /// Block index.
         index: u32,
         /// BLAKE3 of the block's bytes.
         hash: [u8; 32],
     },
-    /// The block from a rack member counts as the origin's from now on.
+    /// The unsettled block passed its check: it counts as any other from now on.
     Settled {
         /// Block index.
         index: u32,
@@ -175,7 +176,7 @@ impl Entry {
         let (kind, index, hash) = match *self {
             Entry::Present { index, hash } => (KIND_PRESENT, index, hash),
             Entry::Removed { index } => (KIND_REMOVED, index, [0; 32]),
-            Entry::FromPeer { index, hash } => (KIND_FROM_PEER, index, hash),
+            Entry::Unsettled { index, hash } => (KIND_UNSETTLED, index, hash),
             Entry::Settled { index } => (KIND_SETTLED, index, [0; 32]),
         };
         out[0] = kind;
@@ -197,7 +198,7 @@ impl Entry {
         match bytes[0] {
             KIND_PRESENT => Some(Entry::Present { index, hash }),
             KIND_REMOVED => Some(Entry::Removed { index }),
-            KIND_FROM_PEER => Some(Entry::FromPeer { index, hash }),
+            KIND_UNSETTLED => Some(Entry::Unsettled { index, hash }),
             KIND_SETTLED => Some(Entry::Settled { index }),
             _ => None,
         }
@@ -211,8 +212,8 @@ pub struct Replayed {
     pub header: RecordHeader,
     /// Present blocks and their hashes.
     pub blocks: HashMap<u32, [u8; 32]>,
-    /// The present blocks that came from rack members and are not settled.
-    pub from_peers: HashSet<u32>,
+    /// The present blocks written unsettled and not settled since.
+    pub unsettled: HashSet<u32>,
     /// Length of the valid prefix of the file; anything after it is a torn tail.
     pub valid_len: usize,
     /// Number of valid entries (present and removed), to decide when to compact.
@@ -227,11 +228,11 @@ pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
     let in_object = |entry: &Entry| match *entry {
         Entry::Present { index, .. }
         | Entry::Removed { index }
-        | Entry::FromPeer { index, .. }
+        | Entry::Unsettled { index, .. }
         | Entry::Settled { index } => u64::from(index) < block_count,
     };
     let mut blocks = HashMap::new();
-    let mut from_peers = HashSet::new();
+    let mut unsettled = HashSet::new();
     let mut entries = 0;
     while let Some(entry) = bytes
         .get(offset..offset + ENTRY_LEN)
@@ -241,18 +242,18 @@ pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
         match entry {
             Entry::Present { index, hash } => {
                 blocks.insert(index, hash);
-                from_peers.remove(&index);
+                unsettled.remove(&index);
             }
-            Entry::FromPeer { index, hash } => {
+            Entry::Unsettled { index, hash } => {
                 blocks.insert(index, hash);
-                from_peers.insert(index);
+                unsettled.insert(index);
             }
             Entry::Removed { index } => {
                 blocks.remove(&index);
-                from_peers.remove(&index);
+                unsettled.remove(&index);
             }
             Entry::Settled { index } => {
-                from_peers.remove(&index);
+                unsettled.remove(&index);
             }
         }
         offset += ENTRY_LEN;
@@ -261,7 +262,7 @@ pub fn replay(bytes: &[u8]) -> Result<Replayed, FormatError> {
     Ok(Replayed {
         header,
         blocks,
-        from_peers,
+        unsettled,
         valid_len: offset,
         entries,
     })
@@ -308,7 +309,7 @@ mod tests {
         );
         record.extend_from_slice(&Entry::Removed { index: 2 }.encode());
         record.extend_from_slice(
-            &Entry::FromPeer {
+            &Entry::Unsettled {
                 index: 1,
                 hash: [0xcd; 32],
             }
@@ -400,23 +401,23 @@ mod tests {
     }
 
     #[test]
-    fn blocks_from_peers_stay_unchecked_until_settled_replaced_or_removed() {
+    fn unsettled_blocks_stay_so_until_settled_replaced_or_removed() {
         let mut record = header().encode();
         let hash = [7; 32];
         for entry in [
-            Entry::FromPeer { index: 0, hash },
-            Entry::FromPeer { index: 1, hash },
-            Entry::FromPeer { index: 2, hash },
+            Entry::Unsettled { index: 0, hash },
+            Entry::Unsettled { index: 1, hash },
+            Entry::Unsettled { index: 2, hash },
             Entry::Settled { index: 0 },
             Entry::Present { index: 1, hash },
             Entry::Removed { index: 2 },
-            Entry::FromPeer { index: 2, hash },
+            Entry::Unsettled { index: 2, hash },
         ] {
             record.extend_from_slice(&entry.encode());
         }
         let replayed = replay(&record).expect("replay");
         assert_eq!(replayed.blocks.len(), 3);
-        assert_eq!(replayed.from_peers, HashSet::from([2]));
+        assert_eq!(replayed.unsettled, HashSet::from([2]));
     }
 
     #[test]

@@ -46,7 +46,6 @@ use larder_block_tree::{self as tree, CV_LEN, GROUP, Tree};
 pub use larder_block_tree::{GroupCheck, GroupHasher};
 use larder_config::CacheConfig;
 use larder_engine::{ALIGN, AlignedBuf, IoEngine, align_up};
-use larder_object::crc::BlockCrcs;
 use larder_object::{ObjectId, ObjectVersion};
 use larder_stats::{StoreStats, add};
 use parking_lot::Mutex;
@@ -251,13 +250,11 @@ struct BlockMeta {
     served: bool,
     /// Where this process fetched the block from (none for a replayed one).
     fetched: Option<Fetched>,
-    /// The rack member that supplied the block, until the whole object is checked against the
-    /// origin's checksum (see `read-path/src/origin_check.rs`). The record keeps that the block came from a
-    /// member and is unchecked, not which member: a replayed one has [`UNKNOWN_MEMBER`].
-    peer: Option<Arc<str>>,
-    /// Its CRCs, where the cache keeps them for the origin check (it has rack peers). Memory
-    /// only, like `peer`.
-    crcs: Option<BlockCrcs>,
+    /// Written awaiting a check from outside the store (the read path's origin check of blocks
+    /// from rack members) until [`BlockStore::settle`]: passthrough does not hand the kernel a
+    /// file holding such a block. Recorded, so a restart keeps it awaiting. Who supplied the
+    /// block is not the store's business.
+    unsettled: bool,
 }
 
 /// Where a block this process fetched came from. The hit rate counts bytes by where they
@@ -286,17 +283,11 @@ pub struct Written {
 /// file if it is smaller).
 const PROBE_LEN: usize = 4096;
 
-/// The member of a block from a rack member recorded before this process started: the record
-/// keeps that a member supplied it, not which.
-pub const UNKNOWN_MEMBER: &str = "";
-
-/// A block a rack member supplied that is not yet checked against the origin.
+/// A block written awaiting a check from outside the store (see [`BlockStore::unsettled`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerBlock {
+pub struct UnsettledBlock {
     /// Its index in the object.
     pub index: u32,
-    /// The member that supplied it.
-    pub member: Arc<str>,
     /// Its BLAKE3, as recorded.
     pub hash: [u8; 32],
     /// Which insertion of the block it is: a block replaced since is not this one.
@@ -552,7 +543,6 @@ impl BlockStore {
         let size = replayed.header.object_size;
         state.blocks += replayed.blocks.len();
         let mut blocks = HashMap::with_capacity(replayed.blocks.len());
-        let unknown: Arc<str> = UNKNOWN_MEMBER.into();
         for (index, hash) in replayed.blocks {
             state.next_generation += 1;
             blocks.insert(
@@ -563,8 +553,7 @@ impl BlockStore {
                     verified: false,
                     served: true,
                     fetched: None,
-                    peer: replayed.from_peers.contains(&index).then(|| unknown.clone()),
-                    crcs: None,
+                    unsettled: replayed.unsettled.contains(&index),
                 },
             );
             state.used += align_up(self.block_len(size, index));
@@ -767,13 +756,13 @@ impl BlockStore {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             let object = state.objects.get_mut(&id)?;
-            // A block from a peer waits for the origin check: once the kernel reads the data
+            // An unsettled block waits for its check: once the kernel reads the data
             // file itself, a block the check drops could not be taken back.
             let complete = object.blocks.len() as u64 == count
                 && object
                     .blocks
                     .values()
-                    .all(|meta| self.trusted(meta) && meta.peer.is_none());
+                    .all(|meta| self.trusted(meta) && !meta.unsettled);
             if !complete || count == 0 || state.disk_failing.is_some() {
                 return None;
             }
@@ -1061,17 +1050,15 @@ impl BlockStore {
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
     /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
     /// the bytes (a block fetched ahead has not been read yet). `fetched`: where they came
-    /// from. `peer`: the rack member that
-    /// supplied them, if one did and no sealed manifest vouched for them. `crcs`: the block's
-    /// CRCs, kept for the origin check.
+    /// from. `unsettled`: the block awaits a check from outside the store (see
+    /// [`BlockStore::unsettled`]).
     pub async fn write_block(
         &self,
         version: &ObjectVersion,
         index: u32,
         block: &VerifiedBlock,
         (served, fetched): (bool, Fetched),
-        peer: Option<Arc<str>>,
-        crcs: Option<BlockCrcs>,
+        unsettled: bool,
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
@@ -1101,9 +1088,8 @@ impl BlockStore {
             (object.files.clone(), victims)
         };
         self.drop_victims(victims).await;
-        let from_peer = peer.is_some();
         let written = self
-            .write_and_record(version, &files_cell, index, block, from_peer)
+            .write_and_record(version, &files_cell, index, block, unsettled)
             .await;
         match &written {
             Ok(()) => self.disk_works(),
@@ -1129,8 +1115,7 @@ impl BlockStore {
                     verified: true,
                     served,
                     fetched: Some(fetched),
-                    peer,
-                    crcs,
+                    unsettled,
                 },
             );
             state.used += alloc;
@@ -1149,7 +1134,7 @@ impl BlockStore {
         files: &OnceCell<Arc<ObjectFiles>>,
         index: u32,
         block: &VerifiedBlock,
-        from_peer: bool,
+        unsettled: bool,
     ) -> Result<(), StoreError> {
         let files = self.files(version, files, true).await?;
         let names = Names::of(version.id());
@@ -1164,8 +1149,8 @@ impl BlockStore {
             .await;
         written.map_err(io_error("write", &data_path))?;
         let hash = block.tree.root;
-        let entry = if from_peer {
-            Entry::FromPeer { index, hash }
+        let entry = if unsettled {
+            Entry::Unsettled { index, hash }
         } else {
             Entry::Present { index, hash }
         }
@@ -1315,50 +1300,40 @@ impl BlockStore {
         self.drop_victims(vec![victim]).await;
     }
 
-    /// The blocks of object `id` (of `size` bytes) that rack members supplied and no origin
-    /// check has passed yet, when every block of it is present and at least one is such; else
-    /// `None`.
-    pub fn unchecked_peer_blocks(&self, id: ObjectId, size: u64) -> Option<Vec<PeerBlock>> {
+    /// The blocks of object `id` (of `size` bytes) written awaiting a check from outside the
+    /// store and not settled yet, when every block of it is present and at least one is such;
+    /// else `None`.
+    pub fn unsettled(&self, id: ObjectId, size: u64) -> Option<Vec<UnsettledBlock>> {
         let count = size.div_ceil(self.block_size);
         let state = self.state.lock();
         let object = state.objects.get(&id)?;
         if object.blocks.len() as u64 != count {
             return None;
         }
-        let blocks: Vec<PeerBlock> = object
+        let blocks: Vec<UnsettledBlock> = object
             .blocks
             .iter()
-            .filter_map(|(&index, meta)| {
-                Some(PeerBlock {
-                    index,
-                    member: meta.peer.clone()?,
-                    hash: meta.hash,
-                    generation: meta.generation,
-                })
+            .filter(|(_, meta)| meta.unsettled)
+            .map(|(&index, meta)| UnsettledBlock {
+                index,
+                hash: meta.hash,
+                generation: meta.generation,
             })
             .collect();
         (!blocks.is_empty()).then_some(blocks)
     }
 
-    /// The CRCs kept of the first `count` blocks of `id` (none for a block that is missing or
-    /// whose CRCs were not kept).
-    pub fn block_crcs(&self, id: ObjectId, count: u32) -> Vec<Option<BlockCrcs>> {
+    /// The recorded BLAKE3 of block `index` of `id`, if present.
+    pub fn block_hash(&self, id: ObjectId, index: u32) -> Option<[u8; 32]> {
         let state = self.state.lock();
-        let object = state.objects.get(&id);
-        (0..count)
-            .map(|index| {
-                object
-                    .and_then(|o| o.blocks.get(&index))
-                    .and_then(|meta| meta.crcs)
-            })
-            .collect()
+        Some(state.objects.get(&id)?.blocks.get(&index)?.hash)
     }
 
-    /// No origin check waits for `blocks` of `id` (those still in place) any more: it passed,
-    /// or the origin publishes no checksum to check them against. Recorded, so that a restart
-    /// does not check them again; if the record cannot be written they stay settled in memory
-    /// only (and are checked again after a restart).
-    pub async fn settle_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+    /// No check waits for `blocks` of `id` (those still in place) any more: it passed, or
+    /// there is nothing to check them against. Recorded, so that a restart does not check them
+    /// again; if the record cannot be written they stay settled in memory only (and are
+    /// checked again after a restart).
+    pub async fn settle(&self, id: ObjectId, blocks: &[UnsettledBlock]) {
         let (files, settled) = {
             let mut state = self.state.lock();
             let Some(object) = state.objects.get_mut(&id) else {
@@ -1369,7 +1344,7 @@ impl BlockStore {
                 if let Some(meta) = object.blocks.get_mut(&block.index)
                     && meta.generation == block.generation
                 {
-                    meta.peer = None;
+                    meta.unsettled = false;
                     settled.push(block.index);
                 }
             }
@@ -1395,12 +1370,12 @@ impl BlockStore {
         })
         .await;
         if let Err(error) = result {
-            tracing::warn!(%error, "could not record blocks from rack peers as checked; they are checked again after a restart");
+            tracing::warn!(%error, "could not record blocks as checked; they are checked again after a restart");
         }
     }
 
-    /// Drops `blocks` of `id` (those still in place) from the store: the origin check failed.
-    pub async fn drop_peer_blocks(&self, id: ObjectId, blocks: &[PeerBlock]) {
+    /// Drops `blocks` of `id` (those still in place) from the store: their check failed.
+    pub async fn drop_unsettled(&self, id: ObjectId, blocks: &[UnsettledBlock]) {
         for block in blocks {
             self.remove_block(id, block.index, block.generation).await;
         }
@@ -1558,8 +1533,8 @@ fn rewrite_record_if(rec_path: &Path, replayed: &format::Replayed, compact: bool
         let mut blocks: Vec<_> = replayed.blocks.iter().collect();
         blocks.sort_unstable();
         for (&index, &hash) in blocks {
-            let entry = if replayed.from_peers.contains(&index) {
-                Entry::FromPeer { index, hash }
+            let entry = if replayed.unsettled.contains(&index) {
+                Entry::Unsettled { index, hash }
             } else {
                 Entry::Present { index, hash }
             };
