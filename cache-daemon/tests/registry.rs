@@ -196,12 +196,7 @@ impl Mirror {
 /// `GET path` on `address`, read until the connection ends: the status, the head and the
 /// body's bytes (as many as came).
 fn get_bytes(address: &str, path: &str) -> (u16, String, Vec<u8>) {
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("request");
+    let mut stream = send_get(address, path);
     let mut answer = Vec::new();
     // A cut answer ends with an error (a reset) or an early end: what came is kept.
     let _ = stream.read_to_end(&mut answer);
@@ -209,6 +204,30 @@ fn get_bytes(address: &str, path: &str) -> (u16, String, Vec<u8>) {
     let head = String::from_utf8_lossy(&answer[..at]).into_owned();
     let status = head.get(9..12).and_then(|s| s.parse().ok()).expect("a status");
     (status, head, answer[at..].to_vec())
+}
+
+/// A connection to `address` that has sent `GET path` (the connection closed after the answer;
+/// reads time out after a minute), for the caller to read the answer as it likes.
+fn send_get(address: &str, path: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("request");
+    stream
+}
+
+/// A mirror of an image whose layers are of 40 MiB, with 1 MiB blocks and 4 MiB parts (so a
+/// layer is many blocks and parts), the first layer, and the path of its blob.
+fn small_block_mirror(seed: u64) -> (TestImage, Mirror, Blob, String) {
+    let image = TestImage::write(seed, 160 << 20).expect("image");
+    let extra = ["--block-size", "1MiB", "--part-size", "4MiB"];
+    let mirror = Mirror::start(&image, None, &extra);
+    let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
+    assert!(layer.size >= 40 << 20, "a layer of {} bytes", layer.size);
+    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
+    (image, mirror, layer, path)
 }
 
 /// `GET path` on `address`: the status and the body as text.
@@ -810,20 +829,9 @@ fn pushed(image: &TestImage, blob: &Blob) -> Vec<u8> {
 /// cache disk (before, the whole layer, 41 MB, was read back). The layer is whole and right.
 #[test]
 fn a_cold_layer_streams_to_a_slow_client_from_memory_not_from_the_cache_disk() {
-    let image = TestImage::write(24, 160 << 20).expect("image");
-    let extra = ["--block-size", "1MiB", "--part-size", "4MiB"];
-    let mirror = Mirror::start(&image, None, &extra);
-    let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
-    assert!(layer.size >= 40 << 20, "a layer of {} bytes", layer.size);
+    let (image, mirror, layer, path) = small_block_mirror(24);
     let before = mirror.daemon().disk_read_bytes().expect("disk reads");
-
-    let mut stream = TcpStream::connect(&mirror.address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
-    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("request");
+    let mut stream = send_get(&mirror.address, &path);
     let mut answer = Vec::new();
     let mut chunk = vec![0; 1 << 20];
     loop {
@@ -885,17 +893,8 @@ fn a_cold_layer_streams_whole_with_a_memory_budget_of_two_blocks() {
 /// With the upstream mended (and the failure no longer remembered), the layer is served whole.
 #[test]
 fn a_layer_the_upstream_stops_serving_midway_ends_the_answer_and_is_served_once_mended() {
-    let image = TestImage::write(26, 160 << 20).expect("image");
-    let extra = ["--block-size", "1MiB", "--part-size", "4MiB"];
-    let mirror = Mirror::start(&image, None, &extra);
-    let layer = image.image("linux/amd64").expect("amd64").layers[0].clone();
-    let path = format!("/v2/larder/test/blobs/{}?ns={HOST}", layer.digest);
-    let mut stream = TcpStream::connect(&mirror.address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .expect("timeout");
-    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).expect("request");
+    let (image, mirror, layer, path) = small_block_mirror(26);
+    let mut stream = send_get(&mirror.address, &path);
     let mut first = vec![0; 1 << 20];
     stream
         .read_exact(&mut first)
