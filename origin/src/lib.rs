@@ -747,11 +747,6 @@ impl Origin {
         })
     }
 
-    /// Whether the origin lists and writes, or only reads.
-    pub fn can_list_and_write(&self) -> bool {
-        self.full_store.is_some()
-    }
-
     /// The store location of a key relative to the source. Keys are parsed, never concatenated:
     /// `..`, empty segments and the like are rejected, so no key escapes the prefix.
     fn location(&self, key: &str) -> Result<Path, OriginError> {
@@ -1293,7 +1288,6 @@ mod tests {
     #[tokio::test]
     async fn an_origin_that_only_reads_answers_listings_and_writes_with_a_typed_error() {
         let (origin, stats) = origin_holding_an_object(false).await;
-        assert!(!origin.can_list_and_write());
         // It reads...
         assert_eq!(origin.head("dir/a.bin").await.expect("head").size, 3);
         let whole = origin.get_at_most("dir/a.bin", 10).await.expect("get");
@@ -1340,7 +1334,6 @@ mod tests {
     #[tokio::test]
     async fn the_same_store_given_whole_lists_and_writes() {
         let (origin, stats) = origin_holding_an_object(true).await;
-        assert!(origin.can_list_and_write());
         let listed = origin.list_all("dir").await.expect("list");
         assert_eq!(listed.len(), 1);
         assert!(origin.is_dir("dir").await.expect("is_dir"));

@@ -207,7 +207,10 @@ impl Reader {
                 _ => None,
             })
             .collect();
-        let unneeded: Vec<BlockHold> = {
+        // A read whose blocks the reader held already takes the lock once.
+        let unneeded: Vec<BlockHold> = if spawned.is_empty() && holds.is_empty() {
+            Vec::new()
+        } else {
             let mut state = self.state.lock();
             for (&index, block) in &spawned {
                 state.blocks.entry(index).or_insert_with(|| block.clone());
