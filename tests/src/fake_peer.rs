@@ -1,7 +1,7 @@
 //! A rack peer that misbehaves on purpose, holding the cluster key: it answers run requests
 //! with a good head and then stalls, with blocks of wrong bytes whose BLAKE3 and tags are
-//! its own (a lying member the key cannot catch), late the first time it is asked for a run,
-//! or with a block whose first group is not what its group values say.
+//! its own (a lying member the key cannot catch), late the first time it is asked for a run
+//! of more than one block, or with a block whose first group is not what its group values say.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,9 +28,10 @@ pub enum Misbehaviour {
     /// Sends every block of the run as bytes of its own (all `0x5a`), with their true BLAKE3
     /// and valid tags.
     Lie,
-    /// Answers the first request for each object (by key) only after the delay, every later
-    /// one at once, with the run's true bytes: the harness's deterministic content of the key
-    /// (seed 0), as [`crate::upload`] wrote it.
+    /// Answers the first request of more than one block for each object (by key) only after
+    /// the delay, every other one at once, with the run's true bytes: the harness's
+    /// deterministic content of the key (seed 0), as [`crate::upload`] wrote it. (A reader's
+    /// first fill may ask for one block; a late answer to it shows nothing about a run.)
     LateOnce(Duration),
     /// Sends the run's first block's header and group values, true to the harness's content
     /// of the key (seed 0), then that block's first group with one byte changed, and then
@@ -135,7 +136,7 @@ async fn answer<B>(
         Misbehaviour::LateOnce(delay) => {
             let first = {
                 let mut late = late.lock();
-                let first = !late.iter().any(|(key, ..)| *key == run.key);
+                let first = run.count > 1 && !late.iter().any(|(key, ..)| *key == run.key);
                 if first {
                     late.push((run.key.clone(), run.first, run.count));
                 }
