@@ -21,30 +21,23 @@
 //! whose directory is missing is refused by config validation; a stale mount left at the
 //! mount point by a killed daemon is detached first; a live mount there is an error.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use larder_config::{Config, ConfigArgs, ConfigError, PeerConfig};
+use larder_config::{Config, ConfigArgs, ConfigError};
 use larder_control_api::{Plan, Settings};
 use larder_engine as engine;
 use larder_fuse_mount::{Detached, MountOptions, detach};
 use larder_http as http;
+use larder_origin::OriginError;
 use larder_origin::environment::Environment;
-use larder_origin::{Origin, OriginError};
-use larder_peer_proto::auth::{ClusterKey, Verifier};
-use larder_peer_proto::client::Client;
-use larder_peer_proto::tls::{self, Connector, TlsError};
-use larder_peer_proto::wire::Hello;
-use larder_peers::listener::PeerListener;
-use larder_peers::manifest::Manifests;
+use larder_peer_proto::tls::TlsError;
+use larder_peers::PeerSetupError;
 use larder_peers::members::Membership;
-use larder_peers::{self as peer, AskWho, PeerSetupError, PeerSource};
 use larder_read_path::Cache;
-use larder_read_path::fill::PeerTier;
 use larder_registry::{self as registry, Mirror};
 use larder_stats::Stats;
 use larder_store::{BlockStore, StoreError};
@@ -56,7 +49,7 @@ use crate::containerd::{HostsError, MirrorHostsFiles};
 use crate::control::{self, Control};
 use crate::kube::{KubeError, NodeClient};
 use crate::metrics::{self, FuseLatencies, Phase, Snapshot};
-use crate::namespace::{ConfiguredSource, Namespace};
+use crate::node::Node;
 use crate::prefetch::Jobs;
 use crate::process::ProcessStats;
 use crate::seal::Sealer;
@@ -244,7 +237,6 @@ impl Daemon {
     /// Opens the cache, starts every listener and mounts: the daemon serves once this returns.
     async fn start(config: &Config) -> Result<Self, DaemonError> {
         let mountpoint = prepare_mountpoint(&config.mount.path)?;
-        let stats = Arc::new(Stats::default());
         let fuse_latency = Arc::new(FuseLatencies::default());
         let engine =
             engine::build(config.cache.io_engine, config.cache.io_queue_depth).map_err(|source| {
@@ -253,10 +245,19 @@ impl Daemon {
                     source,
                 }
             })?;
-        let store = Arc::new(BlockStore::open(&config.cache, engine, stats.store.clone()).await?);
-        let peers = Peers::new(&config.peer)?;
-        let membership = peers.members.clone();
         let stop = CancellationToken::new();
+        let background = TaskTracker::new();
+        let node = Node::open(
+            config,
+            engine,
+            &Environment::process(),
+            std::convert::identity,
+            &background,
+            &stop,
+        )
+        .await?;
+        let (stats, cache) = (node.stats.clone(), node.cache.clone());
+        let membership = node.peers.members.clone();
         let phase = Arc::new(Phase::default());
         let mut listeners = Vec::new();
         if let Some(address) = config.metrics.listen {
@@ -264,51 +265,21 @@ impl Daemon {
             let metrics = serve_metrics(
                 address,
                 (&stats, &fuse_latency),
-                &store,
+                cache.store(),
                 membership.clone(),
                 phase,
                 stop.clone(),
             );
             listeners.push(metrics.await?);
         }
-        let manifests = Manifests::new();
-        let peer_tier = peers.members.clone().map(|members| PeerTier {
-            source: Arc::new(PeerSource::new(
-                peers.client.clone(),
-                members.clone(),
-                manifests.clone(),
-                &stats,
-            )),
-            members: Arc::new(members) as _,
-        });
-        let background = TaskTracker::new();
-        if let Some(members) = &peers.members {
-            let hello = Arc::new(AskWho {
-                client: peers.client.clone(),
-                rack: config.peer.rack.clone(),
-            });
-            members.spawn_dns(&background, stop.clone(), hello.clone());
-            members.spawn_hellos(&background, stop.clone(), hello);
-        }
         let warm = match &config.warm.plan {
             Some(path) => Some((
                 read_plan(path)?,
-                NodeClient::new(&config.warm, &peers.hello.node)?,
+                NodeClient::new(&config.warm, &node.peers.hello.node)?,
             )),
             None => None,
         };
-        let cache = Cache::new(
-            store,
-            &config.origin,
-            config.cache.memory_limit,
-            &stats,
-            peer_tier,
-        );
-        let sources = sources(config, &stats)?;
-        let origins: Vec<(String, Arc<Origin>)> = sources
-            .iter()
-            .map(|(name, s)| (name.clone(), s.origin.clone()))
-            .collect();
+        let origins = node.origins();
         let mirror = match config.registry.listen.filter(|_| config.registry.enabled()) {
             Some(address) => Some((
                 address,
@@ -327,7 +298,7 @@ impl Daemon {
             let registries = mirror.iter().flat_map(|(_, mirror)| mirror.origins());
             let by_name = origins.iter().cloned().chain(registries).collect();
             listeners.push(
-                peers
+                node.peers
                     .serve(address, &cache, by_name, &stats, stop.clone())
                     .await?,
             );
@@ -349,7 +320,7 @@ impl Daemon {
             mountpoint.clone(),
             config.cache.block_size.as_u64(),
             config.origin.part_size.as_u64(),
-            manifests,
+            node.manifests.clone(),
         ));
         let settings = Settings {
             mount: mountpoint.display().to_string(),
@@ -371,12 +342,7 @@ impl Daemon {
         ));
         let control = ControlServer::start(control, &config.control.socket, stop.clone())?;
         let passthrough = config.cache.passthrough;
-        let namespace = Arc::new(Namespace::new(
-            sources,
-            cache.clone(),
-            passthrough,
-            stats.mount.clone(),
-        ));
+        let namespace = Arc::new(node.namespace(passthrough));
         let fuse_latency = fuse_latency.clone();
         let options = MountOptions {
             deadline: config.origin.read_deadline + Duration::from_secs(5),
@@ -547,97 +513,6 @@ async fn serve_registry(
     Ok((task, bound))
 }
 
-/// This node as a rack peer: who it is, its key, how it asks others, and its members
-/// (`None` when peers are off).
-struct Peers {
-    key: Option<ClusterKey>,
-    hello: Hello,
-    client: Client,
-    members: Option<Membership>,
-    /// The listener's TLS, when it speaks TLS.
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
-}
-
-impl Peers {
-    /// Reads the key (needed when peers are on or the listener is, unless told to run
-    /// without one) and the node's id: the configured one, or the host name.
-    fn new(config: &PeerConfig) -> Result<Self, DaemonError> {
-        let key = if config.enabled() || config.listen.is_some() {
-            peer::cluster_key(config)?
-        } else {
-            None
-        };
-        let node = match config.node_id.as_str() {
-            "" => rustix::system::uname().nodename().to_string_lossy().into_owned(),
-            id => id.to_owned(),
-        };
-        let hello = Hello {
-            node: node.clone(),
-            rack: config.rack.clone(),
-        };
-        let mut client = Client::new(
-            key.clone(),
-            node.clone(),
-            config.first_byte_timeout,
-            config.stall_timeout,
-        );
-        if let Some(ca) = &config.tls_ca {
-            client = client.with_tls(Connector::new(ca, &config.tls_name)?);
-        }
-        let acceptor = match (&config.tls_cert, &config.tls_key) {
-            (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
-            _ => None,
-        };
-        let members = config
-            .enabled()
-            .then(|| Membership::new(config, node, config.rack.clone()));
-        Ok(Self {
-            key,
-            hello,
-            client,
-            members,
-            acceptor,
-        })
-    }
-
-    /// Binds the peer listener and serves `cache`'s blocks of `origins` on a task of its own
-    /// until `stop`.
-    async fn serve(
-        &self,
-        address: SocketAddr,
-        cache: &Cache,
-        origins: HashMap<String, Arc<Origin>>,
-        stats: &Arc<Stats>,
-        stop: CancellationToken,
-    ) -> Result<JoinHandle<()>, DaemonError> {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .map_err(|source| DaemonError::PeerListen { address, source })?;
-        let bound = listener.local_addr().unwrap_or(address);
-        let authenticated = self.key.is_some();
-        let tls = self.acceptor.is_some();
-        tracing::info!(address = %bound, node = %self.hello.node, authenticated, tls, "serving rack peers");
-        let service = PeerListener::new(
-            self.key.clone().map(Verifier::new),
-            self.hello.clone(),
-            self.members.clone(),
-            cache.clone(),
-            origins,
-            stats.peer.clone(),
-        );
-        let (service, limits) = (peer::listener::service(service), peer::listener::LIMITS);
-        Ok(match self.acceptor.clone() {
-            Some(acceptor) => tokio::spawn(http::serve(
-                http::TlsListener::new(listener, acceptor),
-                service,
-                limits,
-                stop,
-            )),
-            None => tokio::spawn(http::serve(listener, service, limits, stop)),
-        })
-    }
-}
-
 /// The plan file `warm.plan` names.
 fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
     let problem = |reason: String| DaemonError::WarmPlan {
@@ -650,21 +525,6 @@ fn read_plan(path: &Path) -> Result<Plan, DaemonError> {
         return Err(problem("no targets and no images".into()));
     }
     Ok(plan)
-}
-
-fn sources(config: &Config, stats: &Arc<Stats>) -> Result<Vec<(String, ConfiguredSource)>, DaemonError> {
-    let env = Environment::process();
-    config
-        .sources
-        .iter()
-        .map(|source| {
-            let origin =
-                Origin::from_config(source, &config.origin, stats.origin.clone(), &env).map_err(Box::new)?;
-            let origin = Arc::new(origin);
-            let ttl = (!source.immutable).then_some(source.metadata_ttl);
-            Ok((source.name.clone(), ConfiguredSource { origin, ttl }))
-        })
-        .collect()
 }
 
 /// Checks the mount point, detaching a stale FUSE mount a killed daemon left there.

@@ -66,7 +66,7 @@ const CACHED_PAGE_ENTRIES: u64 = 256 * 1024;
 pub const MISSING_NAME_TTL: Duration = Duration::from_secs(30);
 
 /// One configured source.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ConfiguredSource {
     /// The origin.
     pub origin: Arc<Origin>,

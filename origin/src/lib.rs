@@ -738,6 +738,19 @@ impl Origin {
         }
     }
 
+    /// The same origin with its store wrapped by `wrap` (tests put fault injectors around the
+    /// real store this way): reads, listings and writes go through the wrapper; paged
+    /// listings still go to the store's own pager. An origin that can only read is left as
+    /// it is.
+    pub fn around(mut self, wrap: impl FnOnce(Arc<dyn ObjectStore>) -> Arc<dyn ObjectStore>) -> Self {
+        if let Some(store) = self.full_store.take() {
+            let store = wrap(store);
+            self.reader = Arc::new(Arc::clone(&store));
+            self.full_store = Some(store);
+        }
+        self
+    }
+
     /// The whole store, to `operation` on `key`, or the error saying this origin can only read.
     fn full_store(&self, key: &str, operation: Operation) -> Result<&Arc<dyn ObjectStore>, OriginError> {
         self.full_store.as_ref().ok_or_else(|| OriginError::NotSupported {

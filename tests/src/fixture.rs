@@ -1,20 +1,30 @@
-//! A block cache over a real S3 server with a fault-injecting origin: the fixture of the
-//! cache engine's integration tests.
+//! A node's read side over a real S3 server, built by the daemon's own [`Node::open`], with
+//! fault injectors around the origin's store and the block store's I/O engine: the fixture
+//! of the cache engine's integration tests.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::ffi::OsStr;
+use std::net::{Ipv4Addr, SocketAddr};
+
 use bytes::Bytes;
+use larder_cache_daemon::namespace::Namespace;
+use larder_cache_daemon::node::Node;
 use larder_config::{ByteSize, CacheConfig, Config, IoEngineKind, OriginConfig, SourceConfig};
 use larder_engine as engine;
 use larder_engine::fault::FaultyEngine;
-use larder_origin::Origin;
-use larder_read_path::{Cache, OpenObject, ReadError, Reader};
+use larder_fuse_mount::{FileTree, FsError, FsErrorKind, ROOT_INO};
+use larder_origin::environment::Environment;
+use larder_origin::{Origin, OriginError};
+use larder_read_path::{Cache, OpenObject};
 use larder_stats::Stats;
-use larder_store::{self as store, BlockStore};
-use object_store::ObjectStore;
+use larder_store as store;
+use parking_lot::Mutex;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 
-use crate::{FaultStore, S3Server};
+use crate::{FaultStore, S3Server, free_port};
 
 /// A test configuration: a small cache in `dir`, fast retries, short deadlines.
 pub fn test_config(dir: &Path, block_size: u64, engine: IoEngineKind, url: &str) -> Config {
@@ -27,6 +37,9 @@ pub fn test_config(dir: &Path, block_size: u64, engine: IoEngineKind, url: &str)
             io_engine: engine,
             // A small budget, so that the tests run the read path under it.
             memory_limit: ByteSize(16 * block_size),
+            // Reads of complete files go through the daemon, as when the kernel cannot pass
+            // them through: what these tests look at (passthrough has tests of its own).
+            passthrough: false,
             ..CacheConfig::default()
         },
         origin: OriginConfig {
@@ -42,7 +55,11 @@ pub fn test_config(dir: &Path, block_size: u64, engine: IoEngineKind, url: &str)
     }
 }
 
-/// One cache (block store + fill path) over the server, through a [`FaultStore`].
+/// A node's read side over the server, built as the daemon builds it ([`Node::open`]: the
+/// origin from the source's URL with its paged listings, the peer tier when members are
+/// configured), with a [`FaultStore`] around the origin's store and a [`FaultyEngine`] under
+/// the block store; files are opened and read through the namespace the mount serves, one
+/// reader per open file.
 #[derive(Debug)]
 pub struct CacheFixture {
     /// The S3 bucket's server.
@@ -59,48 +76,80 @@ pub struct CacheFixture {
     pub stats: Arc<Stats>,
     /// The configuration it runs with.
     pub config: Config,
+    /// The node: its peers, to serve other fixtures.
+    pub node: Node,
+    /// The file tree the mount would serve.
+    pub namespace: Arc<Namespace>,
+    /// Stops the members' hellos and the peer listener.
+    stop: CancellationToken,
+    /// Cancels `stop` when the fixture is dropped.
+    _stopped: DropGuard,
 }
 
 impl CacheFixture {
     /// Opens a cache on `config.cache.dir` over `server`.
     pub async fn open(server: Arc<S3Server>, config: Config) -> anyhow::Result<Self> {
-        let client = server.client()?;
-        Self::open_with_client(server, client, config).await
+        let endpoint = server.endpoint();
+        Self::open_at(server, &endpoint, config).await
     }
 
-    /// Like [`CacheFixture::open`], with the origin reached through `client` (for example a
-    /// client of an address where nothing answers).
-    pub async fn open_with_client(
-        server: Arc<S3Server>,
-        client: Arc<dyn ObjectStore>,
-        config: Config,
-    ) -> anyhow::Result<Self> {
+    /// Like [`CacheFixture::open`], with the origin reached at `endpoint` (for example an
+    /// address where nothing answers).
+    pub async fn open_at(server: Arc<S3Server>, endpoint: &str, config: Config) -> anyhow::Result<Self> {
         config.validate()?;
-        let stats = Arc::new(Stats::default());
-        let faults = FaultStore::new(client);
-        let origin = Arc::new(Origin::new(
-            "models",
-            &server.url(),
-            faults.clone(),
-            Default::default(),
-            &config.origin,
-            stats.origin.clone(),
-        ));
+        let env: Environment = [
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ACCESS_KEY_ID", crate::ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", crate::SECRET_KEY),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
         let disk = FaultyEngine::new(engine::build(
             config.cache.io_engine,
             config.cache.io_queue_depth,
         )?);
-        let store = Arc::new(BlockStore::open(&config.cache, disk.clone(), stats.store.clone()).await?);
-        let cache = Cache::new(store, &config.origin, config.cache.memory_limit, &stats, None);
+        let faults = Mutex::new(None);
+        let around = |origin: Origin| {
+            origin.around(|store| {
+                let wrapped = FaultStore::new(store);
+                *faults.lock() = Some(wrapped.clone());
+                wrapped
+            })
+        };
+        let stop = CancellationToken::new();
+        let node = Node::open(&config, disk.clone(), &env, around, &TaskTracker::new(), &stop).await?;
+        let faults = faults
+            .into_inner()
+            .ok_or_else(|| anyhow::anyhow!("the source's origin has no store to wrap"))?;
+        let origin = node.sources[0].1.origin.clone();
         Ok(Self {
             server,
             faults,
             origin,
-            cache,
+            cache: node.cache.clone(),
             disk,
-            stats,
+            stats: node.stats.clone(),
+            namespace: Arc::new(node.namespace(config.cache.passthrough)),
+            node,
             config,
+            _stopped: stop.clone().drop_guard(),
+            stop,
         })
+    }
+
+    /// Serves this node's blocks to rack members on a loopback port until the fixture is
+    /// dropped: the address to list it at.
+    pub async fn serve_peers(&self) -> anyhow::Result<SocketAddr> {
+        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
+        let origins = self.node.origins().into_iter().collect();
+        self.node
+            .peers
+            .serve(address, &self.cache, origins, &self.stats, self.stop.clone())
+            .await?;
+        Ok(address)
     }
 
     /// Waits for background writes, drops the cache (releasing the cache dir) and opens a new
@@ -111,22 +160,47 @@ impl CacheFixture {
             server,
             config,
             cache,
+            node,
+            namespace,
             ..
         } = self;
-        drop(cache);
+        drop((cache, node, namespace));
         Self::open(server, config).await
     }
 
-    /// Pins the current version of `key`, as `open` does.
+    /// Pins the current version of `key` with a HEAD of its own, to look at it (its id, size,
+    /// files); reads go through [`CacheFixture::open_file`].
     pub async fn open_object(&self, key: &str) -> anyhow::Result<Arc<OpenObject>> {
         let version = self.origin.head(key).await?;
         Ok(OpenObject::new(self.origin.clone(), version))
     }
 
-    /// Reads `len` bytes at `offset` of an open object through a reader of its own, as one
-    /// read on a fresh file handle.
-    pub async fn read(&self, object: &Arc<OpenObject>, offset: u64, len: usize) -> Result<Bytes, ReadError> {
-        Reader::new(self.cache.clone(), object.clone())
+    /// Opens `key` as a process opens a file under the mount: a lookup of each name on its
+    /// path, then an open, which pins the version.
+    pub async fn open_file(&self, key: &str) -> Result<File, FsError> {
+        let (mut ino, mut size) = (ROOT_INO, 0);
+        for name in key.split('/') {
+            let attr = self.namespace.lookup(ino, OsStr::new(name)).await?;
+            (ino, size) = (attr.ino, attr.size);
+        }
+        let opened = self.namespace.open(ino).await?;
+        // The kernel reads a file it is offered straight from the cache's data file.
+        if opened.backing.is_some() {
+            self.namespace.passed_through(opened.fh);
+        }
+        Ok(File {
+            namespace: self.namespace.clone(),
+            fh: opened.fh,
+            backing: opened.backing,
+            size,
+        })
+    }
+
+    /// Reads `len` bytes at `offset` of an object as one read on a file of its own, opened,
+    /// read once and closed.
+    pub async fn read(&self, object: &OpenObject, offset: u64, len: usize) -> Result<Bytes, FsError> {
+        self.open_file(&object.version().key)
+            .await?
             .read(offset, len)
             .await
     }
@@ -141,14 +215,9 @@ impl CacheFixture {
         store::object_paths(&self.config.cache.dir, object.version().id()).0
     }
 
-    /// Reads a whole object in 1 MiB requests through a [`Reader`] (readahead on).
-    pub async fn read_all(&self, object: &Arc<OpenObject>) -> Result<Vec<u8>, ReadError> {
-        let reader = Reader::new(self.cache.clone(), object.clone());
-        let mut out = Vec::with_capacity(object.version().size as usize);
-        while (out.len() as u64) < object.version().size {
-            out.extend_from_slice(&reader.read(out.len() as u64, 1 << 20).await?);
-        }
-        Ok(out)
+    /// Reads a whole object in 1 MiB requests through one open file (readahead on).
+    pub async fn read_all(&self, object: &OpenObject) -> Result<Vec<u8>, FsError> {
+        self.open_file(&object.version().key).await?.read_all().await
     }
 
     /// How many times each block of `object` was requested from the origin, by GET ranges.
@@ -169,6 +238,74 @@ impl CacheFixture {
         }
         counts
     }
+}
+
+/// A file open on a fixture's namespace: one handle, one reader, closed when dropped. A file
+/// the namespace offered for passthrough is read from the data file it gave, as the kernel
+/// reads it.
+#[derive(Debug)]
+pub struct File {
+    namespace: Arc<Namespace>,
+    fh: u64,
+    backing: Option<std::fs::File>,
+    /// The size the lookup gave: where the kernel stops reading a file passed through.
+    size: u64,
+}
+
+impl File {
+    /// Reads `len` bytes at `offset` (fewer at the end of the file).
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes, FsError> {
+        if let Some(backing) = &self.backing {
+            let len = len.min(self.size.saturating_sub(offset) as usize);
+            let mut bytes = vec![0; len];
+            let mut read = 0;
+            while read < len {
+                match std::os::unix::fs::FileExt::read_at(backing, &mut bytes[read..], offset + read as u64) {
+                    Ok(0) => break,
+                    Ok(n) => read += n,
+                    Err(error) => return Err(FsError::new(FsErrorKind::Io, error)),
+                }
+            }
+            bytes.truncate(read);
+            return Ok(Bytes::from(bytes));
+        }
+        let len = u32::try_from(len).expect("a read of less than 4 GiB, as the kernel sends");
+        self.namespace.read(self.fh, offset, len).await
+    }
+
+    /// Reads `len` bytes at `offset` if they can be answered at once, as on a FUSE thread
+    /// (blocks in memory, or small reads of verified blocks on disk); `None` sends the read
+    /// on to [`File::read`].
+    pub fn read_now(&self, offset: u64, len: usize) -> Option<Bytes> {
+        let len = u32::try_from(len).ok().filter(|_| self.backing.is_none())?;
+        self.namespace.read_now(self.fh, offset, len)
+    }
+
+    /// Reads the whole file in 1 MiB requests.
+    pub async fn read_all(&self) -> Result<Vec<u8>, FsError> {
+        let mut out = Vec::new();
+        loop {
+            let bytes = self.read(out.len() as u64, 1 << 20).await?;
+            if bytes.is_empty() {
+                return Ok(out);
+            }
+            out.extend_from_slice(&bytes);
+        }
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        // The release only forgets the handle; it awaits nothing.
+        futures::executor::block_on(self.namespace.release(self.fh));
+    }
+}
+
+/// The origin's error behind a read's failure, if the origin failed it.
+pub fn origin_error(error: &FsError) -> Option<&OriginError> {
+    std::error::Error::source(error)?
+        .downcast_ref::<Arc<OriginError>>()
+        .map(|origin| &**origin)
 }
 
 /// Every file under `dir` (recursively) whose extension is `ext`.

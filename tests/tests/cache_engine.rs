@@ -3,16 +3,18 @@
 //! origin faults.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use larder_block_tree::{CV_LEN, GROUP};
 use larder_config::{ByteSize, IoEngineKind};
 use larder_engine::fault::{Fault, Op};
+use larder_fuse_mount::FsError;
 use larder_origin::{Origin, OriginError};
 use larder_read_path::{OpenObject, ReadError, Reader};
 use larder_store::{Lookup, VALUES_EXTENSION};
-use larder_tests::fixture::{CacheFixture, allocated_bytes, files_with_extension, test_config};
+use larder_tests::fixture::{self, CacheFixture, allocated_bytes, files_with_extension, test_config};
 use larder_tests::{FaultPlan, S3Server, content, seed};
 use proptest::prelude::*;
 use tempfile::TempDir;
@@ -42,11 +44,8 @@ fn expected(key: &str, offset: u64, len: usize) -> Vec<u8> {
     content(seed(key, 0), offset, len)
 }
 
-fn origin_error(error: &ReadError) -> &OriginError {
-    match error {
-        ReadError::Origin(e) => e,
-        other => panic!("not an origin error: {other}"),
-    }
+fn origin_error(error: &FsError) -> &OriginError {
+    fixture::origin_error(error).unwrap_or_else(|| panic!("not an origin error: {error}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -121,10 +120,11 @@ fn check_random_reads(scenario: Scenario) -> Result<(), TestCaseError> {
                 let got = if i % 2 == 0 {
                     fx.read(&open, offset, len).await.expect("read")
                 } else {
-                    let reader = readers
-                        .entry(object)
-                        .or_insert_with(|| Reader::new(fx.cache.clone(), open.clone()));
-                    reader.read(offset, len).await.expect("read")
+                    let file = match readers.entry(object) {
+                        Entry::Occupied(file) => file.into_mut(),
+                        Entry::Vacant(entry) => entry.insert(fx.open_file(key).await.expect("open")),
+                    };
+                    file.read(offset, len).await.expect("read")
                 };
                 let end = size.min(offset + len as u64);
                 let want = if offset >= end {
@@ -170,7 +170,9 @@ async fn jumping_reads_of_cached_blocks_return_the_right_bytes(engine: IoEngineK
     let open = fx.open_object("j.bin").await.expect("open");
     fx.read_all(&open).await.expect("fill");
     fx.cache.flush().await;
-    let requests = server.requests().len();
+    // Opening the file after the restart asks the origin for its version; its bytes come
+    // from disk.
+    let gets = server.ranged_gets().len();
     // Far apart, so that none counts as sequential: a page edge, a block edge, the tail.
     let jumps = [
         (2 * MIB + 4095, 10),
@@ -185,7 +187,7 @@ async fn jumping_reads_of_cached_blocks_return_the_right_bytes(engine: IoEngineK
             fx = fx.restart().await.expect("restart");
         }
         let disk_bytes = fx.disk.read_bytes();
-        let reader = Reader::new(fx.cache.clone(), open.clone());
+        let reader = fx.open_file(&open.version().key).await.expect("open");
         for (offset, len) in jumps {
             let got = reader.read(offset, len).await.expect("read");
             assert!(
@@ -199,7 +201,7 @@ async fn jumping_reads_of_cached_blocks_return_the_right_bytes(engine: IoEngineK
         let bound = 6 * GROUP as u64 + 2 * 4096 + 6 * 4096;
         assert!(read <= bound, "round {round}: {read} bytes read from disk");
     }
-    assert_eq!(server.requests().len(), requests, "a read went to the origin");
+    assert_eq!(server.ranged_gets().len(), gets, "a read went to the origin");
 }
 
 /// A cut body is resumed from the first missing byte, never repeated or skipped.
@@ -243,13 +245,14 @@ async fn restart_serves_recorded_blocks_without_the_origin(engine: IoEngineKind)
 
     assert_private(dir.path());
     let fx = fx.restart().await.expect("restart");
-    let open = OpenObject::new(fx.origin.clone(), open.version().clone());
     let warm = fx.read_all(&open).await.expect("warm read");
     assert!(warm == expected("llama/model.safetensors", 0, size as usize));
+    // Opening the file asks for its version (a HEAD, and a listing to tell a file from a
+    // directory of the same name); no byte of it comes from the origin.
     assert!(
-        fx.faults.requests().is_empty(),
-        "origin requests after restart: {:?}",
-        fx.faults.requests()
+        fx.faults.gets().is_empty(),
+        "origin GETs after restart: {:?}",
+        fx.faults.gets()
     );
     let stats = fx.stats.snapshot();
     assert_eq!(stats.served_nvme_bytes, size);
@@ -419,9 +422,8 @@ async fn corrupted_truncated_and_swapped_files_are_refetched(engine: IoEngineKin
 
     let fx = fx.restart().await.expect("restart");
     for (key, open) in keys.iter().zip(&opened) {
-        let open = OpenObject::new(fx.origin.clone(), open.version().clone());
         assert!(
-            fx.read_all(&open).await.expect("read") == expected(key, 0, (4 * MIB) as usize),
+            fx.read_all(open).await.expect("read") == expected(key, 0, (4 * MIB) as usize),
             "{key}"
         );
     }
@@ -435,8 +437,7 @@ async fn corrupted_truncated_and_swapped_files_are_refetched(engine: IoEngineKin
     // Repaired: a third run serves everything from disk.
     let fx = fx.restart().await.expect("restart");
     for (key, open) in keys.iter().zip(&opened) {
-        let open = OpenObject::new(fx.origin.clone(), open.version().clone());
-        assert!(fx.read_all(&open).await.expect("read") == expected(key, 0, (4 * MIB) as usize));
+        assert!(fx.read_all(open).await.expect("read") == expected(key, 0, (4 * MIB) as usize));
     }
     assert!(fx.faults.gets().is_empty());
 }
@@ -491,9 +492,8 @@ async fn small_reads_check_their_groups_and_catch_tampering(engine: IoEngineKind
     values.sync_all().expect("sync");
 
     let fx = fx.restart().await.expect("restart");
-    let open = OpenObject::new(fx.origin.clone(), open.version().clone());
     // One reader, each read over 1 MiB from the last: none starts a sequential run.
-    let reader = Reader::new(fx.cache.clone(), open.clone());
+    let reader = fx.open_file(&open.version().key).await.expect("open");
     let small_read = |offset: u64| {
         let (fx, reader) = (&fx, &reader);
         async move {
@@ -536,8 +536,7 @@ async fn values_of_another_group_size_are_removed_not_read() {
 
     let fx = fx.restart().await.expect("restart");
     assert!(!old.exists(), "the old values file is left");
-    let open = OpenObject::new(fx.origin.clone(), open.version().clone());
-    let reader = Reader::new(fx.cache.clone(), open.clone());
+    let reader = fx.open_file(&open.version().key).await.expect("open");
     // Each over 1 MiB from the last (and the first from the start): none starts a run.
     let offsets = [3 * MIB + 900_000, 200_000, 2 * MIB + 500_000, MIB + 300_000];
     let mut read = Vec::new();
@@ -582,8 +581,7 @@ async fn reads_answered_at_once_are_checked_and_leave_the_rest_to_the_runtime() 
     data.sync_all().expect("sync");
 
     let fx = fx.restart().await.expect("restart");
-    let open = OpenObject::new(fx.origin.clone(), open.version().clone());
-    let reader = Reader::new(fx.cache.clone(), open.clone());
+    let reader = fx.open_file(&open.version().key).await.expect("open");
     // The store opens an object's files on its first read through the runtime.
     let first = reader.read(3 * MIB, 4096).await.expect("read");
     assert!(first == expected("now.bin", 3 * MIB, 4096));
@@ -610,11 +608,8 @@ async fn reads_answered_at_once_are_checked_and_leave_the_rest_to_the_runtime() 
     assert_eq!(fx.stats.snapshot().lookup_corrupt, 1);
     assert_eq!(fx.block_fetch_counts(&open), vec![0, 0, 1, 0]);
     let cold = fx.open_object("cold.bin").await.expect("open");
-    assert!(
-        Reader::new(fx.cache.clone(), cold)
-            .read_now(3 * MIB, 4096)
-            .is_none()
-    );
+    let cold = fx.open_file(&cold.version().key).await.expect("open");
+    assert!(cold.read_now(3 * MIB, 4096).is_none());
 }
 
 /// A read answered on a FUSE thread feeds the sequential detector after its bytes are read,
@@ -632,7 +627,7 @@ async fn fills_started_from_a_thread_without_a_runtime_run_on_the_caches() {
     std::thread::spawn(move || cache.prefetch(&ahead, 4 * MIB..8 * MIB))
         .join()
         .expect("the readahead started on a thread without a runtime");
-    let reader = Reader::new(fx.cache.clone(), open.clone());
+    let reader = fx.open_file(&open.version().key).await.expect("open");
     for offset in [4 * MIB, 7 * MIB + 5000] {
         let got = reader.read(offset, 4096).await.expect("a block fetched ahead");
         assert!(got == expected("ahead.bin", offset, 4096), "bytes at {offset}");
@@ -685,9 +680,11 @@ async fn overwritten_object_gives_old_bytes_or_version_changed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
     let old = fx.open_object(key).await.expect("open");
+    // One file open across the overwrite: it pinned the old version.
+    let file = fx.open_file(key).await.expect("open");
     // Away from the start, so that the read starts no readahead: its fill covers its own
     // origin part (blocks 4 to 7), and the rest is left to fetch after the overwrite.
-    let first = fx.read(&old, 4 * MIB, MIB as usize).await.expect("first block");
+    let first = file.read(4 * MIB, MIB as usize).await.expect("first block");
     assert!(first == expected(key, 4 * MIB, MIB as usize));
 
     server
@@ -696,7 +693,7 @@ async fn overwritten_object_gives_old_bytes_or_version_changed() {
         .expect("overwrite");
     let mut changed = 0;
     for block in 0..8 {
-        match fx.read(&old, block * MIB, MIB as usize).await {
+        match file.read(block * MIB, MIB as usize).await {
             Ok(bytes) => assert!(
                 bytes == expected(key, block * MIB, MIB as usize),
                 "block {block} is not the old version"
@@ -738,7 +735,7 @@ async fn concurrent_readers_of_a_cold_object_fetch_each_block_once() {
         let open = open.clone();
         tokio::spawn(async move {
             // One file handle each; each starts at a different block and wraps around.
-            let reader = Reader::new(fx.cache.clone(), open.clone());
+            let reader = fx.open_file(&open.version().key).await.expect("open");
             for step in 0..17u64 {
                 let offset = ((i + step) % 17) * MIB;
                 let got = reader.read(offset, MIB as usize).await.expect("read");
@@ -766,11 +763,11 @@ async fn a_cancelled_reader_does_not_cancel_the_shared_fill() {
     let fx = Arc::new(fixture(&server, &dir, MIB, IoEngineKind::Uring).await);
     let open = fx.open_object(key).await.expect("open");
     let impatient = {
-        let (fx, open) = (fx.clone(), open.clone());
-        tokio::spawn(async move { fx.read(&open, 0, 4 * MIB as usize).await })
+        let file = fx.open_file(key).await.expect("open");
+        tokio::spawn(async move { file.read(0, 4 * MIB as usize).await })
     };
-    // The test runs on one thread: the reader has started its fill once it has run to its
-    // first wait.
+    // The test runs on one thread: the reader (its file open already) has started its fill
+    // once it has run to its first wait.
     for _ in 0..1000 {
         if fx.cache.in_flight() > 0 {
             break;
@@ -806,8 +803,7 @@ async fn sixteen_cold_sequential_readers_keep_within_the_memory_budget() {
     let readers = keys.iter().cloned().map(|key| {
         let fx = fx.clone();
         tokio::spawn(async move {
-            let open = fx.open_object(&key).await.expect("open");
-            let reader = Reader::new(fx.cache.clone(), open);
+            let reader = fx.open_file(&key).await.expect("open");
             for offset in (0..size).step_by(MIB as usize / 2) {
                 let got = reader.read(offset, MIB as usize / 2).await.expect("read");
                 assert!(
@@ -1020,7 +1016,7 @@ async fn a_block_read_in_pieces_is_not_evicted_while_its_reader_is_in_it() {
     let _full = budget.charge(budget.limit());
     let held = fx.open_object("held.bin").await.expect("open");
     let id = held.version().id();
-    let reader = Reader::new(fx.cache.clone(), held);
+    let reader = fx.open_file("held.bin").await.expect("open");
     let piece = MIB as usize / 4;
     let read = |offset: u64| {
         let reader = &reader;
@@ -1185,22 +1181,25 @@ async fn origin_down_serves_cached_data_and_fails_cold_reads_within_the_deadline
         config.origin.request_timeout = Duration::from_millis(300);
         config.origin.read_deadline = deadline;
         config.origin.max_attempts = 20;
-        let client = larder_tests::s3_client(&endpoint, "larder-test").expect("client");
-        let fx = CacheFixture::open_with_client(server.clone(), client, config)
+        let fx = CacheFixture::open_at(server.clone(), &endpoint, config)
             .await
             .expect("cache");
+        // Versions pinned before the origin went down (a restarted mount cannot look names
+        // up without it: open files and prefetch jobs hold versions this way).
         let down: Arc<Origin> = fx.origin.clone();
-        let warm = OpenObject::new(down.clone(), warm.version().clone());
-        assert!(
-            fx.read_all(&warm).await.expect("cached read") == expected("warm.bin", 0, (3 * MIB) as usize)
+        let warm = Reader::new(
+            fx.cache.clone(),
+            OpenObject::new(down.clone(), warm.version().clone()),
         );
+        let cached = warm.read(0, 3 * MIB as usize).await.expect("cached read");
+        assert!(cached == expected("warm.bin", 0, (3 * MIB) as usize));
 
-        let cold = OpenObject::new(down, cold.version().clone());
+        let cold = Reader::new(fx.cache.clone(), OpenObject::new(down, cold.version().clone()));
         let started = Instant::now();
-        let error = fx
-            .read(&cold, 0, 4096)
-            .await
-            .expect_err("cold read with the origin down");
+        let error = match cold.read(0, 4096).await {
+            Err(ReadError::Origin(error)) => error,
+            other => panic!("a cold read with the origin down gave {other:?}"),
+        };
         let elapsed = started.elapsed();
         assert!(
             elapsed < deadline + Duration::from_secs(1),
@@ -1208,7 +1207,7 @@ async fn origin_down_serves_cached_data_and_fails_cold_reads_within_the_deadline
         );
         assert!(
             matches!(
-                origin_error(&error),
+                *error,
                 OriginError::DeadlineExceeded { .. } | OriginError::RetriesExhausted { .. }
             ),
             "{error}"
