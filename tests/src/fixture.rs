@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use std::ffi::OsStr;
-use std::net::{Ipv4Addr, SocketAddr};
 
 use bytes::Bytes;
 use larder_cache_daemon::namespace::Namespace;
@@ -24,7 +23,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
-use crate::{FaultStore, S3Server, free_port};
+use crate::{FaultStore, S3Server};
 
 /// A test configuration: a small cache in `dir`, fast retries, short deadlines.
 pub fn test_config(dir: &Path, block_size: u64, engine: IoEngineKind, url: &str) -> Config {
@@ -140,16 +139,40 @@ impl CacheFixture {
         })
     }
 
-    /// Serves this node's blocks to rack members on a loopback port until the fixture is
-    /// dropped: the address to list it at.
-    pub async fn serve_peers(&self) -> anyhow::Result<SocketAddr> {
-        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port(Ipv4Addr::LOCALHOST)?));
+    /// Serves this node's blocks to rack members at `peer.listen` until the fixture is
+    /// dropped, as the daemon does.
+    pub async fn serve_peers(&self) -> anyhow::Result<()> {
+        let address = self
+            .config
+            .peer
+            .listen
+            .ok_or_else(|| anyhow::anyhow!("peer.listen is not set"))?;
         let origins = self.node.origins().into_iter().collect();
         self.node
             .peers
             .serve(address, &self.cache, origins, &self.stats, self.stop.clone())
             .await?;
-        Ok(address)
+        Ok(())
+    }
+
+    /// The names a directory of the source lists, read as the kernel reads a directory:
+    /// `readdir` from each offset on until an empty answer.
+    pub async fn list(&self, dir: &str) -> Result<Vec<String>, FsError> {
+        let mut ino = ROOT_INO;
+        for name in dir.split('/').filter(|name| !name.is_empty()) {
+            ino = self.namespace.lookup(ino, OsStr::new(name)).await?.ino;
+        }
+        let fh = self.namespace.opendir(ino).await?;
+        let mut names = Vec::new();
+        loop {
+            let entries = self.namespace.readdir(fh, names.len() as u64).await?;
+            if entries.is_empty() {
+                break;
+            }
+            names.extend(entries.into_iter().map(|e| e.name.to_string_lossy().into_owned()));
+        }
+        self.namespace.releasedir(fh).await;
+        Ok(names)
     }
 
     /// Waits for background writes, drops the cache (releasing the cache dir) and opens a new

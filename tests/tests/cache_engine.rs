@@ -4,18 +4,20 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::ffi::OsStr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use larder_block_tree::{CV_LEN, GROUP};
 use larder_config::{ByteSize, IoEngineKind};
 use larder_engine::fault::{Fault, Op};
-use larder_fuse_mount::FsError;
-use larder_origin::{Origin, OriginError};
+use larder_fuse_mount::{FileTree, FsError, ROOT_INO};
+use larder_origin::{Origin, OriginError, PAGE_KEYS};
 use larder_read_path::{OpenObject, ReadError, Reader};
 use larder_store::{Lookup, VALUES_EXTENSION};
 use larder_tests::fixture::{self, CacheFixture, allocated_bytes, files_with_extension, test_config};
-use larder_tests::{FaultPlan, S3Server, content, seed};
+use larder_tests::{FaultPlan, S3Server, content, free_port, seed};
 use proptest::prelude::*;
 use tempfile::TempDir;
 use test_case::test_case;
@@ -1284,4 +1286,94 @@ async fn a_scan_larger_than_the_cache_keeps_blocks_read_twice() {
             "hot block {index} evicted by a scan"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node's whole read side: paged listings and the rack's peer tier
+
+/// A directory of more keys than one listing page holds is listed page by page, as the
+/// kernel reads it: every name once, in order.
+#[tokio::test]
+async fn a_directory_longer_than_a_listing_page_is_listed_whole_page_by_page() {
+    let names: Vec<String> = (0..PAGE_KEYS + 50).map(|i| format!("f{i:05}")).collect();
+    let keys: Vec<String> = names.iter().map(|name| format!("many/{name}")).collect();
+    let objects: Vec<(&str, u64)> = keys.iter().map(|key| (key.as_str(), 100)).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+    let continued = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.query
+                    .as_deref()
+                    .is_some_and(|q| q.contains("continuation-token"))
+            })
+            .count()
+    };
+    // The kernel's first readdir costs the first page alone.
+    let many = fx
+        .namespace
+        .lookup(ROOT_INO, OsStr::new("many"))
+        .await
+        .expect("lookup");
+    let fh = fx.namespace.opendir(many.ino).await.expect("opendir");
+    let first = fx.namespace.readdir(fh, 0).await.expect("readdir");
+    assert_eq!(first[0].name, "f00000");
+    assert_eq!(continued(), 0, "the first readdir listed more than a page");
+    fx.namespace.releasedir(fh).await;
+    assert_eq!(fx.list("many").await.expect("list"), names);
+    assert!(continued() >= 1, "{} keys listed in one page", names.len());
+
+    // Each listed file reads as itself (this server lists no ETags, so an open asks for the
+    // version: the mount's tests show a listing with ETags saving that HEAD).
+    for key in [&keys[7], &keys[PAGE_KEYS + 3]] {
+        let file = fx.open_file(key).await.expect("open");
+        assert!(
+            file.read_all().await.expect("read") == expected(key, 0, 100),
+            "{key}"
+        );
+    }
+}
+
+/// Two nodes of one rack, each listed in the other's members as users write them
+/// (`ID=HOST:PORT@RACK`), read one model in turn: each run is fetched from the origin once,
+/// by its owner, and the other node takes it from that owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_of_a_rack_read_a_model_that_the_origin_sends_once() {
+    let key = "llama/model.safetensors";
+    let size = 32 * MIB + 5;
+    let server = server_with(&[(key, size)]).await;
+    let ports = [0, 1].map(|_| free_port(Ipv4Addr::LOCALHOST).expect("port"));
+    let dirs = [0, 1].map(|_| tempfile::tempdir().expect("tempdir"));
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let mut config = test_config(dirs[i].path(), MIB, IoEngineKind::Uring, &server.url());
+        config.peer.node_id = format!("n{i}");
+        config.peer.rack = "r1".into();
+        config.peer.insecure = true;
+        config.peer.listen = Some(SocketAddr::from((Ipv4Addr::LOCALHOST, ports[i])));
+        let other = 1 - i;
+        let member = format!("n{other}=127.0.0.1:{}@r1", ports[other]);
+        config.peer.members = vec![member.parse().expect("member")];
+        let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+        fx.serve_peers().await.expect("peer listener");
+        nodes.push(fx);
+    }
+    for fx in &nodes {
+        let file = fx.open_file(key).await.expect("open");
+        assert!(file.read_all().await.expect("read") == expected(key, 0, size as usize));
+    }
+    let from_origin: u64 = server
+        .ranged_gets()
+        .iter()
+        .filter_map(|get| {
+            let (first, last) = get.range.as_deref()?.strip_prefix("bytes=")?.split_once('-')?;
+            Some(last.parse::<u64>().ok()? + 1 - first.parse::<u64>().ok()?)
+        })
+        .sum();
+    assert_eq!(from_origin, size, "the origin's bytes for a model of {size}");
+    let from_peers: u64 = nodes.iter().map(|fx| fx.stats.snapshot().served_peer_bytes).sum();
+    assert!(from_peers > 0, "no node read a byte from the other");
 }
