@@ -393,7 +393,25 @@ impl Drop for Lease {
             let was = object.protected();
             object.leases -= 1;
             self.store.reprotect(state, self.id, was);
+            // The kernel read the data file itself: a use of every block, unseen one by one.
+            if let Some(object) = state.objects.get_mut(&self.id)
+                && !object.protected()
+            {
+                for (&index, meta) in &mut object.blocks {
+                    used(&mut state.policy, (self.id, index), meta);
+                }
+            }
         }
+    }
+}
+
+/// Records a use of a block for the eviction policy: a hit if it was served since it was
+/// fetched, else its first use (a block fetched ahead is not promoted by its first read).
+fn used(policy: &mut Slru<BlockKey>, key: BlockKey, meta: &mut BlockMeta) {
+    if std::mem::replace(&mut meta.served, true) {
+        policy.touch(&key);
+    } else {
+        policy.refresh(&key);
     }
 }
 
@@ -924,13 +942,8 @@ impl BlockStore {
             generation: current.generation,
             from,
         });
-        // Only a read that served bytes counts as a use for the eviction policy; the first use
-        // of a block fetched ahead is not a second one.
-        if std::mem::replace(&mut current.served, true) {
-            state.policy.touch(&(id, index));
-        } else {
-            state.policy.refresh(&(id, index));
-        }
+        // Only a read that served bytes counts as a use for the eviction policy.
+        used(&mut state.policy, (id, index), current);
         Some(written)
     }
 

@@ -1377,3 +1377,36 @@ async fn two_nodes_of_a_rack_read_a_model_that_the_origin_sends_once() {
     let from_peers: u64 = nodes.iter().map(|fx| fx.stats.snapshot().served_peer_bytes).sum();
     assert!(from_peers > 0, "no node read a byte from the other");
 }
+
+/// A file the kernel reads again through passthrough (straight from the cache's data file,
+/// unseen by the daemon block by block) was used again as surely as one read again through
+/// the daemon: its blocks stay protected from a one-off scan larger than the cache.
+#[tokio::test]
+async fn a_file_read_again_through_passthrough_keeps_its_blocks_over_a_scan() {
+    let keys = ["hot.bin", "scan0.bin", "scan1.bin", "scan2.bin"];
+    let sizes = [2 * MIB, 6 * MIB, 6 * MIB, 6 * MIB];
+    let objects: Vec<(&str, u64)> = keys.iter().copied().zip(sizes).collect();
+    let server = server_with(&objects).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+    config.cache.capacity = ByteSize(8 * MIB);
+    config.cache.passthrough = true;
+    let fx = CacheFixture::open(server.clone(), config).await.expect("cache");
+    let hot = fx.open_object("hot.bin").await.expect("open");
+    fx.read_all(&hot).await.expect("fill");
+    fx.cache.flush().await;
+    fx.read_all(&hot).await.expect("second read, passed through");
+    assert_eq!(fx.stats.snapshot().passthrough_opens, 1, "not passed through");
+    for key in &keys[1..] {
+        let open = fx.open_object(key).await.expect("open");
+        fx.read_all(&open).await.expect("scan");
+        fx.cache.flush().await;
+    }
+    assert!(fx.stats.snapshot().evicted_blocks >= 10);
+    for index in 0..2 {
+        assert!(
+            fx.cache.store().contains(hot.version().id(), index),
+            "hot block {index} evicted by a scan"
+        );
+    }
+}
