@@ -374,7 +374,8 @@ async fn reads_ranges_pins_versions_and_refuses_what_changed(store: &Store) {
 }
 
 /// A missing key is `NotFound`, naming key and source; credentials the store refuses are
-/// `PermissionDenied`, naming the source and not quoting the secret.
+/// `PermissionDenied` (for a read and for a listing), naming the source and not quoting the
+/// secret.
 async fn tells_missing_from_denied(store: &Store) {
     store.put("present.bin", b"here".to_vec()).await;
     let origin = store.origin();
@@ -390,6 +391,12 @@ async fn tells_missing_from_denied(store: &Store) {
     let refused = store.origin_at(url, env);
     let denied = refused.head("present.bin").await.expect_err("refused");
     assert!(matches!(denied, OriginError::PermissionDenied { .. }), "{denied}");
+    // object_store types a refused HEAD or GET itself, not a refused listing.
+    let listing = refused.list_page("", None).await.expect_err("refused listing");
+    assert!(
+        matches!(listing, OriginError::PermissionDenied { .. }),
+        "{listing}"
+    );
     let message = denied.to_string();
     assert!(message.contains("conformance"), "{message}");
     assert!(!message.contains("wrong-secret"), "the secret leaked: {message}");
