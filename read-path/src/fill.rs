@@ -263,7 +263,7 @@ impl Run<'_> {
     fn deliver(&mut self, block: VerifiedBlock, source: Source, peer: Option<Arc<str>>) {
         let (cache, object, index) = (self.cache, self.object, self.next);
         let waiter = self.waiters.next();
-        let charge = Arc::new(self.charge.split(cache.inner.store.block_size()));
+        let charge = Arc::new(self.charge.split(cache.store().block_size()));
         let writing = charge.writing();
         self.next += 1;
         // Whether a reader is waiting for the block (the in-flight map holds one handle of its
@@ -303,8 +303,7 @@ impl Run<'_> {
                 .then(|| BlockCrcs::of(&block.bytes()));
             let unsettled = peer.is_some();
             let written = cache
-                .inner
-                .store
+                .store()
                 .write_block(&object.version, index, &block, (served, fetched_from), unsettled)
                 .await;
             let stored = written.is_ok();
@@ -312,7 +311,7 @@ impl Run<'_> {
                 cache.note_written((object.id, index), block.hash(), peer, crcs);
             }
             if let Err(error) = written {
-                let stats = &cache.inner.stats;
+                let stats = cache.stats();
                 match &error {
                     // Lasts until pins go or space is freed: said once, then only counted.
                     StoreError::NoSpace { .. } => {
@@ -365,22 +364,22 @@ impl Run<'_> {
 
     /// The cache's block size.
     pub fn block_size(&self) -> u64 {
-        self.cache.inner.store.block_size()
+        self.cache.store().block_size()
     }
 
     /// The length of block `index` of the run's object.
     pub fn block_len(&self, index: u32) -> usize {
-        self.cache.inner.store.block_len(self.object.version.size, index) as usize
+        self.cache.store().block_len(self.object.version.size, index) as usize
     }
 
     /// Blocks in one origin part: the unit runs are owned by.
     pub fn part_blocks(&self) -> u32 {
-        self.cache.inner.part_blocks
+        self.cache.part_blocks()
     }
 
     /// The bytes still missing, from the start of the first incomplete block.
     fn remaining(&self) -> Range<u64> {
-        let block_size = self.cache.inner.store.block_size();
+        let block_size = self.cache.store().block_size();
         let start = u64::from(self.next) * block_size;
         let end = (start + self.waiters.len() as u64 * block_size).min(self.object.version.size);
         start..end
@@ -403,19 +402,19 @@ impl Cache {
         charge: Option<Charge>,
     ) -> Range<u32> {
         let wait_for_room = charge.is_none();
-        let mut charge = charge.unwrap_or_else(|| self.inner.budget.charge(0));
-        let block_size = self.inner.store.block_size();
-        let part_blocks = self.inner.part_blocks;
+        let mut charge = charge.unwrap_or_else(|| self.budget().charge(0));
+        let block_size = self.store().block_size();
+        let part_blocks = self.part_blocks();
         let part_end = ((first / part_blocks + 1) * part_blocks).min(self.block_count(object));
         let mut end = first + 1;
         // A fill that waits for room for its first block takes no more.
         while !wait_for_room
             && end < part_end
             && !inflight.contains_key(&(object.id, end))
-            && !self.inner.store.contains(object.id, end)
+            && !self.store().contains(object.id, end)
         {
-            let Some(more) = self.inner.budget.try_charge(block_size) else {
-                larder_stats::add(&self.inner.stats.readahead_held_back, 1);
+            let Some(more) = self.budget().try_charge(block_size) else {
+                larder_stats::add(&self.stats().readahead_held_back, 1);
                 break;
             };
             charge.merge(more);
@@ -436,7 +435,7 @@ impl Cache {
         self.spawn(async move {
             let mut charge = charge;
             if wait_for_room {
-                let budget = &cache.inner.budget;
+                let budget = cache.budget();
                 charge.merge(budget.charge_soon(block_size, MEMORY_PATIENCE).await);
             }
             cache.run_fill(object, first, waiters, fill_for, charge).await;
@@ -455,7 +454,7 @@ impl Cache {
     ) {
         let started = Instant::now();
         // A slow disk holds fills back instead of piling up blocks waiting for their write.
-        self.inner.budget.writes_below_limit().await;
+        self.budget().writes_below_limit().await;
         let mut result = Err(ReadError::Abandoned);
         let (next, waiters) = {
             let mut run = Run {
@@ -491,19 +490,19 @@ impl Cache {
                 }
                 result = tokio::select! {
                     biased;
-                    () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
+                    () = self.stopped() => Err(ReadError::Abandoned),
                     fetched = source.fetch(&object, range, &mut run) => fetched,
                 };
                 // A failure is not logged here: a reader's error is logged once, where the mount
                 // answers it; a job's, in the job's report.
                 match (&result, hedge) {
                     (Ok(()), true) => {
-                        larder_stats::add(&self.inner.stats.peer_hedged_blocks, 1);
+                        larder_stats::add(&self.stats().peer_hedged_blocks, 1);
                         tier -= 1;
                     }
                     (Ok(()), false) => {
                         if source.kind() == Source::Origin {
-                            self.inner.latency.fill_origin.observe(started.elapsed());
+                            self.latency().fill_origin.observe(started.elapsed());
                         }
                         break;
                     }

@@ -51,7 +51,7 @@ use larder_stats::{ReadLatencies, ReadStats, Stats, add};
 use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
 use budget::{Charge, MemoryBudget};
@@ -365,6 +365,26 @@ impl Cache {
     /// [`ReadError::Abandoned`]; blocks already received are still written (shutdown).
     pub fn stop_fills(&self) {
         self.inner.stop.cancel();
+    }
+
+    /// The counters of the read path.
+    fn stats(&self) -> &ReadStats {
+        &self.inner.stats
+    }
+
+    /// How long fills take.
+    fn latency(&self) -> &ReadLatencies {
+        &self.inner.latency
+    }
+
+    /// The bounds of a reader's readahead window.
+    fn readahead(&self) -> Range<u64> {
+        self.inner.readahead.clone()
+    }
+
+    /// Completes once [`Cache::stop_fills`] is called.
+    fn stopped(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.stop.cancelled()
     }
 
     /// Runs `task` on the cache's runtime, whatever thread asks (a FUSE thread answering a

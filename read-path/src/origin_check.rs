@@ -409,7 +409,7 @@ impl Cache {
         if member.is_none() && crcs.is_none() {
             return;
         }
-        let store = &self.inner.store;
+        let store = self.store();
         let mut provenance = self.inner.checks.provenance.lock();
         if provenance.blocks.len() >= provenance.sweep_at {
             provenance
@@ -433,7 +433,7 @@ impl Cache {
     /// The blocks of `object` rack members supplied that no origin check has passed, when it
     /// is complete in the store and holds any (see [`larder_store::BlockStore::unsettled`]).
     fn peer_blocks(&self, object: &OpenObject) -> Option<Vec<PeerBlock>> {
-        let blocks = self.inner.store.unsettled(object.id, object.version.size)?;
+        let blocks = self.store().unsettled(object.id, object.version.size)?;
         let peer_block = |block: UnsettledBlock| {
             let member = self.noted((object.id, block.index), block.hash, |n| n.member.clone());
             PeerBlock {
@@ -447,7 +447,7 @@ impl Cache {
     /// The store settles `blocks` of `object`; what was noted of their members goes.
     async fn settle(&self, object: &OpenObject, blocks: &[PeerBlock]) {
         let unsettled: Vec<UnsettledBlock> = blocks.iter().map(|b| b.block.clone()).collect();
-        self.inner.store.settle(object.id, &unsettled).await;
+        self.store().settle(object.id, &unsettled).await;
         let mut provenance = self.inner.checks.provenance.lock();
         for block in blocks {
             if let Some(noted) = provenance.blocks.get_mut(&(object.id, block.block.index)) {
@@ -461,7 +461,7 @@ impl Cache {
     pub fn queue_check(&self, object: &Arc<OpenObject>) {
         let inner = &self.inner;
         // Peers may be off now, and the blocks from before a restart: they are checked anyway.
-        if inner.store.unsettled(object.id, object.version.size).is_none() {
+        if self.store().unsettled(object.id, object.version.size).is_none() {
             return;
         }
         if !inner.checks.busy.lock().queued.insert(object.id) {
@@ -479,7 +479,7 @@ impl Cache {
                 }
                 tokio::select! {
                     biased;
-                    () = cache.inner.stop.cancelled() => {}
+                    () = cache.stopped() => {}
                     () = cache.check(&object) => {}
                 }
             }
@@ -509,7 +509,7 @@ impl Cache {
             }
             ended.await;
         }
-        let store = &self.inner.store;
+        let store = self.store();
         let complete = (0..self.block_count(object)).all(|index| store.contains(object.id, index));
         if !complete && checks.mismatched.lock().contains_key(&object.id) {
             return Err(OriginCheckError::Dropped);
@@ -533,7 +533,7 @@ impl Cache {
 
     /// Checks `object` against its ETag, and keeps or drops its blocks from members.
     async fn check(&self, object: &Arc<OpenObject>) {
-        let stats = &self.inner.stats;
+        let stats = self.stats();
         let Some(blocks) = self.peer_blocks(object) else {
             return;
         };
@@ -622,7 +622,7 @@ impl Cache {
     /// Whether the cached object gives `checksum`, reading its blocks from the store in order
     /// (for a CRC, only those whose CRCs were not kept).
     async fn hash_cached(&self, object: &OpenObject, checksum: Checksum) -> Result<bool, CheckError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let mut hashers = match Hashers::new(checksum, object.version.size) {
             Ok(hashers) => hashers,
             Err(crc) => return self.crc_cached(object, crc).await,
@@ -632,7 +632,7 @@ impl Cache {
                 Ok(Lookup::Hit(hit)) => hit.bytes,
                 Ok(Lookup::Miss | Lookup::LostRace) | Err(_) => return Err(CheckError::BlockGone(index)),
             };
-            add(&self.inner.stats.origin_check_read_bytes, bytes.len() as u64);
+            add(&self.stats().origin_check_read_bytes, bytes.len() as u64);
             hashers = tokio::task::spawn_blocking(move || {
                 hashers.update(&bytes);
                 hashers
@@ -646,7 +646,7 @@ impl Cache {
     /// Whether the cached object's CRC is `crc`: its blocks' kept CRCs combined, a block whose
     /// CRC was not kept read from the store.
     async fn crc_cached(&self, object: &OpenObject, crc: FullCrc) -> Result<bool, CheckError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let (algorithm, expected) = crc.algorithm();
         let count = self.block_count(object);
         let mut whole = None;
@@ -664,7 +664,7 @@ impl Cache {
                             return Err(CheckError::BlockGone(index));
                         }
                     };
-                    add(&self.inner.stats.origin_check_read_bytes, len);
+                    add(&self.stats().origin_check_read_bytes, len);
                     tokio::task::spawn_blocking(move || crc_fast::checksum(algorithm, &bytes))
                         .await
                         .map_err(|_| CheckError::Hashing)?
@@ -684,7 +684,7 @@ impl Cache {
         object: &OpenObject,
         blocks: &[PeerBlock],
     ) -> Result<Vec<PeerBlock>, CheckError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let mut bad = Vec::new();
         for peer_block in blocks {
             let block = &peer_block.block;
@@ -711,8 +711,8 @@ impl Cache {
     async fn mismatch(&self, object: &OpenObject, bad: &[PeerBlock]) {
         let inner = &self.inner;
         let dropped: Vec<UnsettledBlock> = bad.iter().map(|b| b.block.clone()).collect();
-        inner.store.drop_unsettled(object.id, &dropped).await;
-        add(&inner.stats.origin_checks_mismatch, 1);
+        self.store().drop_unsettled(object.id, &dropped).await;
+        add(&self.stats().origin_checks_mismatch, 1);
         remember(&inner.checks.mismatched, object.id, ());
         // Blocks recorded before a restart name no member ("a member before the restart").
         let members: BTreeSet<&str> = bad
