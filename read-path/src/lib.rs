@@ -32,16 +32,17 @@ pub mod fill;
 mod origin_check;
 pub mod readahead;
 mod reader;
+mod sharing;
 pub mod slots;
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, Shared, WeakShared};
+use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use larder_config::{ByteSize, OriginConfig};
 use larder_object::{ObjectId, ObjectVersion};
@@ -58,6 +59,7 @@ use budget::{Charge, MemoryBudget};
 use fill::{BlockSource, FillFor, MEMORY_PATIENCE, OriginSource, PeerTier};
 pub use origin_check::{Checked, OriginCheckError};
 pub use reader::Reader;
+use sharing::Sharing;
 use slots::Slots;
 
 /// Why a read failed.
@@ -209,13 +211,8 @@ struct Inner {
     no_space_said: AtomicBool,
     /// Failed cache writes, said at most once a minute (see fill.rs).
     write_failures_said: Throttled,
-    /// Blocks some reader holds: another reader of the same version near the same place
-    /// shares them instead of reading them again.
-    held: Mutex<HeldBlocks>,
-    /// Blocks fetched ahead of their reader, kept after their write for that reader.
-    kept: Mutex<Kept>,
-    /// Readers in a sequential run (a window open): they share [`reader::BLOCKS_AHEAD`].
-    runs: AtomicUsize,
+    /// What readers share: blocks held, blocks kept for their reader, runs ([`sharing`]).
+    sharing: Sharing,
     /// The rack's members, when there is a peer tier: a failed origin check marks them.
     members: Option<Arc<dyn fill::Members>>,
     /// Origin checks of objects completed with blocks from peers ([`origin_check`]).
@@ -257,34 +254,6 @@ impl<T: Clone> Lately<T> {
     }
 }
 
-/// Weak references to the blocks readers hold, swept of dead entries as the map grows.
-#[derive(Debug)]
-struct HeldBlocks {
-    blocks: HashMap<BlockKey, WeakShared<BoxFuture<'static, Result<Block, ReadError>>>>,
-    sweep_at: usize,
-}
-
-/// Blocks fetched ahead of any reader (by the readahead, or as the rest of a part), kept in
-/// memory after their cache write until a reader takes them, within half the memory budget:
-/// the reader the readahead fetched them for gets them without a disk read and a second hash
-/// of all of the block (it was checked as it arrived, like any block a fill hands over).
-/// Blocks kept longer than [`KEPT_FOR`] go (their reader went elsewhere); a block that finds
-/// no room is not kept (it is the furthest ahead of its reader).
-#[derive(Debug, Default)]
-struct Kept {
-    /// Each block, and when it was kept.
-    blocks: HashMap<BlockKey, (Block, Instant)>,
-    /// Keys in the order they were kept; entries of blocks taken since are skipped.
-    order: std::collections::VecDeque<(BlockKey, Instant)>,
-    bytes: u64,
-}
-
-/// How long a block fetched ahead is kept for its reader at most.
-const KEPT_FOR: Duration = Duration::from_secs(5);
-
-/// Size of the held-blocks map at which dead entries are first swept.
-const HELD_SWEEP_MIN: usize = 1024;
-
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`, asking `peers`
     /// (the rack peer tier, if any) before the origin, keeping about `memory_limit` bytes of
@@ -306,7 +275,7 @@ impl Cache {
         let part_bytes = u64::from(part_blocks) * block_size;
         let memory_limit = memory_limit.as_u64().min(ahead.max(2 * part_bytes));
         // The readahead fetches no further than what can be kept in memory for its reader
-        // (see [`Kept`]): a block fetched further ahead would be read back from disk.
+        // (see [`Sharing::keep`]): a block fetched further ahead would be read back from disk.
         let readahead_max = readahead_max.min(memory_limit / 2).max(block_size);
         let slots = Slots::new(config.concurrency, config.read_deadline / 4, stats.read.clone());
         let origin = OriginSource::new(slots);
@@ -329,12 +298,7 @@ impl Cache {
                 written: tokio::sync::Notify::new(),
                 no_space_said: AtomicBool::new(false),
                 write_failures_said: Throttled::default(),
-                kept: Mutex::new(Kept::default()),
-                held: Mutex::new(HeldBlocks {
-                    blocks: HashMap::new(),
-                    sweep_at: HELD_SWEEP_MIN,
-                }),
-                runs: AtomicUsize::new(0),
+                sharing: Sharing::new(),
                 members,
                 checks: origin_check::OriginChecks::new(),
             }),
@@ -382,6 +346,11 @@ impl Cache {
         self.inner.readahead.clone()
     }
 
+    /// What its readers share ([`sharing`]).
+    fn sharing(&self) -> &Sharing {
+        &self.inner.sharing
+    }
+
     /// Completes once [`Cache::stop_fills`] is called.
     fn stopped(&self) -> WaitForCancellationFuture<'_> {
         self.inner.stop.cancelled()
@@ -413,31 +382,15 @@ impl Cache {
     /// is polling yet; the result can be awaited by several callers. While any reader holds
     /// it, other readers of the version get the same block rather than a read of their own.
     fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedBlock {
-        let key = (object.id, index);
-        let mut held = self.inner.held.lock();
-        if let Some(block) = held
-            .blocks
-            .get(&key)
-            .and_then(WeakShared::upgrade)
-            .filter(|block| !matches!(block.peek(), Some(Err(_))))
-        {
-            return block;
-        }
-        let (cache, object) = (self.clone(), object.clone());
-        let runtime = &self.inner.runtime;
-        let block = runtime
-            .spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
-            .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
-            .boxed()
-            .shared();
-        if held.blocks.len() >= held.sweep_at {
-            held.blocks.retain(|_, weak| weak.upgrade().is_some());
-            held.sweep_at = (2 * held.blocks.len()).max(HELD_SWEEP_MIN);
-        }
-        if let Some(weak) = block.downgrade() {
-            held.blocks.insert(key, weak);
-        }
-        block
+        self.sharing().held_or((object.id, index), || {
+            let (cache, object) = (self.clone(), object.clone());
+            let runtime = &self.inner.runtime;
+            runtime
+                .spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
+                .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
+                .boxed()
+                .shared()
+        })
     }
 
     /// Starts fills for the missing blocks of `range` without waiting for them, as far as
@@ -469,53 +422,17 @@ impl Cache {
         }
     }
 
-    /// Keeps `block`, fetched ahead of any reader, for the reader to come (see [`Kept`]).
+    /// Keeps `block`, fetched ahead of any reader, for the reader to come, within half the
+    /// memory budget (see [`Sharing::keep`]).
     fn keep(&self, key: BlockKey, block: &Block) {
         let room = self.inner.budget.limit() / 2;
-        let len = block.bytes.len() as u64;
-        let now = Instant::now();
-        let mut guard = self.inner.kept.lock();
-        let kept = &mut *guard;
-        // Drops what was taken or kept too long, from the oldest.
-        while let Some(&(oldest, at)) = kept.order.front() {
-            let current = kept
-                .blocks
-                .get(&oldest)
-                .is_some_and(|(_, kept_at)| *kept_at == at);
-            if current && now.duration_since(at) < KEPT_FOR {
-                break;
-            }
-            kept.order.pop_front();
-            if current && let Some((gone, _)) = kept.blocks.remove(&oldest) {
-                kept.bytes -= gone.bytes.len() as u64;
-            }
-        }
-        if kept.bytes + len > room {
-            return;
-        }
-        if let Some((old, _)) = kept.blocks.insert(key, (block.clone(), now)) {
-            kept.bytes -= old.bytes.len() as u64;
-        }
-        kept.bytes += len;
-        kept.order.push_back((key, now));
+        self.sharing().keep(key, block, room);
     }
 
-    /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader. A read
-    /// that reaches the block's end takes it, so its memory goes once the reader is done with
-    /// it; a read of a part before that leaves it for the reads that follow (a reader reading
-    /// the block in pieces must not find the rest gone, and perhaps evicted from disk too).
+    /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader (see
+    /// [`Sharing::take_kept`]).
     fn take_kept(&self, key: BlockKey, part: Option<&Range<usize>>) -> Option<Block> {
-        let block = {
-            let mut kept = self.inner.kept.lock();
-            let (block, _) = kept.blocks.get(&key)?;
-            let len = block.bytes.len();
-            let block = block.clone();
-            if part.is_none_or(|part| part.end >= len) {
-                kept.blocks.remove(&key);
-                kept.bytes -= len as u64;
-            }
-            block
-        };
+        let block = self.sharing().take_kept(key, part)?;
         // Its first use, for the eviction policy: it was never read from disk.
         self.inner.store.note_served(key.0, key.1);
         add(&self.inner.stats.lookup_hit, 1);

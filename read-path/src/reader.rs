@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
@@ -61,7 +60,7 @@ struct ReaderState {
 impl Drop for Reader {
     fn drop(&mut self) {
         if self.state.get_mut().readahead.window() > 0 {
-            self.cache.inner.runs.fetch_sub(1, Ordering::Relaxed);
+            self.cache.sharing().run_ended();
         }
     }
 }
@@ -149,7 +148,7 @@ impl Reader {
             let state = &mut *guard;
             let step = self.step(state, span);
             let blocks_ahead = if step.sequential {
-                let share = BLOCKS_AHEAD / (cache.inner.runs.load(Ordering::Relaxed) as u32).max(1);
+                let share = BLOCKS_AHEAD / (cache.sharing().runs() as u32).max(1);
                 (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
             } else {
                 0
@@ -247,11 +246,11 @@ impl Reader {
         let step = state
             .readahead
             .on_read(span.offset..span.end, self.object.version.size);
-        let runs = &self.cache.inner.runs;
+        let sharing = self.cache.sharing();
         if step.started {
-            runs.fetch_add(1, Ordering::Relaxed);
+            sharing.run_started();
         } else if step.ended {
-            runs.fetch_sub(1, Ordering::Relaxed);
+            sharing.run_ended();
         }
         step
     }
