@@ -35,10 +35,8 @@ mod reader;
 mod sharing;
 pub mod slots;
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -47,16 +45,14 @@ use futures::{FutureExt, StreamExt};
 use larder_config::{ByteSize, OriginConfig};
 use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{Origin, OriginError};
-use larder_stats::said::Throttled;
 use larder_stats::{ReadLatencies, ReadStats, Stats, add};
 use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
-use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
 use budget::{Charge, MemoryBudget};
-use fill::{BlockSource, FillFor, MEMORY_PATIENCE, OriginSource, PeerTier};
+use fill::{FillFor, Fills, MEMORY_PATIENCE, OriginSource, PeerTier};
 pub use origin_check::{Checked, OriginCheckError};
 pub use reader::Reader;
 use sharing::Sharing;
@@ -183,16 +179,10 @@ pub struct Cache {
     inner: Arc<Inner>,
 }
 
+/// The cache's state, each concern's in a part of its own that its module owns.
 #[derive(Debug)]
 struct Inner {
     store: Arc<BlockStore>,
-    /// The tiers a missing run is fetched from, in order.
-    sources: Vec<Arc<dyn BlockSource>>,
-    inflight: Mutex<HashMap<BlockKey, SharedFill>>,
-    /// Blocks whose fill failed lately, with the error.
-    failed: Lately<ReadError>,
-    /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
-    unstored: Lately<Arc<Unstored>>,
     /// The block bytes in memory: fills, blocks waiting for their write, blocks held.
     budget: Arc<MemoryBudget>,
     part_blocks: u32,
@@ -205,53 +195,15 @@ struct Inner {
     tasks: TaskTracker,
     /// Cancelled at shutdown: fetches in flight stop, fills end abandoned.
     stop: CancellationToken,
-    /// Woken after each cache write ends, written or not.
-    written: tokio::sync::Notify,
-    /// A write skipped for lack of room has been logged (see fill.rs).
-    no_space_said: AtomicBool,
-    /// Failed cache writes, said at most once a minute (see fill.rs).
-    write_failures_said: Throttled,
+    /// Fills, the blocks in flight, and what happened to blocks' fills and writes lately
+    /// ([`fill`]).
+    fills: Fills,
     /// What readers share: blocks held, blocks kept for their reader, runs ([`sharing`]).
     sharing: Sharing,
     /// The rack's members, when there is a peer tier: a failed origin check marks them.
     members: Option<Arc<dyn fill::Members>>,
     /// Origin checks of objects completed with blocks from peers ([`origin_check`]).
     checks: origin_check::OriginChecks,
-}
-
-/// What happened to blocks lately: each entry is kept [`FAILED_FILL_MEMORY`], and entries
-/// older than that are swept whenever new ones are recorded.
-#[derive(Debug)]
-struct Lately<T>(Mutex<HashMap<BlockKey, (T, Instant)>>);
-
-impl<T> Default for Lately<T> {
-    fn default() -> Self {
-        Self(Mutex::new(HashMap::new()))
-    }
-}
-
-impl<T: Clone> Lately<T> {
-    /// Records `value` for each of `keys`.
-    fn record(&self, keys: impl IntoIterator<Item = BlockKey>, value: &T) {
-        let now = Instant::now();
-        let mut map = self.0.lock();
-        map.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
-        for key in keys {
-            map.insert(key, (value.clone(), now));
-        }
-    }
-
-    /// The value recorded for `key` less than [`FAILED_FILL_MEMORY`] ago.
-    fn get(&self, key: BlockKey) -> Option<T> {
-        let map = self.0.lock();
-        let (value, at) = map.get(&key)?;
-        (at.elapsed() < FAILED_FILL_MEMORY).then(|| value.clone())
-    }
-
-    /// Removes and returns the value recorded for `key`, however old.
-    fn take(&self, key: BlockKey) -> Option<T> {
-        self.0.lock().remove(&key).map(|(value, _)| value)
-    }
 }
 
 impl Cache {
@@ -283,10 +235,6 @@ impl Cache {
         Self {
             inner: Arc::new(Inner {
                 store,
-                sources: peer_source.into_iter().chain([Arc::new(origin) as _]).collect(),
-                inflight: Mutex::new(HashMap::new()),
-                failed: Lately::default(),
-                unstored: Lately::default(),
                 budget: MemoryBudget::new(memory_limit, stats.read.clone()),
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
@@ -295,9 +243,7 @@ impl Cache {
                 runtime: Handle::current(),
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
-                written: tokio::sync::Notify::new(),
-                no_space_said: AtomicBool::new(false),
-                write_failures_said: Throttled::default(),
+                fills: Fills::new(peer_source.into_iter().chain([Arc::new(origin) as _]).collect()),
                 sharing: Sharing::new(),
                 members,
                 checks: origin_check::OriginChecks::new(),
@@ -322,7 +268,7 @@ impl Cache {
 
     /// Blocks with a fill or a cache write in flight.
     pub fn in_flight(&self) -> usize {
-        self.inner.inflight.lock().len()
+        self.fills().count()
     }
 
     /// Stops every fetch of a fill, now and from now on: their waiters get
@@ -344,6 +290,11 @@ impl Cache {
     /// The bounds of a reader's readahead window.
     fn readahead(&self) -> Range<u64> {
         self.inner.readahead.clone()
+    }
+
+    /// Its fills ([`fill`]).
+    fn fills(&self) -> &Fills {
+        &self.inner.fills
     }
 
     /// What its readers share ([`sharing`]).
@@ -403,11 +354,11 @@ impl Cache {
         let block_size = self.inner.store.block_size();
         let last = ((end - 1) / block_size) as u32;
         let mut index = (range.start / block_size) as u32;
-        let mut inflight = self.inner.inflight.lock();
+        let mut inflight = self.fills().lock();
         while index <= last {
             if inflight.contains_key(&(object.id, index))
                 || self.inner.store.contains(object.id, index)
-                || self.failed_lately((object.id, index)).is_some()
+                || self.fills().failed_lately((object.id, index)).is_some()
             {
                 index += 1;
                 continue;
@@ -499,12 +450,12 @@ impl Cache {
         let mut charge: Option<Charge> = None;
         loop {
             {
-                let mut inflight = inner.inflight.lock();
+                let mut inflight = self.fills().lock();
                 match inflight.get(&key) {
                     Some(fill) => return Ok(Some(fill.clone())),
                     None if inner.store.contains(object.id, index) => return Ok(None),
                     None => {
-                        if let Some(error) = self.failed_lately(key) {
+                        if let Some(error) = self.fills().failed_lately(key) {
                             return Err(error);
                         }
                         if let Some(charge) = charge.take() {
@@ -534,15 +485,15 @@ impl Cache {
         let key = (object.id, index);
         let block = fill.await?;
         loop {
-            let written = inner.written.notified();
+            let written = self.fills().next_write_end();
             tokio::pin!(written);
             // Registered before the checks, so a write ending between them still wakes us.
             written.as_mut().enable();
             if inner.store.contains(object.id, index) {
                 return Ok(Some((block.bytes, block.hash)));
             }
-            if !inner.inflight.lock().contains_key(&key) {
-                let why = inner.unstored.take(key);
+            if !self.fills().in_flight(key) {
+                let why = self.fills().take_unstored(key);
                 return Err(ReadError::NotStored(
                     why.unwrap_or_else(|| Arc::new(Unstored::Evicted)),
                 ));
@@ -624,31 +575,6 @@ impl Cache {
             .buffer_unordered(parts_at_once)
             .for_each(|()| futures::future::ready(()))
             .await;
-    }
-
-    /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]
-    /// ago: a read of it fails at once instead of starting another fill.
-    fn failed_lately(&self, key: BlockKey) -> Option<ReadError> {
-        self.inner.failed.get(key)
-    }
-
-    /// Remembers that the fills of `blocks` of `object` failed with `error` (an origin's error:
-    /// an abandoned fill is not the block's fault), and forgets failures older than
-    /// [`FAILED_FILL_MEMORY`].
-    fn remember_failure(&self, object: ObjectId, blocks: Range<u32>, error: &ReadError) {
-        if !matches!(error, ReadError::Origin(_)) || blocks.is_empty() {
-            return;
-        }
-        let keys = blocks.map(|index| (object, index));
-        self.inner.failed.record(keys, error);
-    }
-
-    /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
-    /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
-    fn remember_unstored(&self, key: BlockKey, error: StoreError) {
-        self.inner
-            .unstored
-            .record([key], &Arc::new(Unstored::Write(error)));
     }
 
     /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or
@@ -752,7 +678,7 @@ impl Cache {
                 return Ok(block);
             }
             attempts += 1;
-            let mut inflight = self.inner.inflight.lock();
+            let mut inflight = self.fills().lock();
             if let Some(fill) = inflight.get(&key) {
                 add(&stats.lookup_joined, 1);
                 break fill.clone();
@@ -762,7 +688,7 @@ impl Cache {
             if attempts < LOOKUP_ATTEMPTS && self.inner.store.contains(object.id, index) {
                 continue;
             }
-            if let Some(error) = self.failed_lately(key) {
+            if let Some(error) = self.fills().failed_lately(key) {
                 return Err(error);
             }
             add(&stats.lookup_miss, 1);
