@@ -492,11 +492,7 @@ impl Run<'_> {
         self.cache.spawn(async move {
             let _writing = writing;
             // Kept for the origin check of blocks from rack peers, which then combines them.
-            let crcs = cache
-                .inner
-                .members
-                .is_some()
-                .then(|| BlockCrcs::of(&block.bytes()));
+            let crcs = cache.checks().keeps_crcs().then(|| BlockCrcs::of(&block.bytes()));
             let unsettled = peer.is_some();
             let written = cache
                 .store()

@@ -53,6 +53,7 @@ use tokio_util::task::TaskTracker;
 
 use budget::{Charge, MemoryBudget};
 use fill::{FillFor, Fills, MEMORY_PATIENCE, OriginSource, PeerTier};
+use origin_check::OriginChecks;
 pub use origin_check::{Checked, OriginCheckError};
 pub use reader::Reader;
 use sharing::Sharing;
@@ -200,10 +201,8 @@ struct Inner {
     fills: Fills,
     /// What readers share: blocks held, blocks kept for their reader, runs ([`sharing`]).
     sharing: Sharing,
-    /// The rack's members, when there is a peer tier: a failed origin check marks them.
-    members: Option<Arc<dyn fill::Members>>,
     /// Origin checks of objects completed with blocks from peers ([`origin_check`]).
-    checks: origin_check::OriginChecks,
+    checks: OriginChecks,
 }
 
 impl Cache {
@@ -245,8 +244,7 @@ impl Cache {
                 stop: CancellationToken::new(),
                 fills: Fills::new(peer_source.into_iter().chain([Arc::new(origin) as _]).collect()),
                 sharing: Sharing::new(),
-                members,
-                checks: origin_check::OriginChecks::new(),
+                checks: OriginChecks::new(members),
             }),
         }
     }
@@ -300,6 +298,11 @@ impl Cache {
     /// What its readers share ([`sharing`]).
     fn sharing(&self) -> &Sharing {
         &self.inner.sharing
+    }
+
+    /// Its origin checks ([`origin_check`]).
+    fn checks(&self) -> &OriginChecks {
+        &self.inner.checks
     }
 
     /// Completes once [`Cache::stop_fills`] is called.

@@ -65,6 +65,7 @@ use md5::{Digest, Md5};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore};
 
+use super::fill::Members;
 use super::{BlockKey, Cache, OpenObject};
 
 /// Part sizes of a multipart upload tried at once (each costs an MD5 pass over the object).
@@ -113,6 +114,8 @@ struct Noted {
 /// The checks of one cache: at most one runs at a time.
 #[derive(Debug)]
 pub(crate) struct OriginChecks {
+    /// The rack's members, when there is a peer tier: a failed check marks them.
+    members: Option<Arc<dyn Members>>,
     running: Semaphore,
     /// Objects with a check queued or running.
     busy: Mutex<Busy>,
@@ -163,8 +166,10 @@ struct Busy {
 }
 
 impl OriginChecks {
-    pub(crate) fn new() -> Self {
+    /// The checks of a cache with rack peers `members`, if any.
+    pub(crate) fn new(members: Option<Arc<dyn Members>>) -> Self {
         Self {
+            members,
             running: Semaphore::new(1),
             busy: Mutex::new(Busy::default()),
             ended: Notify::new(),
@@ -176,6 +181,12 @@ impl OriginChecks {
                 sweep_at: PROVENANCE_SWEEP_MIN,
             }),
         }
+    }
+
+    /// Whether blocks' CRCs are kept as they arrive, for the checks to combine: while the
+    /// cache has rack peers.
+    pub(crate) fn keeps_crcs(&self) -> bool {
+        self.members.is_some()
     }
 }
 
@@ -410,7 +421,7 @@ impl Cache {
             return;
         }
         let store = self.store();
-        let mut provenance = self.inner.checks.provenance.lock();
+        let mut provenance = self.checks().provenance.lock();
         if provenance.blocks.len() >= provenance.sweep_at {
             provenance
                 .blocks
@@ -422,7 +433,7 @@ impl Cache {
 
     /// What is noted of block `key`, if it still holds for the block the store has.
     fn noted<T>(&self, key: BlockKey, hash: [u8; 32], what: impl FnOnce(&Noted) -> Option<T>) -> Option<T> {
-        let provenance = self.inner.checks.provenance.lock();
+        let provenance = self.checks().provenance.lock();
         provenance
             .blocks
             .get(&key)
@@ -448,7 +459,7 @@ impl Cache {
     async fn settle(&self, object: &OpenObject, blocks: &[PeerBlock]) {
         let unsettled: Vec<UnsettledBlock> = blocks.iter().map(|b| b.block.clone()).collect();
         self.store().settle(object.id, &unsettled).await;
-        let mut provenance = self.inner.checks.provenance.lock();
+        let mut provenance = self.checks().provenance.lock();
         for block in blocks {
             if let Some(noted) = provenance.blocks.get_mut(&(object.id, block.block.index)) {
                 noted.member = None;
@@ -459,17 +470,16 @@ impl Cache {
     /// If `object` is complete in the cache and holds blocks from rack members not yet
     /// checked, queues its origin check (after each write, and before a prefetch calls it done).
     pub fn queue_check(&self, object: &Arc<OpenObject>) {
-        let inner = &self.inner;
         // Peers may be off now, and the blocks from before a restart: they are checked anyway.
         if self.store().unsettled(object.id, object.version.size).is_none() {
             return;
         }
-        if !inner.checks.busy.lock().queued.insert(object.id) {
+        if !self.checks().busy.lock().queued.insert(object.id) {
             return;
         }
         let (cache, object) = (self.clone(), object.clone());
         self.spawn(async move {
-            let checks = &cache.inner.checks;
+            let checks = cache.checks();
             if let Ok(_running) = checks.running.acquire().await {
                 {
                     // Blocks written from now on queue a new check.
@@ -494,7 +504,7 @@ impl Cache {
     /// yet) and says whether it leaves the object's blocks counted as the origin's, and how
     /// they were checked: what a prefetch job needs before it calls an object done.
     pub async fn origin_checked(&self, object: &Arc<OpenObject>) -> Result<Checked, OriginCheckError> {
-        let checks = &self.inner.checks;
+        let checks = self.checks();
         self.queue_check(object);
         loop {
             let ended = checks.ended.notified();
@@ -528,7 +538,7 @@ impl Cache {
     /// Whether an origin check dropped blocks of `id` since this was last asked: the file's
     /// pages the kernel keeps may hold a member's bytes, so its next open must not keep them.
     pub fn take_origin_mismatch(&self, id: ObjectId) -> bool {
-        self.inner.checks.mismatched.lock().remove(&id).is_some()
+        self.checks().mismatched.lock().remove(&id).is_some()
     }
 
     /// Checks `object` against its ETag, and keeps or drops its blocks from members.
@@ -554,11 +564,11 @@ impl Cache {
         let identity = object.origin.identity_url();
         let usable = |kind: Kind| {
             let shape = (identity.to_owned(), kind);
-            !self.inner.checks.unusable.lock().contains(&shape)
+            !self.checks().unusable.lock().contains(&shape)
         };
         let Some(checksum) = strongest(etag, published.crc, usable) else {
             add(&stats.origin_checks_unchecked, 1);
-            remember(&self.inner.checks.weak, object.id, Checked::Unchecked);
+            remember(&self.checks().weak, object.id, Checked::Unchecked);
             tracing::debug!(
                 key,
                 "the origin publishes no checksum to check blocks from rack peers against"
@@ -592,7 +602,7 @@ impl Cache {
                          blocks from rack peers"
                     );
                     let shape = (identity.to_owned(), checksum.kind());
-                    self.inner.checks.unusable.lock().insert(shape);
+                    self.checks().unusable.lock().insert(shape);
                 }
                 bad
             }
@@ -603,7 +613,7 @@ impl Cache {
                 if bad.is_empty() {
                     if forgeable {
                         add(&stats.origin_checks_crc_only, 1);
-                        remember(&self.inner.checks.weak, object.id, Checked::CrcOnly);
+                        remember(&self.checks().weak, object.id, Checked::CrcOnly);
                     } else {
                         add(&stats.origin_checks_match, 1);
                     }
@@ -709,11 +719,11 @@ impl Cache {
     /// The blocks `bad` of `object` came from members and are not the origin's: drops them,
     /// counts it, opens the members' circuits and says so.
     async fn mismatch(&self, object: &OpenObject, bad: &[PeerBlock]) {
-        let inner = &self.inner;
+        let checks = self.checks();
         let dropped: Vec<UnsettledBlock> = bad.iter().map(|b| b.block.clone()).collect();
         self.store().drop_unsettled(object.id, &dropped).await;
         add(&self.stats().origin_checks_mismatch, 1);
-        remember(&inner.checks.mismatched, object.id, ());
+        remember(&checks.mismatched, object.id, ());
         // Blocks recorded before a restart name no member ("a member before the restart").
         let members: BTreeSet<&str> = bad
             .iter()
@@ -722,7 +732,7 @@ impl Cache {
                 member => member,
             })
             .collect();
-        if let Some(membership) = &inner.members {
+        if let Some(membership) = &checks.members {
             for member in &members {
                 membership.sent_wrong_blocks(member);
             }
