@@ -10,21 +10,28 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use larder_engine::AlignedBuf;
+use larder_object::ObjectId;
 use larder_object::crc::BlockCrcs;
 use larder_origin::OriginError;
+use larder_stats::ReadStats;
+use larder_stats::said::Throttled;
 use larder_store::{Fetched, GroupHasher, StoreError, VerifiedBlock};
-use tokio::sync::oneshot;
+use parking_lot::{Mutex, MutexGuard};
+use tokio::sync::{Notify, futures::Notified, oneshot};
 
 use super::budget::{Charge, charged};
 use super::slots::Slots;
-use super::{Block, BlockKey, Cache, FillResult, OpenObject, ReadError, SharedFill, Source};
+use super::{
+    Block, BlockKey, Cache, FAILED_FILL_MEMORY, FillResult, OpenObject, ReadError, SharedFill, Source,
+    Unstored,
+};
 
 /// A tier a missing run of blocks can be fetched from, after the block store: the rack peer
 /// that owns the run, then the origin. Bytes go into the [`Run`], in order from the first byte
@@ -216,6 +223,202 @@ fn assemble(run: &mut Run<'_>, block: &mut Option<(AlignedBuf, GroupHasher)>, mu
 /// other waiting readers, long enough for fills in flight to finish and return theirs.
 pub(crate) const MEMORY_PATIENCE: Duration = Duration::from_secs(1);
 
+/// The fill machinery of a cache: the tiers a missing run is fetched from, the blocks with a
+/// fill or a cache write in flight, and what happened to blocks' fills and writes lately.
+#[derive(Debug)]
+pub(crate) struct Fills {
+    /// The tiers a missing run is fetched from, in order.
+    sources: Vec<Arc<dyn BlockSource>>,
+    inflight: Mutex<HashMap<BlockKey, SharedFill>>,
+    /// Blocks whose fill failed lately, with the error.
+    failed: Lately<ReadError>,
+    /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
+    unstored: Lately<Arc<Unstored>>,
+    /// Woken after each cache write ends, written or not.
+    written: Notify,
+    /// A write skipped for lack of room has been logged.
+    no_space_said: AtomicBool,
+    /// Failed cache writes, said at most once a minute.
+    write_failures_said: Throttled,
+}
+
+impl Fills {
+    /// Fills from `sources`, in order.
+    pub(crate) fn new(sources: Vec<Arc<dyn BlockSource>>) -> Self {
+        Self {
+            sources,
+            inflight: Mutex::new(HashMap::new()),
+            failed: Lately::default(),
+            unstored: Lately::default(),
+            written: Notify::new(),
+            no_space_said: AtomicBool::new(false),
+            write_failures_said: Throttled::default(),
+        }
+    }
+
+    /// The in-flight map, locked: one shared future per block with a fill or a cache write in
+    /// flight. A read that may start a fill holds it from its look to the fill's registration
+    /// ([`Cache::start_fill`]).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<BlockKey, SharedFill>> {
+        self.inflight.lock()
+    }
+
+    /// Blocks with a fill or a cache write in flight.
+    pub(crate) fn count(&self) -> usize {
+        self.inflight.lock().len()
+    }
+
+    /// Whether block `key` has a fill or a cache write in flight.
+    pub(crate) fn in_flight(&self, key: BlockKey) -> bool {
+        self.inflight.lock().contains_key(&key)
+    }
+
+    /// Whether a reader waits for block `key` (the in-flight map holds one handle of its fill,
+    /// each waiting reader another), rather than it being fetched ahead of any reader.
+    fn awaited(&self, key: BlockKey) -> bool {
+        self.inflight
+            .lock()
+            .get(&key)
+            .and_then(Shared::strong_count)
+            .is_some_and(|handles| handles > 1)
+    }
+
+    /// The sources asked for a fill for `fill_for`, in order.
+    fn sources_for(&self, fill_for: FillFor) -> Vec<&Arc<dyn BlockSource>> {
+        self.sources
+            .iter()
+            .filter(|source| source.serves(fill_for))
+            .collect()
+    }
+
+    /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]
+    /// ago: a read of it fails at once instead of starting another fill.
+    pub(crate) fn failed_lately(&self, key: BlockKey) -> Option<ReadError> {
+        self.failed.get(key)
+    }
+
+    /// Hands `error` to the `waiters` of the blocks of `object` from `next` on, which no
+    /// source supplied, and takes the blocks out of the in-flight map; later reads get it too
+    /// for a short while.
+    fn fail(
+        &self,
+        object: ObjectId,
+        next: u32,
+        waiters: std::vec::IntoIter<oneshot::Sender<FillResult>>,
+        error: &ReadError,
+    ) {
+        let mut inflight = self.inflight.lock();
+        self.remember_failure(object, next..next + waiters.len() as u32, error);
+        for (offset, tx) in waiters.enumerate() {
+            inflight.remove(&(object, next + offset as u32));
+            let _ = tx.send(Err(error.clone()));
+        }
+    }
+
+    /// Remembers that the fills of `blocks` of `object` failed with `error` (an origin's error:
+    /// an abandoned fill is not the block's fault), and forgets failures older than
+    /// [`FAILED_FILL_MEMORY`].
+    fn remember_failure(&self, object: ObjectId, blocks: Range<u32>, error: &ReadError) {
+        if !matches!(error, ReadError::Origin(_)) || blocks.is_empty() {
+            return;
+        }
+        let keys = blocks.map(|index| (object, index));
+        self.failed.record(keys, error);
+    }
+
+    /// Counts and logs the failed cache write of `key` in `stats` (each kind of failure as
+    /// often as it says), and remembers why, for a [`Cache::fill`] waiting for it.
+    fn write_failed(&self, stats: &ReadStats, key: BlockKey, error: StoreError) {
+        match &error {
+            // Lasts until pins go or space is freed: said once, then only counted.
+            StoreError::NoSpace { .. } => {
+                larder_stats::add(&stats.cache_writes_skipped, 1);
+                if !self.no_space_said.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        %error,
+                        "a block was served but not cached; later skips are only counted \
+                         (larder_cache_writes_skipped_total)"
+                    );
+                }
+            }
+            // Said once, when the dir was found gone.
+            StoreError::DirLost(_) => larder_stats::add(&stats.cache_writes_skipped, 1),
+            // A failing disk fails every write: said once a minute, counted each time.
+            _ => {
+                larder_stats::add(&stats.cache_write_failures, 1);
+                if let Some(unsaid) = self.write_failures_said.again() {
+                    tracing::warn!(
+                        %error,
+                        unsaid,
+                        "cache write failed; the block was served from memory (said at \
+                         most once a minute, with the failures unsaid since; every one is \
+                         counted in larder_cache_write_failures_total)"
+                    );
+                }
+            }
+        }
+        self.remember_unstored(key, error);
+    }
+
+    /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
+    /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
+    fn remember_unstored(&self, key: BlockKey, error: StoreError) {
+        self.unstored.record([key], &Arc::new(Unstored::Write(error)));
+    }
+
+    /// Removes and returns why the cache write of `key` failed, however long ago.
+    pub(crate) fn take_unstored(&self, key: BlockKey) -> Option<Arc<Unstored>> {
+        self.unstored.take(key)
+    }
+
+    /// The cache write of `key` ended, written or not: the block leaves the in-flight map,
+    /// and whoever waits for the end of a write is woken.
+    fn write_ended(&self, key: BlockKey) {
+        self.inflight.lock().remove(&key);
+        self.written.notify_waiters();
+    }
+
+    /// Completes at the next end of a cache write (see [`Notify::notified`]).
+    pub(crate) fn next_write_end(&self) -> Notified<'_> {
+        self.written.notified()
+    }
+}
+
+/// What happened to blocks lately: each entry is kept [`FAILED_FILL_MEMORY`], and entries
+/// older than that are swept whenever new ones are recorded.
+#[derive(Debug)]
+struct Lately<T>(Mutex<HashMap<BlockKey, (T, Instant)>>);
+
+impl<T> Default for Lately<T> {
+    fn default() -> Self {
+        Self(Mutex::new(HashMap::new()))
+    }
+}
+
+impl<T: Clone> Lately<T> {
+    /// Records `value` for each of `keys`.
+    fn record(&self, keys: impl IntoIterator<Item = BlockKey>, value: &T) {
+        let now = Instant::now();
+        let mut map = self.0.lock();
+        map.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
+        for key in keys {
+            map.insert(key, (value.clone(), now));
+        }
+    }
+
+    /// The value recorded for `key` less than [`FAILED_FILL_MEMORY`] ago.
+    fn get(&self, key: BlockKey) -> Option<T> {
+        let map = self.0.lock();
+        let (value, at) = map.get(&key)?;
+        (at.elapsed() < FAILED_FILL_MEMORY).then(|| value.clone())
+    }
+
+    /// Removes and returns the value recorded for `key`, however old.
+    fn take(&self, key: BlockKey) -> Option<T> {
+        self.0.lock().remove(&key).map(|(value, _)| value)
+    }
+}
+
 /// The blocks of a fill still to come: the waiters and memory charges of the blocks not yet
 /// complete. Each tier pushes complete, verified blocks into it, in order.
 #[derive(Debug)]
@@ -263,18 +466,11 @@ impl Run<'_> {
     fn deliver(&mut self, block: VerifiedBlock, source: Source, peer: Option<Arc<str>>) {
         let (cache, object, index) = (self.cache, self.object, self.next);
         let waiter = self.waiters.next();
-        let charge = Arc::new(self.charge.split(cache.inner.store.block_size()));
+        let charge = Arc::new(self.charge.split(cache.store().block_size()));
         let writing = charge.writing();
         self.next += 1;
-        // Whether a reader is waiting for the block (the in-flight map holds one handle of its
-        // fill, each waiting reader another), or it was fetched ahead of any reader.
-        let served = cache
-            .inner
-            .inflight
-            .lock()
-            .get(&(object.id, index))
-            .and_then(Shared::strong_count)
-            .is_some_and(|handles| handles > 1);
+        // Whether a reader is waiting for the block, or it was fetched ahead of any reader.
+        let served = cache.fills().awaited((object.id, index));
         let fetched = Block {
             bytes: charged(block.bytes(), charge),
             start: cache.block_start(index),
@@ -296,15 +492,10 @@ impl Run<'_> {
         self.cache.spawn(async move {
             let _writing = writing;
             // Kept for the origin check of blocks from rack peers, which then combines them.
-            let crcs = cache
-                .inner
-                .members
-                .is_some()
-                .then(|| BlockCrcs::of(&block.bytes()));
+            let crcs = cache.checks().keeps_crcs().then(|| BlockCrcs::of(&block.bytes()));
             let unsettled = peer.is_some();
             let written = cache
-                .inner
-                .store
+                .store()
                 .write_block(&object.version, index, &block, (served, fetched_from), unsettled)
                 .await;
             let stored = written.is_ok();
@@ -312,44 +503,16 @@ impl Run<'_> {
                 cache.note_written((object.id, index), block.hash(), peer, crcs);
             }
             if let Err(error) = written {
-                let stats = &cache.inner.stats;
-                match &error {
-                    // Lasts until pins go or space is freed: said once, then only counted.
-                    StoreError::NoSpace { .. } => {
-                        larder_stats::add(&stats.cache_writes_skipped, 1);
-                        if !cache.inner.no_space_said.swap(true, Ordering::Relaxed) {
-                            tracing::warn!(
-                                %error,
-                                "a block was served but not cached; later skips are only counted \
-                                 (larder_cache_writes_skipped_total)"
-                            );
-                        }
-                    }
-                    // Said once, when the dir was found gone.
-                    StoreError::DirLost(_) => larder_stats::add(&stats.cache_writes_skipped, 1),
-                    // A failing disk fails every write: said once a minute, counted each time.
-                    _ => {
-                        larder_stats::add(&stats.cache_write_failures, 1);
-                        if let Some(unsaid) = cache.inner.write_failures_said.again() {
-                            tracing::warn!(
-                                %error,
-                                unsaid,
-                                "cache write failed; the block was served from memory (said at \
-                                 most once a minute, with the failures unsaid since; every one is \
-                                 counted in larder_cache_write_failures_total)"
-                            );
-                        }
-                    }
-                }
-                cache.remember_unstored((object.id, index), error);
+                cache
+                    .fills()
+                    .write_failed(cache.stats(), (object.id, index), error);
             }
             // Queued before the block leaves the in-flight map, so whoever waited for the write
             // finds the check queued.
             if stored {
                 cache.queue_check(&object);
             }
-            cache.inner.inflight.lock().remove(&(object.id, index));
-            cache.inner.written.notify_waiters();
+            cache.fills().write_ended((object.id, index));
         });
     }
 
@@ -365,22 +528,22 @@ impl Run<'_> {
 
     /// The cache's block size.
     pub fn block_size(&self) -> u64 {
-        self.cache.inner.store.block_size()
+        self.cache.store().block_size()
     }
 
     /// The length of block `index` of the run's object.
     pub fn block_len(&self, index: u32) -> usize {
-        self.cache.inner.store.block_len(self.object.version.size, index) as usize
+        self.cache.store().block_len(self.object.version.size, index) as usize
     }
 
     /// Blocks in one origin part: the unit runs are owned by.
     pub fn part_blocks(&self) -> u32 {
-        self.cache.inner.part_blocks
+        self.cache.part_blocks()
     }
 
     /// The bytes still missing, from the start of the first incomplete block.
     fn remaining(&self) -> Range<u64> {
-        let block_size = self.cache.inner.store.block_size();
+        let block_size = self.cache.store().block_size();
         let start = u64::from(self.next) * block_size;
         let end = (start + self.waiters.len() as u64 * block_size).min(self.object.version.size);
         start..end
@@ -403,19 +566,19 @@ impl Cache {
         charge: Option<Charge>,
     ) -> Range<u32> {
         let wait_for_room = charge.is_none();
-        let mut charge = charge.unwrap_or_else(|| self.inner.budget.charge(0));
-        let block_size = self.inner.store.block_size();
-        let part_blocks = self.inner.part_blocks;
+        let mut charge = charge.unwrap_or_else(|| self.budget().charge(0));
+        let block_size = self.store().block_size();
+        let part_blocks = self.part_blocks();
         let part_end = ((first / part_blocks + 1) * part_blocks).min(self.block_count(object));
         let mut end = first + 1;
         // A fill that waits for room for its first block takes no more.
         while !wait_for_room
             && end < part_end
             && !inflight.contains_key(&(object.id, end))
-            && !self.inner.store.contains(object.id, end)
+            && !self.store().contains(object.id, end)
         {
-            let Some(more) = self.inner.budget.try_charge(block_size) else {
-                larder_stats::add(&self.inner.stats.readahead_held_back, 1);
+            let Some(more) = self.budget().try_charge(block_size) else {
+                larder_stats::add(&self.stats().readahead_held_back, 1);
                 break;
             };
             charge.merge(more);
@@ -436,7 +599,7 @@ impl Cache {
         self.spawn(async move {
             let mut charge = charge;
             if wait_for_room {
-                let budget = &cache.inner.budget;
+                let budget = cache.budget();
                 charge.merge(budget.charge_soon(block_size, MEMORY_PATIENCE).await);
             }
             cache.run_fill(object, first, waiters, fill_for, charge).await;
@@ -455,7 +618,7 @@ impl Cache {
     ) {
         let started = Instant::now();
         // A slow disk holds fills back instead of piling up blocks waiting for their write.
-        self.inner.budget.writes_below_limit().await;
+        self.budget().writes_below_limit().await;
         let mut result = Err(ReadError::Abandoned);
         let (next, waiters) = {
             let mut run = Run {
@@ -466,12 +629,7 @@ impl Cache {
                 fill_for,
                 charge,
             };
-            let sources: Vec<_> = self
-                .inner
-                .sources
-                .iter()
-                .filter(|source| source.serves(fill_for))
-                .collect();
+            let sources = self.fills().sources_for(fill_for);
             let mut tier = 0;
             while let Some(source) = sources.get(tier) {
                 let mut range = run.remaining();
@@ -491,19 +649,19 @@ impl Cache {
                 }
                 result = tokio::select! {
                     biased;
-                    () = self.inner.stop.cancelled() => Err(ReadError::Abandoned),
+                    () = self.stopped() => Err(ReadError::Abandoned),
                     fetched = source.fetch(&object, range, &mut run) => fetched,
                 };
                 // A failure is not logged here: a reader's error is logged once, where the mount
                 // answers it; a job's, in the job's report.
                 match (&result, hedge) {
                     (Ok(()), true) => {
-                        larder_stats::add(&self.inner.stats.peer_hedged_blocks, 1);
+                        larder_stats::add(&self.stats().peer_hedged_blocks, 1);
                         tier -= 1;
                     }
                     (Ok(()), false) => {
                         if source.kind() == Source::Origin {
-                            self.inner.latency.fill_origin.observe(started.elapsed());
+                            self.latency().fill_origin.observe(started.elapsed());
                         }
                         break;
                     }
@@ -515,11 +673,6 @@ impl Cache {
         // Blocks no source supplied: their waiters get the last error, and so do later reads
         // for a short while (then they try again).
         let error = result.err().unwrap_or(ReadError::Abandoned);
-        let mut inflight = self.inner.inflight.lock();
-        self.remember_failure(object.id, next..next + waiters.len() as u32, &error);
-        for (offset, tx) in waiters.enumerate() {
-            inflight.remove(&(object.id, next + offset as u32));
-            let _ = tx.send(Err(error.clone()));
-        }
+        self.fills().fail(object.id, next, waiters, &error);
     }
 }

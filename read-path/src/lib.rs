@@ -32,32 +32,31 @@ pub mod fill;
 mod origin_check;
 pub mod readahead;
 mod reader;
+mod sharing;
 pub mod slots;
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::{BoxFuture, Shared, WeakShared};
+use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt};
 use larder_config::{ByteSize, OriginConfig};
 use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{Origin, OriginError};
-use larder_stats::said::Throttled;
 use larder_stats::{ReadLatencies, ReadStats, Stats, add};
 use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
-use parking_lot::Mutex;
 use tokio::runtime::Handle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
 
 use budget::{Charge, MemoryBudget};
-use fill::{BlockSource, FillFor, MEMORY_PATIENCE, OriginSource, PeerTier};
+use fill::{FillFor, Fills, MEMORY_PATIENCE, OriginSource, PeerTier};
+use origin_check::OriginChecks;
 pub use origin_check::{Checked, OriginCheckError};
 pub use reader::Reader;
+use sharing::Sharing;
 use slots::Slots;
 
 /// Why a read failed.
@@ -181,16 +180,10 @@ pub struct Cache {
     inner: Arc<Inner>,
 }
 
+/// The cache's state, each concern's in a part of its own that its module owns.
 #[derive(Debug)]
 struct Inner {
     store: Arc<BlockStore>,
-    /// The tiers a missing run is fetched from, in order.
-    sources: Vec<Arc<dyn BlockSource>>,
-    inflight: Mutex<HashMap<BlockKey, SharedFill>>,
-    /// Blocks whose fill failed lately, with the error.
-    failed: Lately<ReadError>,
-    /// Blocks whose cache write failed lately, with why: what [`Cache::fill`] tells its job.
-    unstored: Lately<Arc<Unstored>>,
     /// The block bytes in memory: fills, blocks waiting for their write, blocks held.
     budget: Arc<MemoryBudget>,
     part_blocks: u32,
@@ -203,87 +196,14 @@ struct Inner {
     tasks: TaskTracker,
     /// Cancelled at shutdown: fetches in flight stop, fills end abandoned.
     stop: CancellationToken,
-    /// Woken after each cache write ends, written or not.
-    written: tokio::sync::Notify,
-    /// A write skipped for lack of room has been logged (see fill.rs).
-    no_space_said: AtomicBool,
-    /// Failed cache writes, said at most once a minute (see fill.rs).
-    write_failures_said: Throttled,
-    /// Blocks some reader holds: another reader of the same version near the same place
-    /// shares them instead of reading them again.
-    held: Mutex<HeldBlocks>,
-    /// Blocks fetched ahead of their reader, kept after their write for that reader.
-    kept: Mutex<Kept>,
-    /// Readers in a sequential run (a window open): they share [`reader::BLOCKS_AHEAD`].
-    runs: AtomicUsize,
-    /// The rack's members, when there is a peer tier: a failed origin check marks them.
-    members: Option<Arc<dyn fill::Members>>,
+    /// Fills, the blocks in flight, and what happened to blocks' fills and writes lately
+    /// ([`fill`]).
+    fills: Fills,
+    /// What readers share: blocks held, blocks kept for their reader, runs ([`sharing`]).
+    sharing: Sharing,
     /// Origin checks of objects completed with blocks from peers ([`origin_check`]).
-    checks: origin_check::OriginChecks,
+    checks: OriginChecks,
 }
-
-/// What happened to blocks lately: each entry is kept [`FAILED_FILL_MEMORY`], and entries
-/// older than that are swept whenever new ones are recorded.
-#[derive(Debug)]
-struct Lately<T>(Mutex<HashMap<BlockKey, (T, Instant)>>);
-
-impl<T> Default for Lately<T> {
-    fn default() -> Self {
-        Self(Mutex::new(HashMap::new()))
-    }
-}
-
-impl<T: Clone> Lately<T> {
-    /// Records `value` for each of `keys`.
-    fn record(&self, keys: impl IntoIterator<Item = BlockKey>, value: &T) {
-        let now = Instant::now();
-        let mut map = self.0.lock();
-        map.retain(|_, (_, at)| now.duration_since(*at) < FAILED_FILL_MEMORY);
-        for key in keys {
-            map.insert(key, (value.clone(), now));
-        }
-    }
-
-    /// The value recorded for `key` less than [`FAILED_FILL_MEMORY`] ago.
-    fn get(&self, key: BlockKey) -> Option<T> {
-        let map = self.0.lock();
-        let (value, at) = map.get(&key)?;
-        (at.elapsed() < FAILED_FILL_MEMORY).then(|| value.clone())
-    }
-
-    /// Removes and returns the value recorded for `key`, however old.
-    fn take(&self, key: BlockKey) -> Option<T> {
-        self.0.lock().remove(&key).map(|(value, _)| value)
-    }
-}
-
-/// Weak references to the blocks readers hold, swept of dead entries as the map grows.
-#[derive(Debug)]
-struct HeldBlocks {
-    blocks: HashMap<BlockKey, WeakShared<BoxFuture<'static, Result<Block, ReadError>>>>,
-    sweep_at: usize,
-}
-
-/// Blocks fetched ahead of any reader (by the readahead, or as the rest of a part), kept in
-/// memory after their cache write until a reader takes them, within half the memory budget:
-/// the reader the readahead fetched them for gets them without a disk read and a second hash
-/// of all of the block (it was checked as it arrived, like any block a fill hands over).
-/// Blocks kept longer than [`KEPT_FOR`] go (their reader went elsewhere); a block that finds
-/// no room is not kept (it is the furthest ahead of its reader).
-#[derive(Debug, Default)]
-struct Kept {
-    /// Each block, and when it was kept.
-    blocks: HashMap<BlockKey, (Block, Instant)>,
-    /// Keys in the order they were kept; entries of blocks taken since are skipped.
-    order: std::collections::VecDeque<(BlockKey, Instant)>,
-    bytes: u64,
-}
-
-/// How long a block fetched ahead is kept for its reader at most.
-const KEPT_FOR: Duration = Duration::from_secs(5);
-
-/// Size of the held-blocks map at which dead entries are first swept.
-const HELD_SWEEP_MIN: usize = 1024;
 
 impl Cache {
     /// A cache over `store`, fetching with the origin settings of `config`, asking `peers`
@@ -306,7 +226,7 @@ impl Cache {
         let part_bytes = u64::from(part_blocks) * block_size;
         let memory_limit = memory_limit.as_u64().min(ahead.max(2 * part_bytes));
         // The readahead fetches no further than what can be kept in memory for its reader
-        // (see [`Kept`]): a block fetched further ahead would be read back from disk.
+        // (see [`Sharing::keep`]): a block fetched further ahead would be read back from disk.
         let readahead_max = readahead_max.min(memory_limit / 2).max(block_size);
         let slots = Slots::new(config.concurrency, config.read_deadline / 4, stats.read.clone());
         let origin = OriginSource::new(slots);
@@ -314,10 +234,6 @@ impl Cache {
         Self {
             inner: Arc::new(Inner {
                 store,
-                sources: peer_source.into_iter().chain([Arc::new(origin) as _]).collect(),
-                inflight: Mutex::new(HashMap::new()),
-                failed: Lately::default(),
-                unstored: Lately::default(),
                 budget: MemoryBudget::new(memory_limit, stats.read.clone()),
                 part_blocks,
                 readahead: config.readahead_min.as_u64().min(readahead_max)..readahead_max,
@@ -326,17 +242,9 @@ impl Cache {
                 runtime: Handle::current(),
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
-                written: tokio::sync::Notify::new(),
-                no_space_said: AtomicBool::new(false),
-                write_failures_said: Throttled::default(),
-                kept: Mutex::new(Kept::default()),
-                held: Mutex::new(HeldBlocks {
-                    blocks: HashMap::new(),
-                    sweep_at: HELD_SWEEP_MIN,
-                }),
-                runs: AtomicUsize::new(0),
-                members,
-                checks: origin_check::OriginChecks::new(),
+                fills: Fills::new(peer_source.into_iter().chain([Arc::new(origin) as _]).collect()),
+                sharing: Sharing::new(),
+                checks: OriginChecks::new(members),
             }),
         }
     }
@@ -358,13 +266,48 @@ impl Cache {
 
     /// Blocks with a fill or a cache write in flight.
     pub fn in_flight(&self) -> usize {
-        self.inner.inflight.lock().len()
+        self.fills().count()
     }
 
     /// Stops every fetch of a fill, now and from now on: their waiters get
     /// [`ReadError::Abandoned`]; blocks already received are still written (shutdown).
     pub fn stop_fills(&self) {
         self.inner.stop.cancel();
+    }
+
+    /// The counters of the read path.
+    fn stats(&self) -> &ReadStats {
+        &self.inner.stats
+    }
+
+    /// How long fills take.
+    fn latency(&self) -> &ReadLatencies {
+        &self.inner.latency
+    }
+
+    /// The bounds of a reader's readahead window.
+    fn readahead(&self) -> Range<u64> {
+        self.inner.readahead.clone()
+    }
+
+    /// Its fills ([`fill`]).
+    fn fills(&self) -> &Fills {
+        &self.inner.fills
+    }
+
+    /// What its readers share ([`sharing`]).
+    fn sharing(&self) -> &Sharing {
+        &self.inner.sharing
+    }
+
+    /// Its origin checks ([`origin_check`]).
+    fn checks(&self) -> &OriginChecks {
+        &self.inner.checks
+    }
+
+    /// Completes once [`Cache::stop_fills`] is called.
+    fn stopped(&self) -> WaitForCancellationFuture<'_> {
+        self.inner.stop.cancelled()
     }
 
     /// Runs `task` on the cache's runtime, whatever thread asks (a FUSE thread answering a
@@ -393,31 +336,15 @@ impl Cache {
     /// is polling yet; the result can be awaited by several callers. While any reader holds
     /// it, other readers of the version get the same block rather than a read of their own.
     fn spawn_block(&self, object: &Arc<OpenObject>, index: u32) -> SharedBlock {
-        let key = (object.id, index);
-        let mut held = self.inner.held.lock();
-        if let Some(block) = held
-            .blocks
-            .get(&key)
-            .and_then(WeakShared::upgrade)
-            .filter(|block| !matches!(block.peek(), Some(Err(_))))
-        {
-            return block;
-        }
-        let (cache, object) = (self.clone(), object.clone());
-        let runtime = &self.inner.runtime;
-        let block = runtime
-            .spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
-            .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
-            .boxed()
-            .shared();
-        if held.blocks.len() >= held.sweep_at {
-            held.blocks.retain(|_, weak| weak.upgrade().is_some());
-            held.sweep_at = (2 * held.blocks.len()).max(HELD_SWEEP_MIN);
-        }
-        if let Some(weak) = block.downgrade() {
-            held.blocks.insert(key, weak);
-        }
-        block
+        self.sharing().held_or((object.id, index), || {
+            let (cache, object) = (self.clone(), object.clone());
+            let runtime = &self.inner.runtime;
+            runtime
+                .spawn(async move { cache.block(&object, index, None, FillFor::Node).await })
+                .map(|joined| joined.unwrap_or(Err(ReadError::Abandoned)))
+                .boxed()
+                .shared()
+        })
     }
 
     /// Starts fills for the missing blocks of `range` without waiting for them, as far as
@@ -430,11 +357,11 @@ impl Cache {
         let block_size = self.inner.store.block_size();
         let last = ((end - 1) / block_size) as u32;
         let mut index = (range.start / block_size) as u32;
-        let mut inflight = self.inner.inflight.lock();
+        let mut inflight = self.fills().lock();
         while index <= last {
             if inflight.contains_key(&(object.id, index))
                 || self.inner.store.contains(object.id, index)
-                || self.failed_lately((object.id, index)).is_some()
+                || self.fills().failed_lately((object.id, index)).is_some()
             {
                 index += 1;
                 continue;
@@ -449,53 +376,17 @@ impl Cache {
         }
     }
 
-    /// Keeps `block`, fetched ahead of any reader, for the reader to come (see [`Kept`]).
+    /// Keeps `block`, fetched ahead of any reader, for the reader to come, within half the
+    /// memory budget (see [`Sharing::keep`]).
     fn keep(&self, key: BlockKey, block: &Block) {
         let room = self.inner.budget.limit() / 2;
-        let len = block.bytes.len() as u64;
-        let now = Instant::now();
-        let mut guard = self.inner.kept.lock();
-        let kept = &mut *guard;
-        // Drops what was taken or kept too long, from the oldest.
-        while let Some(&(oldest, at)) = kept.order.front() {
-            let current = kept
-                .blocks
-                .get(&oldest)
-                .is_some_and(|(_, kept_at)| *kept_at == at);
-            if current && now.duration_since(at) < KEPT_FOR {
-                break;
-            }
-            kept.order.pop_front();
-            if current && let Some((gone, _)) = kept.blocks.remove(&oldest) {
-                kept.bytes -= gone.bytes.len() as u64;
-            }
-        }
-        if kept.bytes + len > room {
-            return;
-        }
-        if let Some((old, _)) = kept.blocks.insert(key, (block.clone(), now)) {
-            kept.bytes -= old.bytes.len() as u64;
-        }
-        kept.bytes += len;
-        kept.order.push_back((key, now));
+        self.sharing().keep(key, block, room);
     }
 
-    /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader. A read
-    /// that reaches the block's end takes it, so its memory goes once the reader is done with
-    /// it; a read of a part before that leaves it for the reads that follow (a reader reading
-    /// the block in pieces must not find the rest gone, and perhaps evicted from disk too).
+    /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader (see
+    /// [`Sharing::take_kept`]).
     fn take_kept(&self, key: BlockKey, part: Option<&Range<usize>>) -> Option<Block> {
-        let block = {
-            let mut kept = self.inner.kept.lock();
-            let (block, _) = kept.blocks.get(&key)?;
-            let len = block.bytes.len();
-            let block = block.clone();
-            if part.is_none_or(|part| part.end >= len) {
-                kept.blocks.remove(&key);
-                kept.bytes -= len as u64;
-            }
-            block
-        };
+        let block = self.sharing().take_kept(key, part)?;
         // Its first use, for the eviction policy: it was never read from disk.
         self.inner.store.note_served(key.0, key.1);
         add(&self.inner.stats.lookup_hit, 1);
@@ -562,12 +453,12 @@ impl Cache {
         let mut charge: Option<Charge> = None;
         loop {
             {
-                let mut inflight = inner.inflight.lock();
+                let mut inflight = self.fills().lock();
                 match inflight.get(&key) {
                     Some(fill) => return Ok(Some(fill.clone())),
                     None if inner.store.contains(object.id, index) => return Ok(None),
                     None => {
-                        if let Some(error) = self.failed_lately(key) {
+                        if let Some(error) = self.fills().failed_lately(key) {
                             return Err(error);
                         }
                         if let Some(charge) = charge.take() {
@@ -597,15 +488,15 @@ impl Cache {
         let key = (object.id, index);
         let block = fill.await?;
         loop {
-            let written = inner.written.notified();
+            let written = self.fills().next_write_end();
             tokio::pin!(written);
             // Registered before the checks, so a write ending between them still wakes us.
             written.as_mut().enable();
             if inner.store.contains(object.id, index) {
                 return Ok(Some((block.bytes, block.hash)));
             }
-            if !inner.inflight.lock().contains_key(&key) {
-                let why = inner.unstored.take(key);
+            if !self.fills().in_flight(key) {
+                let why = self.fills().take_unstored(key);
                 return Err(ReadError::NotStored(
                     why.unwrap_or_else(|| Arc::new(Unstored::Evicted)),
                 ));
@@ -687,31 +578,6 @@ impl Cache {
             .buffer_unordered(parts_at_once)
             .for_each(|()| futures::future::ready(()))
             .await;
-    }
-
-    /// The error of the failed fill of `key`, if it failed less than [`FAILED_FILL_MEMORY`]
-    /// ago: a read of it fails at once instead of starting another fill.
-    fn failed_lately(&self, key: BlockKey) -> Option<ReadError> {
-        self.inner.failed.get(key)
-    }
-
-    /// Remembers that the fills of `blocks` of `object` failed with `error` (an origin's error:
-    /// an abandoned fill is not the block's fault), and forgets failures older than
-    /// [`FAILED_FILL_MEMORY`].
-    fn remember_failure(&self, object: ObjectId, blocks: Range<u32>, error: &ReadError) {
-        if !matches!(error, ReadError::Origin(_)) || blocks.is_empty() {
-            return;
-        }
-        let keys = blocks.map(|index| (object, index));
-        self.inner.failed.record(keys, error);
-    }
-
-    /// Remembers why the cache write of `key` failed, for a [`Cache::fill`] waiting for it,
-    /// and forgets reasons older than [`FAILED_FILL_MEMORY`] that nobody asked for.
-    fn remember_unstored(&self, key: BlockKey, error: StoreError) {
-        self.inner
-            .unstored
-            .record([key], &Arc::new(Unstored::Write(error)));
     }
 
     /// Looks block `index` up on disk: bytes `part` of it (the whole block with `None`), or
@@ -815,7 +681,7 @@ impl Cache {
                 return Ok(block);
             }
             attempts += 1;
-            let mut inflight = self.inner.inflight.lock();
+            let mut inflight = self.fills().lock();
             if let Some(fill) = inflight.get(&key) {
                 add(&stats.lookup_joined, 1);
                 break fill.clone();
@@ -825,7 +691,7 @@ impl Cache {
             if attempts < LOOKUP_ATTEMPTS && self.inner.store.contains(object.id, index) {
                 continue;
             }
-            if let Some(error) = self.failed_lately(key) {
+            if let Some(error) = self.fills().failed_lately(key) {
                 return Err(error);
             }
             add(&stats.lookup_miss, 1);

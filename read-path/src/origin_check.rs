@@ -65,6 +65,7 @@ use md5::{Digest, Md5};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore};
 
+use super::fill::Members;
 use super::{BlockKey, Cache, OpenObject};
 
 /// Part sizes of a multipart upload tried at once (each costs an MD5 pass over the object).
@@ -113,6 +114,8 @@ struct Noted {
 /// The checks of one cache: at most one runs at a time.
 #[derive(Debug)]
 pub(crate) struct OriginChecks {
+    /// The rack's members, when there is a peer tier: a failed check marks them.
+    members: Option<Arc<dyn Members>>,
     running: Semaphore,
     /// Objects with a check queued or running.
     busy: Mutex<Busy>,
@@ -163,8 +166,10 @@ struct Busy {
 }
 
 impl OriginChecks {
-    pub(crate) fn new() -> Self {
+    /// The checks of a cache with rack peers `members`, if any.
+    pub(crate) fn new(members: Option<Arc<dyn Members>>) -> Self {
         Self {
+            members,
             running: Semaphore::new(1),
             busy: Mutex::new(Busy::default()),
             ended: Notify::new(),
@@ -176,6 +181,12 @@ impl OriginChecks {
                 sweep_at: PROVENANCE_SWEEP_MIN,
             }),
         }
+    }
+
+    /// Whether blocks' CRCs are kept as they arrive, for the checks to combine: while the
+    /// cache has rack peers.
+    pub(crate) fn keeps_crcs(&self) -> bool {
+        self.members.is_some()
     }
 }
 
@@ -409,8 +420,8 @@ impl Cache {
         if member.is_none() && crcs.is_none() {
             return;
         }
-        let store = &self.inner.store;
-        let mut provenance = self.inner.checks.provenance.lock();
+        let store = self.store();
+        let mut provenance = self.checks().provenance.lock();
         if provenance.blocks.len() >= provenance.sweep_at {
             provenance
                 .blocks
@@ -422,7 +433,7 @@ impl Cache {
 
     /// What is noted of block `key`, if it still holds for the block the store has.
     fn noted<T>(&self, key: BlockKey, hash: [u8; 32], what: impl FnOnce(&Noted) -> Option<T>) -> Option<T> {
-        let provenance = self.inner.checks.provenance.lock();
+        let provenance = self.checks().provenance.lock();
         provenance
             .blocks
             .get(&key)
@@ -433,7 +444,7 @@ impl Cache {
     /// The blocks of `object` rack members supplied that no origin check has passed, when it
     /// is complete in the store and holds any (see [`larder_store::BlockStore::unsettled`]).
     fn peer_blocks(&self, object: &OpenObject) -> Option<Vec<PeerBlock>> {
-        let blocks = self.inner.store.unsettled(object.id, object.version.size)?;
+        let blocks = self.store().unsettled(object.id, object.version.size)?;
         let peer_block = |block: UnsettledBlock| {
             let member = self.noted((object.id, block.index), block.hash, |n| n.member.clone());
             PeerBlock {
@@ -447,8 +458,8 @@ impl Cache {
     /// The store settles `blocks` of `object`; what was noted of their members goes.
     async fn settle(&self, object: &OpenObject, blocks: &[PeerBlock]) {
         let unsettled: Vec<UnsettledBlock> = blocks.iter().map(|b| b.block.clone()).collect();
-        self.inner.store.settle(object.id, &unsettled).await;
-        let mut provenance = self.inner.checks.provenance.lock();
+        self.store().settle(object.id, &unsettled).await;
+        let mut provenance = self.checks().provenance.lock();
         for block in blocks {
             if let Some(noted) = provenance.blocks.get_mut(&(object.id, block.block.index)) {
                 noted.member = None;
@@ -459,17 +470,16 @@ impl Cache {
     /// If `object` is complete in the cache and holds blocks from rack members not yet
     /// checked, queues its origin check (after each write, and before a prefetch calls it done).
     pub fn queue_check(&self, object: &Arc<OpenObject>) {
-        let inner = &self.inner;
         // Peers may be off now, and the blocks from before a restart: they are checked anyway.
-        if inner.store.unsettled(object.id, object.version.size).is_none() {
+        if self.store().unsettled(object.id, object.version.size).is_none() {
             return;
         }
-        if !inner.checks.busy.lock().queued.insert(object.id) {
+        if !self.checks().busy.lock().queued.insert(object.id) {
             return;
         }
         let (cache, object) = (self.clone(), object.clone());
         self.spawn(async move {
-            let checks = &cache.inner.checks;
+            let checks = cache.checks();
             if let Ok(_running) = checks.running.acquire().await {
                 {
                     // Blocks written from now on queue a new check.
@@ -479,7 +489,7 @@ impl Cache {
                 }
                 tokio::select! {
                     biased;
-                    () = cache.inner.stop.cancelled() => {}
+                    () = cache.stopped() => {}
                     () = cache.check(&object) => {}
                 }
             }
@@ -494,7 +504,7 @@ impl Cache {
     /// yet) and says whether it leaves the object's blocks counted as the origin's, and how
     /// they were checked: what a prefetch job needs before it calls an object done.
     pub async fn origin_checked(&self, object: &Arc<OpenObject>) -> Result<Checked, OriginCheckError> {
-        let checks = &self.inner.checks;
+        let checks = self.checks();
         self.queue_check(object);
         loop {
             let ended = checks.ended.notified();
@@ -509,7 +519,7 @@ impl Cache {
             }
             ended.await;
         }
-        let store = &self.inner.store;
+        let store = self.store();
         let complete = (0..self.block_count(object)).all(|index| store.contains(object.id, index));
         if !complete && checks.mismatched.lock().contains_key(&object.id) {
             return Err(OriginCheckError::Dropped);
@@ -528,12 +538,12 @@ impl Cache {
     /// Whether an origin check dropped blocks of `id` since this was last asked: the file's
     /// pages the kernel keeps may hold a member's bytes, so its next open must not keep them.
     pub fn take_origin_mismatch(&self, id: ObjectId) -> bool {
-        self.inner.checks.mismatched.lock().remove(&id).is_some()
+        self.checks().mismatched.lock().remove(&id).is_some()
     }
 
     /// Checks `object` against its ETag, and keeps or drops its blocks from members.
     async fn check(&self, object: &Arc<OpenObject>) {
-        let stats = &self.inner.stats;
+        let stats = self.stats();
         let Some(blocks) = self.peer_blocks(object) else {
             return;
         };
@@ -554,11 +564,11 @@ impl Cache {
         let identity = object.origin.identity_url();
         let usable = |kind: Kind| {
             let shape = (identity.to_owned(), kind);
-            !self.inner.checks.unusable.lock().contains(&shape)
+            !self.checks().unusable.lock().contains(&shape)
         };
         let Some(checksum) = strongest(etag, published.crc, usable) else {
             add(&stats.origin_checks_unchecked, 1);
-            remember(&self.inner.checks.weak, object.id, Checked::Unchecked);
+            remember(&self.checks().weak, object.id, Checked::Unchecked);
             tracing::debug!(
                 key,
                 "the origin publishes no checksum to check blocks from rack peers against"
@@ -592,7 +602,7 @@ impl Cache {
                          blocks from rack peers"
                     );
                     let shape = (identity.to_owned(), checksum.kind());
-                    self.inner.checks.unusable.lock().insert(shape);
+                    self.checks().unusable.lock().insert(shape);
                 }
                 bad
             }
@@ -603,7 +613,7 @@ impl Cache {
                 if bad.is_empty() {
                     if forgeable {
                         add(&stats.origin_checks_crc_only, 1);
-                        remember(&self.inner.checks.weak, object.id, Checked::CrcOnly);
+                        remember(&self.checks().weak, object.id, Checked::CrcOnly);
                     } else {
                         add(&stats.origin_checks_match, 1);
                     }
@@ -622,7 +632,7 @@ impl Cache {
     /// Whether the cached object gives `checksum`, reading its blocks from the store in order
     /// (for a CRC, only those whose CRCs were not kept).
     async fn hash_cached(&self, object: &OpenObject, checksum: Checksum) -> Result<bool, CheckError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let mut hashers = match Hashers::new(checksum, object.version.size) {
             Ok(hashers) => hashers,
             Err(crc) => return self.crc_cached(object, crc).await,
@@ -632,7 +642,7 @@ impl Cache {
                 Ok(Lookup::Hit(hit)) => hit.bytes,
                 Ok(Lookup::Miss | Lookup::LostRace) | Err(_) => return Err(CheckError::BlockGone(index)),
             };
-            add(&self.inner.stats.origin_check_read_bytes, bytes.len() as u64);
+            add(&self.stats().origin_check_read_bytes, bytes.len() as u64);
             hashers = tokio::task::spawn_blocking(move || {
                 hashers.update(&bytes);
                 hashers
@@ -646,7 +656,7 @@ impl Cache {
     /// Whether the cached object's CRC is `crc`: its blocks' kept CRCs combined, a block whose
     /// CRC was not kept read from the store.
     async fn crc_cached(&self, object: &OpenObject, crc: FullCrc) -> Result<bool, CheckError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let (algorithm, expected) = crc.algorithm();
         let count = self.block_count(object);
         let mut whole = None;
@@ -664,7 +674,7 @@ impl Cache {
                             return Err(CheckError::BlockGone(index));
                         }
                     };
-                    add(&self.inner.stats.origin_check_read_bytes, len);
+                    add(&self.stats().origin_check_read_bytes, len);
                     tokio::task::spawn_blocking(move || crc_fast::checksum(algorithm, &bytes))
                         .await
                         .map_err(|_| CheckError::Hashing)?
@@ -684,7 +694,7 @@ impl Cache {
         object: &OpenObject,
         blocks: &[PeerBlock],
     ) -> Result<Vec<PeerBlock>, CheckError> {
-        let store = &self.inner.store;
+        let store = self.store();
         let mut bad = Vec::new();
         for peer_block in blocks {
             let block = &peer_block.block;
@@ -709,11 +719,11 @@ impl Cache {
     /// The blocks `bad` of `object` came from members and are not the origin's: drops them,
     /// counts it, opens the members' circuits and says so.
     async fn mismatch(&self, object: &OpenObject, bad: &[PeerBlock]) {
-        let inner = &self.inner;
+        let checks = self.checks();
         let dropped: Vec<UnsettledBlock> = bad.iter().map(|b| b.block.clone()).collect();
-        inner.store.drop_unsettled(object.id, &dropped).await;
-        add(&inner.stats.origin_checks_mismatch, 1);
-        remember(&inner.checks.mismatched, object.id, ());
+        self.store().drop_unsettled(object.id, &dropped).await;
+        add(&self.stats().origin_checks_mismatch, 1);
+        remember(&checks.mismatched, object.id, ());
         // Blocks recorded before a restart name no member ("a member before the restart").
         let members: BTreeSet<&str> = bad
             .iter()
@@ -722,7 +732,7 @@ impl Cache {
                 member => member,
             })
             .collect();
-        if let Some(membership) = &inner.members {
+        if let Some(membership) = &checks.members {
             for member in &members {
                 membership.sent_wrong_blocks(member);
             }

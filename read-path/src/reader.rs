@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
@@ -61,7 +60,7 @@ struct ReaderState {
 impl Drop for Reader {
     fn drop(&mut self) {
         if self.state.get_mut().readahead.window() > 0 {
-            self.cache.inner.runs.fetch_sub(1, Ordering::Relaxed);
+            self.cache.sharing().run_ended();
         }
     }
 }
@@ -69,9 +68,9 @@ impl Drop for Reader {
 impl Reader {
     /// A reader of `object` through `cache`.
     pub fn new(cache: Cache, object: Arc<OpenObject>) -> Self {
-        let readahead = Readahead::new(cache.inner.readahead.clone());
+        let readahead = Readahead::new(cache.readahead());
         Self {
-            opened: cache.inner.store.generation(),
+            opened: cache.store().generation(),
             cache,
             object,
             state: Mutex::new(ReaderState {
@@ -84,7 +83,7 @@ impl Reader {
 
     /// Reads up to `len` bytes at `offset` of the pinned version; short only at its end.
     pub async fn read(&self, offset: u64, len: usize) -> Result<Bytes, ReadError> {
-        let block_size = self.cache.inner.store.block_size();
+        let block_size = self.cache.store().block_size();
         let Some(span) = Span::new(&self.object, block_size, offset, len) else {
             return Ok(Bytes::new());
         };
@@ -97,7 +96,7 @@ impl Reader {
                 .blocks
                 .retain(|_, fill| !matches!(fill.peek(), Some(Err(_))));
         }
-        Ok(span.assemble(&result?, &self.cache.inner.stats, self.opened))
+        Ok(span.assemble(&result?, self.cache.stats(), self.opened))
     }
 
     /// Reads up to `len` bytes at `offset` on the calling thread, if that can be done at
@@ -106,7 +105,7 @@ impl Reader {
     /// FUSE thread answers such reads itself, without a hop to the runtime and the I/O
     /// engine. `None`: read with [`Reader::read`].
     pub fn read_now(&self, offset: u64, len: usize) -> Option<Bytes> {
-        let block_size = self.cache.inner.store.block_size();
+        let block_size = self.cache.store().block_size();
         let span = Span::new(&self.object, block_size, offset, len)?;
         if span.first != span.last || len > larder_store::READ_NOW_MAX {
             return None;
@@ -129,7 +128,7 @@ impl Reader {
                 self.cache.lookup_now(&self.object, span.first, part)?
             }
         };
-        let bytes = span.assemble(&[block], &self.cache.inner.stats, self.opened);
+        let bytes = span.assemble(&[block], self.cache.stats(), self.opened);
         let step = self.step(&mut self.state.lock(), &span);
         self.act(&step);
         Some(bytes)
@@ -142,14 +141,14 @@ impl Reader {
     /// got the same one: [`Cache::spawn_block`] shares it).
     fn plan(&self, span: &Span) -> Vec<BlockFuture> {
         let cache = &self.cache;
-        let store = &cache.inner.store;
+        let store = cache.store();
         let block_size = store.block_size();
         let (step, wants, ahead, left) = {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             let step = self.step(state, span);
             let blocks_ahead = if step.sequential {
-                let share = BLOCKS_AHEAD / (cache.inner.runs.load(Ordering::Relaxed) as u32).max(1);
+                let share = BLOCKS_AHEAD / (cache.sharing().runs() as u32).max(1);
                 (state.readahead.window() / block_size).clamp(1, u64::from(share.max(1))) as u32
             } else {
                 0
@@ -247,11 +246,11 @@ impl Reader {
         let step = state
             .readahead
             .on_read(span.offset..span.end, self.object.version.size);
-        let runs = &self.cache.inner.runs;
+        let sharing = self.cache.sharing();
         if step.started {
-            runs.fetch_add(1, Ordering::Relaxed);
+            sharing.run_started();
         } else if step.ended {
-            runs.fetch_sub(1, Ordering::Relaxed);
+            sharing.run_ended();
         }
         step
     }
