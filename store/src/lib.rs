@@ -32,6 +32,7 @@
 pub mod format;
 mod held_dir;
 mod policy;
+mod verified;
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -55,6 +56,7 @@ use tokio::sync::OnceCell;
 use format::{Entry, RecordHeader};
 use held_dir::{HeldDir, Names};
 use policy::Slru;
+pub use verified::{HashMismatch, VerifiedBlock};
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
 /// serves from the network.
@@ -126,71 +128,6 @@ pub const READ_NOW_MAX: usize = 128 << 10;
 /// The extension of an object's file of block trees: named for the group size
 /// ([`larder_block_tree::GROUP`]), so that values of another size are never read as these.
 pub const VALUES_EXTENSION: &str = "values16k";
-
-/// The bytes of a block together with their BLAKE3: the only way bytes enter the block store,
-/// so every stored block has a hash computed from exactly what is stored. How the hash was
-/// come by is in the constructor's name: bytes from anywhere but this node's own origin
-/// request must be checked against a hash known beforehand ([`VerifiedBlock::verify`],
-/// [`VerifiedBlock::checked_on_arrival`]). The
-/// buffer is aligned for O_DIRECT and shared with the readers it was handed to: no copy.
-#[derive(Debug, Clone)]
-pub struct VerifiedBlock {
-    buf: Arc<AlignedBuf>,
-    tree: Arc<Tree>,
-}
-
-/// Bytes that did not match the hash they were expected to have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the bytes do not match their expected BLAKE3")]
-pub struct HashMismatch;
-
-impl VerifiedBlock {
-    /// A block this node fetched from the origin itself, hashed here. Never for bytes from a
-    /// peer or a disk: those go through [`VerifiedBlock::verify`]. `groups` holds the groups
-    /// hashed as the bytes arrived (see [`GroupHasher`]), fed only the start of these very
-    /// bytes.
-    pub fn hashed_here(buf: Arc<AlignedBuf>, groups: GroupHasher) -> Self {
-        let tree = Arc::new(groups.finish(buf.as_ref().as_ref()));
-        Self { buf, tree }
-    }
-
-    /// Bytes from a rack peer, checked group by group as they arrived by `check` (see
-    /// [`GroupCheck`]), which is finished here on these very bytes: accepted only if it passes.
-    pub fn checked_on_arrival(buf: Arc<AlignedBuf>, check: GroupCheck) -> Result<Self, HashMismatch> {
-        let tree = check.finish(buf.as_ref().as_ref()).map_err(|_| HashMismatch)?;
-        Ok(Self {
-            buf,
-            tree: Arc::new(tree),
-        })
-    }
-
-    /// Bytes from elsewhere, accepted only if they hash to `expected`.
-    pub fn verify(buf: Arc<AlignedBuf>, expected: [u8; 32]) -> Result<Self, HashMismatch> {
-        let tree = Tree::of(buf.as_ref().as_ref());
-        if tree.root != expected {
-            return Err(HashMismatch);
-        }
-        Ok(Self {
-            buf,
-            tree: Arc::new(tree),
-        })
-    }
-
-    /// Length of the block.
-    pub(crate) fn len(&self) -> usize {
-        self.buf.len()
-    }
-
-    /// The bytes, shared with the block (no copy).
-    pub fn bytes(&self) -> Bytes {
-        AlignedBuf::shared_bytes(&self.buf)
-    }
-
-    /// The block's BLAKE3.
-    pub fn hash(&self) -> [u8; 32] {
-        self.tree.root
-    }
-}
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
@@ -1003,7 +940,7 @@ impl BlockStore {
             .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
         // A part asked for without values: store them for the next such read.
         if partial {
-            let (tree, slot) = (block.tree.clone(), self.values_slot(index));
+            let (tree, slot) = (block.tree().clone(), self.values_slot(index));
             let path = self.held.path(&Names::of(id).values);
             let stored = blocking(move || write_values(&files.values, slot, &tree, block_len, &path)).await;
             if let Err(error) = stored {
@@ -1123,7 +1060,7 @@ impl BlockStore {
             object.blocks.insert(
                 index,
                 BlockMeta {
-                    hash: block.tree.root,
+                    hash: block.hash(),
                     generation: state.next_generation,
                     verified: true,
                     served,
@@ -1153,15 +1090,15 @@ impl BlockStore {
         let names = Names::of(version.id());
         let (data_path, rec_path) = (self.held.path(&names.data), self.held.path(&names.rec));
         let values_path = self.held.path(&names.values);
-        let (tree, slot, len) = (block.tree.clone(), self.values_slot(index), block.len());
+        let (tree, slot, len) = (block.tree().clone(), self.values_slot(index), block.len());
         let offset = u64::from(index) * self.block_size;
         let is_last = offset + block.len() as u64 >= version.size;
         let written = self
             .engine
-            .write(files.data.clone(), offset, block.buf.clone())
+            .write(files.data.clone(), offset, block.buf().clone())
             .await;
         written.map_err(io_error("write", &data_path))?;
-        let hash = block.tree.root;
+        let hash = block.hash();
         let entry = if unsettled {
             Entry::Unsettled { index, hash }
         } else {
@@ -1582,32 +1519,4 @@ async fn blocking<T: Send + 'static>(
             source: io::Error::other(e),
         })
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn block(bytes: &[u8]) -> Arc<AlignedBuf> {
-        Arc::new(AlignedBuf::copy_from(bytes))
-    }
-
-    #[test]
-    fn bytes_from_elsewhere_are_verified_only_against_the_hash_expected() {
-        let good = *blake3::hash(b"the origin's bytes").as_bytes();
-        assert!(VerifiedBlock::verify(block(b"the origin's bytes"), good).is_ok());
-        // A sender's own hash of its bytes proves nothing: only the expected one counts.
-        let lie = block(b"a peer's other bytes");
-        assert_eq!(VerifiedBlock::verify(lie, good).err(), Some(HashMismatch));
-    }
-
-    #[test]
-    fn a_block_hashed_here_carries_the_hash_of_exactly_its_bytes() {
-        let hashed = VerifiedBlock::hashed_here(block(b"fetched from the origin"), GroupHasher::default());
-        assert_eq!(
-            hashed.tree.root,
-            *blake3::hash(b"fetched from the origin").as_bytes()
-        );
-        assert_eq!(hashed.bytes(), Bytes::from_static(b"fetched from the origin"));
-    }
 }
