@@ -31,6 +31,7 @@
 
 pub mod format;
 mod held_dir;
+mod index;
 mod policy;
 mod verified;
 
@@ -55,6 +56,8 @@ use tokio::sync::OnceCell;
 
 use format::{Entry, RecordHeader};
 use held_dir::{HeldDir, Names};
+pub use index::Usage;
+use index::{BlockKey, BlockMeta, ObjectState, State};
 use policy::Slru;
 pub use verified::{HashMismatch, VerifiedBlock};
 
@@ -137,61 +140,12 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
     }
 }
 
-/// Space use, for status and tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// Bytes of present blocks (each rounded up to 4 KiB).
-    pub used: u64,
-    /// Bytes reserved by writes in progress.
-    pub reserved: u64,
-    /// The configured capacity.
-    pub capacity: u64,
-    /// Objects with at least one block (or pinned).
-    pub objects: usize,
-    /// Blocks present.
-    pub blocks: usize,
-    /// Objects pinned (by prefetch jobs).
-    pub pinned: usize,
-    /// Bytes of the present blocks of pinned objects (each rounded up to 4 KiB).
-    pub pinned_bytes: u64,
-    /// The cache dir was deleted or replaced under the daemon, which gave it up.
-    pub dir_lost: bool,
-    /// The cache disk is taken to be failing (an I/O error of a block read or write, or of
-    /// the probe before passthrough; [`BlockStore::disk_failure`] says which), until a block
-    /// write succeeds again.
-    pub disk_failing: bool,
-}
-
-type BlockKey = (ObjectId, u32);
-
 #[derive(Debug)]
 struct ObjectFiles {
     data: Arc<File>,
     record: File,
     /// The tree of each block (see larder-block-tree), at fixed slots; read through the engine.
     values: Arc<File>,
-}
-
-#[derive(Debug, Clone)]
-struct BlockMeta {
-    hash: [u8; 32],
-    /// Changes every time the block is (re)inserted, so a reader can tell whether the block it
-    /// read is still the one in the index.
-    generation: u64,
-    /// Written by this process, or read back and checked since it started: what passthrough
-    /// (which bypasses the checks on read) requires of every block of a file.
-    verified: bool,
-    /// Served to a reader since it was fetched (from memory before it was written, or from
-    /// disk): a disk read then counts as a use again. A block fetched ahead and not yet read is
-    /// not: its first disk read is its first use, and keeps it in probation.
-    served: bool,
-    /// Where this process fetched the block from (none for a replayed one).
-    fetched: Option<Fetched>,
-    /// Written awaiting a check from outside the store (the read path's origin check of blocks
-    /// from rack members) until [`BlockStore::settle`]: passthrough does not hand the kernel a
-    /// file holding such a block. Recorded, so a restart keeps it awaiting. Who supplied the
-    /// block is not the store's business.
-    unsettled: bool,
 }
 
 /// Where a block this process fetched came from. The hit rate counts bytes by where they
@@ -229,81 +183,6 @@ pub struct UnsettledBlock {
     pub hash: [u8; 32],
     /// Which insertion of the block it is: a block replaced since is not this one.
     generation: u64,
-}
-
-#[derive(Debug)]
-struct ObjectState {
-    size: u64,
-    files: Arc<OnceCell<Arc<ObjectFiles>>>,
-    /// True when the files on disk belong to this state (replayed at start or created by it).
-    on_disk: bool,
-    blocks: HashMap<u32, BlockMeta>,
-    pinned: bool,
-    /// Open passthrough handles: the kernel reads the data file itself, so no block may go.
-    leases: u32,
-    /// Writes holding a reservation on this object: it is not deleted while any is running.
-    writers: u32,
-}
-
-impl ObjectState {
-    /// An object with nothing on disk yet.
-    fn new(size: u64) -> Self {
-        Self {
-            size,
-            files: Arc::default(),
-            on_disk: false,
-            blocks: HashMap::new(),
-            pinned: false,
-            leases: 0,
-            writers: 0,
-        }
-    }
-
-    /// Pinned or leased: its blocks are kept out of the eviction policy.
-    fn protected(&self) -> bool {
-        self.pinned || self.leases > 0
-    }
-}
-
-#[derive(Debug)]
-struct State {
-    objects: HashMap<ObjectId, ObjectState>,
-    /// Unpinned present blocks and their sizes, in eviction order; not those held.
-    policy: Slru<BlockKey>,
-    /// Blocks held by readers reading them in pieces, and how many holds each has: present
-    /// or not yet, they stay out of the policy until the last hold goes.
-    held: HashMap<BlockKey, u32>,
-    used: u64,
-    reserved: u64,
-    next_generation: u64,
-    /// Present blocks, and pinned objects, kept as they change so that [`BlockStore::usage`]
-    /// (every scrape) does not walk the objects.
-    blocks: usize,
-    pinned: usize,
-    /// Bytes of the present blocks of pinned objects.
-    pinned_bytes: u64,
-    /// The cache dir is gone: the index is empty and stays so (see [`BlockStore::give_up`]).
-    dir_lost: bool,
-    /// See [`BlockStore::disk_failure`].
-    disk_failing: Option<String>,
-}
-
-impl State {
-    fn new(protected_limit: u64) -> Self {
-        Self {
-            objects: HashMap::new(),
-            policy: Slru::new(protected_limit),
-            held: HashMap::new(),
-            used: 0,
-            reserved: 0,
-            next_generation: 0,
-            blocks: 0,
-            pinned: 0,
-            pinned_bytes: 0,
-            dir_lost: false,
-            disk_failing: None,
-        }
-    }
 }
 
 /// A block chosen for eviction, to be recorded removed and punched outside the lock.
@@ -540,45 +419,6 @@ impl BlockStore {
     pub fn block_len(&self, size: u64, index: u32) -> u64 {
         let start = u64::from(index) * self.block_size;
         size.saturating_sub(start).min(self.block_size)
-    }
-
-    /// Whether block `index` of `id` is present.
-    pub fn contains(&self, id: ObjectId, index: u32) -> bool {
-        self.state
-            .lock()
-            .objects
-            .get(&id)
-            .is_some_and(|o| o.blocks.contains_key(&index))
-    }
-
-    /// Whether block `index` is present and verified in this process (always true of a
-    /// present block when verification is off).
-    pub fn verified(&self, id: ObjectId, index: u32) -> bool {
-        let state = self.state.lock();
-        let meta = state.objects.get(&id).and_then(|o| o.blocks.get(&index));
-        meta.is_some_and(|m| self.trusted(m))
-    }
-
-    /// Whether a block may be served without hashing it: checked in this process, or
-    /// verification is off.
-    fn trusted(&self, meta: &BlockMeta) -> bool {
-        meta.verified || !self.verify
-    }
-
-    /// Current space use.
-    pub fn usage(&self) -> Usage {
-        let state = self.state.lock();
-        Usage {
-            used: state.used,
-            reserved: state.reserved,
-            capacity: self.capacity,
-            objects: state.objects.len(),
-            blocks: state.blocks,
-            pinned: state.pinned,
-            pinned_bytes: state.pinned_bytes,
-            dir_lost: state.dir_lost,
-            disk_failing: state.disk_failing.is_some(),
-        }
     }
 
     /// Why the cache disk is taken to be failing, if it is (see [`Usage::disk_failing`]).
@@ -842,12 +682,6 @@ impl BlockStore {
             written,
             hash: meta.hash,
         })
-    }
-
-    /// The generation the next block stored gets: blocks read later with a greater one were
-    /// stored after this call.
-    pub fn generation(&self) -> u64 {
-        self.state.lock().next_generation
     }
 
     /// Records that block `index` was handed to a reader from memory, where it was kept since
@@ -1273,12 +1107,6 @@ impl BlockStore {
         (!blocks.is_empty()).then_some(blocks)
     }
 
-    /// The recorded BLAKE3 of block `index` of `id`, if present.
-    pub fn block_hash(&self, id: ObjectId, index: u32) -> Option<[u8; 32]> {
-        let state = self.state.lock();
-        Some(state.objects.get(&id)?.blocks.get(&index)?.hash)
-    }
-
     /// No check waits for `blocks` of `id` (those still in place) any more: it passed, or
     /// there is nothing to check them against. Recorded, so that a restart does not check them
     /// again; if the record cannot be written they stay settled in memory only (and are
@@ -1329,13 +1157,6 @@ impl BlockStore {
         for block in blocks {
             self.remove_block(id, block.index, block.generation).await;
         }
-    }
-
-    /// The recorded BLAKE3 of blocks `0..count` of object `id`, if every one is present.
-    pub fn block_hashes(&self, id: ObjectId, count: u32) -> Option<Vec<[u8; 32]>> {
-        let state = self.state.lock();
-        let blocks = &state.objects.get(&id)?.blocks;
-        (0..count).map(|index| Some(blocks.get(&index)?.hash)).collect()
     }
 
     /// Drops every block of object `id` present now: its content failed the digest that
