@@ -29,17 +29,18 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod files;
 pub mod format;
 mod held_dir;
 mod index;
 mod policy;
+mod replay;
 mod verified;
 
-use std::collections::HashMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Write};
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -54,7 +55,9 @@ use parking_lot::Mutex;
 use rustix::fs::{FallocateFlags, OFlags};
 use tokio::sync::OnceCell;
 
-use format::{Entry, RecordHeader};
+pub use files::object_paths;
+use files::{ObjectFiles, open_object_files};
+use format::Entry;
 use held_dir::{HeldDir, Names};
 pub use index::Usage;
 use index::{BlockKey, BlockMeta, ObjectState, State};
@@ -138,14 +141,6 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> S
         path: path.to_owned(),
         source,
     }
-}
-
-#[derive(Debug)]
-struct ObjectFiles {
-    data: Arc<File>,
-    record: File,
-    /// The tree of each block (see larder-block-tree), at fixed slots; read through the engine.
-    values: Arc<File>,
 }
 
 /// Where a block this process fetched came from. The hit rate counts bytes by where they
@@ -304,105 +299,6 @@ impl BlockStore {
         };
         store.replay_all()?;
         Ok(store)
-    }
-
-    /// Loads every record under the objects dir into the index. Damaged or foreign records are
-    /// deleted with their data files; leftover temporary files are removed. Runs right after
-    /// the lock is taken, so it reads records by path.
-    fn replay_all(&self) -> Result<(), StoreError> {
-        let mut state = self.state.lock();
-        let objects_path = self.held.objects_path();
-        let fanouts = fs::read_dir(objects_path).map_err(io_error("list", objects_path))?;
-        for fanout in fanouts.flatten() {
-            let Ok(entries) = fs::read_dir(fanout.path()) else {
-                continue;
-            };
-            let fanout = fanout.file_name().to_string_lossy().into_owned();
-            for entry in entries.flatten() {
-                let path = entry.path();
-                let name = format!("{fanout}/{}", entry.file_name().to_string_lossy());
-                match path.extension().and_then(|e| e.to_str()) {
-                    Some("rec") => self.replay_one(&mut state, &name),
-                    Some("data" | VALUES_EXTENSION) if !path.with_extension("rec").exists() => {
-                        self.held.remove(&name)
-                    }
-                    Some("data" | VALUES_EXTENSION) => {}
-                    _ => self.held.remove(&name),
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Replays the record `rec` (a name under the objects dir).
-    fn replay_one(&self, state: &mut State, rec: &str) {
-        let names = Names::with_stem(rec.trim_end_matches(".rec"));
-        let (rec_path, data_path) = (self.held.path(&names.rec), self.held.path(&names.data));
-        let remove_all = || self.held.remove_all(&names);
-        let replayed = fs::read(&rec_path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| format::replay(&bytes).map_err(|e| e.to_string()));
-        let replayed = match replayed {
-            Ok(r) if u64::from(r.header.block_size) != self.block_size => {
-                Err(format!("written with block size {}", r.header.block_size))
-            }
-            Ok(r)
-                if rec_path.file_stem().and_then(|s| s.to_str())
-                    != Some(r.header.object_id.to_hex().as_str()) =>
-            {
-                Err("its file name is not its object id".to_owned())
-            }
-            Ok(r) if !data_path.exists() => Err(format!("data file missing for {} blocks", r.blocks.len())),
-            other => other,
-        };
-        let replayed = match replayed {
-            Ok(replayed) => replayed,
-            Err(reason) => {
-                tracing::warn!(record = %rec_path.display(), %reason, "dropping an unreadable cache record");
-                remove_all();
-                return;
-            }
-        };
-        if replayed.blocks.is_empty() {
-            remove_all();
-            return;
-        }
-        let compact = replayed.entries > 2 * replayed.blocks.len() + 16;
-        if let Err(error) = rewrite_record_if(&rec_path, &replayed, compact) {
-            tracing::warn!(record = %rec_path.display(), %error, "could not repair a cache record; dropping it");
-            remove_all();
-            return;
-        }
-        let id = replayed.header.object_id;
-        let size = replayed.header.object_size;
-        state.blocks += replayed.blocks.len();
-        let mut blocks = HashMap::with_capacity(replayed.blocks.len());
-        for (index, hash) in replayed.blocks {
-            state.next_generation += 1;
-            blocks.insert(
-                index,
-                BlockMeta {
-                    hash,
-                    generation: state.next_generation,
-                    verified: false,
-                    served: true,
-                    fetched: None,
-                    unsettled: replayed.unsettled.contains(&index),
-                },
-            );
-            state.used += align_up(self.block_len(size, index));
-            state
-                .policy
-                .insert((id, index), align_up(self.block_len(size, index)));
-        }
-        state.objects.insert(
-            id,
-            ObjectState {
-                on_disk: true,
-                blocks,
-                ..ObjectState::new(size)
-            },
-        );
     }
 
     /// The configured block size.
@@ -1178,30 +1074,6 @@ impl BlockStore {
         }
     }
 
-    /// Opens (once) the object's files; `create` makes fresh ones for an object not on disk.
-    async fn files(
-        &self,
-        version: &ObjectVersion,
-        cell: &OnceCell<Arc<ObjectFiles>>,
-        create: bool,
-    ) -> Result<Arc<ObjectFiles>, StoreError> {
-        let id = version.id();
-        let fresh = create && !self.state.lock().objects.get(&id).is_some_and(|o| o.on_disk);
-        let held = self.held.clone();
-        let header = RecordHeader {
-            block_size: self.block_size as u32,
-            object_size: version.size,
-            object_id: id,
-            identity: version.identity(),
-        };
-        cell.get_or_try_init(|| async move {
-            blocking(move || open_object_files(&held, &Names::of(id), fresh.then_some(header)).map(Arc::new))
-                .await
-        })
-        .await
-        .cloned()
-    }
-
     /// Gives the cache dir up: it was deleted or replaced under the daemon (see held_dir.rs).
     /// The index is emptied, so every read goes to the network and the files of the lost dir
     /// are closed (their space freed) once reads in flight end; no write is made again. Only a
@@ -1226,13 +1098,6 @@ impl BlockStore {
     }
 }
 
-/// The data and record files of object `id` in the cache dir `cache_dir`.
-pub fn object_paths(cache_dir: &Path, id: ObjectId) -> (PathBuf, PathBuf) {
-    let names = Names::of(id);
-    let objects = cache_dir.join(held_dir::OBJECTS_DIR);
-    (objects.join(names.data), objects.join(names.rec))
-}
-
 /// The `count` values of a block's tree out of the read of its slot in the values file:
 /// `None` if the read failed or was short, or the slot was never written (a hole reads as
 /// zeros).
@@ -1243,37 +1108,6 @@ fn values_read((buf, result): larder_engine::IoResult, count: usize) -> Option<V
     }
     let values = buf.as_ref()[..len].as_chunks::<CV_LEN>().0.to_vec();
     values.iter().any(|v| v != &[0; CV_LEN]).then_some(values)
-}
-
-/// Opens an object's data and record files; with a header, creates them afresh.
-fn open_object_files(
-    held: &HeldDir,
-    names: &Names,
-    fresh: Option<RecordHeader>,
-) -> Result<ObjectFiles, StoreError> {
-    let create = fresh.is_some();
-    let data = held.open(names, &names.data, OFlags::RDWR | OFlags::DIRECT, create)?;
-    let record = held.open(names, &names.rec, OFlags::WRONLY | OFlags::APPEND, create)?;
-    // Made for objects cached before values were kept, too: their blocks get values as they
-    // are read.
-    let values = held.open(names, &names.values, OFlags::RDWR, true)?;
-    if let Some(header) = fresh {
-        let values_path = held.path(&names.values);
-        values.set_len(0).map_err(io_error("truncate", &values_path))?;
-        let (data_path, rec_path) = (held.path(&names.data), held.path(&names.rec));
-        record.set_len(0).map_err(io_error("truncate", &rec_path))?;
-        data.set_len(0).map_err(io_error("truncate", &data_path))?;
-        data.set_len(header.object_size)
-            .map_err(io_error("size", &data_path))?;
-        (&record)
-            .write_all(&header.encode())
-            .map_err(io_error("write", &rec_path))?;
-    }
-    Ok(ObjectFiles {
-        data: Arc::new(data),
-        record,
-        values: Arc::new(values),
-    })
 }
 
 /// Writes the tree of a block of `len` bytes into its slot of the values file.
@@ -1295,38 +1129,6 @@ fn punch_block(files: &ObjectFiles, index: u32, block_size: u64, rec_path: &Path
             source: e.into(),
         }
     })
-}
-
-/// Cuts a torn tail off a replayed record, or rewrites it without removed entries.
-fn rewrite_record_if(rec_path: &Path, replayed: &format::Replayed, compact: bool) -> io::Result<()> {
-    if compact {
-        let mut bytes = replayed.header.encode();
-        let mut blocks: Vec<_> = replayed.blocks.iter().collect();
-        blocks.sort_unstable();
-        for (&index, &hash) in blocks {
-            let entry = if replayed.unsettled.contains(&index) {
-                Entry::Unsettled { index, hash }
-            } else {
-                Entry::Present { index, hash }
-            };
-            bytes.extend_from_slice(&entry.encode());
-        }
-        let tmp = rec_path.with_extension("tmp");
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_data()?;
-        return fs::rename(&tmp, rec_path);
-    }
-    let file = OpenOptions::new().write(true).open(rec_path)?;
-    if file.metadata()?.len() > replayed.valid_len as u64 {
-        file.set_len(replayed.valid_len as u64)?;
-    }
-    Ok(())
 }
 
 /// Runs blocking filesystem work off the async workers.
