@@ -35,6 +35,7 @@ mod held_dir;
 mod index;
 mod policy;
 mod replay;
+mod values;
 mod verified;
 
 use std::fs::File;
@@ -45,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use larder_block_tree::{self as tree, CV_LEN, GROUP, Tree};
+use larder_block_tree::{self as tree, CV_LEN, GROUP};
 pub use larder_block_tree::{GroupCheck, GroupHasher};
 use larder_config::CacheConfig;
 use larder_engine::{ALIGN, AlignedBuf, IoEngine, align_up};
@@ -62,6 +63,8 @@ use held_dir::{HeldDir, Names};
 pub use index::Usage;
 use index::{BlockKey, BlockMeta, ObjectState, State};
 use policy::Slru;
+pub use values::VALUES_EXTENSION;
+use values::{values_read, write_values};
 pub use verified::{HashMismatch, VerifiedBlock};
 
 /// Errors of the block store. None of them ever fails a read: the fill path counts them and
@@ -130,10 +133,6 @@ pub struct Hit {
 /// The largest read [`BlockStore::read_now`] serves on the calling thread: a few groups, read
 /// and checked in tens of microseconds.
 pub const READ_NOW_MAX: usize = 128 << 10;
-
-/// The extension of an object's file of block trees: named for the group size
-/// ([`larder_block_tree::GROUP`]), so that values of another size are never read as these.
-pub const VALUES_EXTENSION: &str = "values16k";
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> StoreError + 'a {
     move |source| StoreError::Io {
@@ -704,29 +703,6 @@ impl BlockStore {
         Ok(buf)
     }
 
-    /// The stored tree of block `index` (`count` values), if there is one.
-    async fn stored_values(
-        &self,
-        files: &ObjectFiles,
-        index: u32,
-        count: usize,
-    ) -> Option<Vec<[u8; CV_LEN]>> {
-        if count == 0 {
-            return None;
-        }
-        let slot = AlignedBuf::new(count * CV_LEN);
-        let read = self
-            .engine
-            .read(files.values.clone(), self.values_slot(index), slot);
-        values_read(read.await, count)
-    }
-
-    /// Where block `index`'s tree starts in the values file: every block has room for a full
-    /// block's tree (2 values a group, 2 fewer used: 16 KiB a 4 MiB block).
-    fn values_slot(&self, index: u32) -> u64 {
-        u64::from(index) * 2 * (self.block_size / GROUP as u64) * CV_LEN as u64
-    }
-
     /// Stores block `index` of `version`. Reserves room first (evicting least recently used
     /// unpinned blocks), writes the bytes, then records them. `served`: a reader already had
     /// the bytes (a block fetched ahead has not been read yet). `fetched`: where they came
@@ -1096,24 +1072,6 @@ impl BlockStore {
             ..State::new(0)
         };
     }
-}
-
-/// The `count` values of a block's tree out of the read of its slot in the values file:
-/// `None` if the read failed or was short, or the slot was never written (a hole reads as
-/// zeros).
-fn values_read((buf, result): larder_engine::IoResult, count: usize) -> Option<Vec<[u8; CV_LEN]>> {
-    let len = count * CV_LEN;
-    if result.ok()? < len {
-        return None;
-    }
-    let values = buf.as_ref()[..len].as_chunks::<CV_LEN>().0.to_vec();
-    values.iter().any(|v| v != &[0; CV_LEN]).then_some(values)
-}
-
-/// Writes the tree of a block of `len` bytes into its slot of the values file.
-fn write_values(file: &File, slot: u64, tree: &Tree, len: usize, path: &Path) -> Result<(), StoreError> {
-    file.write_all_at(tree.nodes(len).as_flattened(), slot)
-        .map_err(io_error("write", path))
 }
 
 /// Records block `index` removed, then punches its hole.
