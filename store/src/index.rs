@@ -194,3 +194,13 @@ impl BlockStore {
         (0..count).map(|index| Some(blocks.get(&index)?.hash)).collect()
     }
 }
+
+/// Records a use of a block for the eviction policy: a hit if it was served since it was
+/// fetched, else its first use (a block fetched ahead is not promoted by its first read).
+pub(crate) fn used(policy: &mut Slru<BlockKey>, key: BlockKey, meta: &mut BlockMeta) {
+    if std::mem::replace(&mut meta.served, true) {
+        policy.touch(&key);
+    } else {
+        policy.refresh(&key);
+    }
+}
