@@ -8,8 +8,9 @@ use std::sync::Arc;
 use larder_object::ObjectId;
 use tokio::sync::OnceCell;
 
+use crate::files::ObjectFiles;
 use crate::policy::Slru;
-use crate::{BlockStore, Fetched, ObjectFiles};
+use crate::{BlockStore, Fetched};
 
 /// Space use, for status and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
