@@ -26,6 +26,17 @@
 //!   of the subtrees beside them, give the BLAKE3 in the record (unless verification is off),
 //!   and it was not evicted while being read. A block's tree is written before its `present`
 //!   entry; a missing one costs a whole-block check, which writes it.
+//!
+//! Modules, one concern each (`impl BlockStore` is spread over them):
+//! - `index.rs`: the in-memory index under the store's lock, and the questions asked of it;
+//! - `read.rs`, `write.rs`: reads of blocks (checked) and writes (room reserved first);
+//! - `evict.rs`: blocks taken out, by eviction or because they failed a check;
+//! - `hold.rs`: pins, leases and holds, which keep blocks from eviction;
+//! - `unsettled.rs`: blocks awaiting a check from outside the store;
+//! - `files.rs`, `values.rs`, `replay.rs`: an object's files, its blocks' trees, and the
+//!   records replayed at start (their format in `format.rs`);
+//! - `held_dir.rs`: the cache dir; `policy.rs`: the eviction policy;
+//! - `health.rs`: a failing disk and a lost cache dir; `verified.rs`: [`VerifiedBlock`].
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
