@@ -1,0 +1,194 @@
+//! Listings: a directory's level page by page (stepping over keys that cannot be paths), every
+//! object under a directory, and whether a directory exists.
+
+use futures::StreamExt;
+use larder_object::ObjectVersion;
+use larder_stats::add;
+use object_store::ListResult;
+use object_store::list::PaginatedListOptions;
+use object_store::path::Path;
+
+use crate::error::unparsable_key;
+use crate::{Operation, Origin, OriginError};
+
+/// One entry of a delimited listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListEntry {
+    /// A common prefix ("directory"), relative to the source, without the trailing slash.
+    Prefix(String),
+    /// An object, relative to the source.
+    Object(ObjectVersion),
+}
+
+/// Most entries asked for in one listing request (S3's own limit).
+pub const PAGE_KEYS: usize = 1000;
+
+/// One page of a delimited listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListPage {
+    /// The entries, in the store's order.
+    pub entries: Vec<ListEntry>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<PageToken>,
+}
+
+/// Where a listing resumes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PageToken {
+    /// The store's continuation token.
+    Continue(String),
+    /// After this store key: used to step over a key that cannot be a path.
+    After(String),
+}
+
+impl Origin {
+    fn dir_location(&self, dir: &str) -> Result<Path, OriginError> {
+        if dir.is_empty() {
+            Ok(self.prefix.clone())
+        } else {
+            self.location(dir)
+        }
+    }
+
+    fn entries(&self, listing: ListResult) -> Vec<ListEntry> {
+        let prefixes = listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| self.relative_key(p))
+            .map(ListEntry::Prefix);
+        let objects = listing.objects.iter().filter_map(|meta| {
+            Some(ListEntry::Object(
+                self.version_of(self.relative_key(&meta.location)?, meta),
+            ))
+        });
+        prefixes.chain(objects).collect()
+    }
+
+    /// One page of the level of the tree under `dir` (relative to the source; `""` is its
+    /// root), from `from` (`None`: the first page).
+    ///
+    /// A key object_store cannot turn into a path (an empty segment, `.`, a control character)
+    /// would fail its whole page: the page is narrowed until the key comes first, and the key
+    /// is stepped over and logged. Stores without paged listings return the whole level at once.
+    pub async fn list_page(&self, dir: &str, from: Option<&PageToken>) -> Result<ListPage, OriginError> {
+        let store = self.full_store(dir, Operation::List)?;
+        let location = self.dir_location(dir)?;
+        let Some(pager) = &self.pager else {
+            let listing = self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    store.list_with_delimiter(Some(&location))
+                })
+                .await?;
+            return Ok(ListPage {
+                entries: self.entries(listing),
+                next: None,
+            });
+        };
+        let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
+        let mut from = from.cloned();
+        let mut max_keys = PAGE_KEYS;
+        let mut skipped: Option<String> = None;
+        loop {
+            let options = || PaginatedListOptions {
+                delimiter: Some("/".into()),
+                max_keys: Some(max_keys),
+                page_token: match &from {
+                    Some(PageToken::Continue(token)) => Some(token.clone()),
+                    _ => None,
+                },
+                offset: match &from {
+                    Some(PageToken::After(key)) => Some(key.clone()),
+                    _ => None,
+                },
+                ..PaginatedListOptions::default()
+            };
+            let error = match self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    pager.list_paginated(prefix.as_deref(), options())
+                })
+                .await
+            {
+                Ok(page) => {
+                    return Ok(ListPage {
+                        entries: self.entries(page.result),
+                        next: page.page_token.map(PageToken::Continue),
+                    });
+                }
+                Err(error) => error,
+            };
+            let Some(bad) = unparsable_key(&error) else {
+                return Err(error);
+            };
+            if max_keys > 1 {
+                max_keys /= 2;
+                continue;
+            }
+            // The bad key comes first. A store that ignores start-after would return it again.
+            if skipped.as_deref() == Some(bad) {
+                return Err(error);
+            }
+            tracing::warn!(source = %self.name, key = bad.escape_debug().to_string(), "skipping a listed key that cannot be a path");
+            // A common prefix ends with the delimiter: step over every key under it as well.
+            let after = if bad.ends_with('/') {
+                format!("{bad}{}", char::MAX)
+            } else {
+                bad.to_owned()
+            };
+            skipped = Some(bad.to_owned());
+            from = Some(PageToken::After(after));
+            max_keys = PAGE_KEYS;
+        }
+    }
+
+    /// Every object under `dir/`, at any depth (`""`: the whole source).
+    pub async fn list_all(&self, dir: &str) -> Result<Vec<ObjectVersion>, OriginError> {
+        let store = self.full_store(dir, Operation::List)?;
+        let location = self.dir_location(dir)?;
+        let metas: Vec<object_store::ObjectMeta> = self
+            .with_retries(dir, || {
+                add(&self.stats.origin_list_requests, 1);
+                futures::TryStreamExt::try_collect(store.list(Some(&location)))
+            })
+            .await?;
+        Ok(metas
+            .iter()
+            .filter_map(|meta| Some(self.version_of(self.relative_key(&meta.location)?, meta)))
+            .collect())
+    }
+
+    /// Whether any key lies under `dir/`, which makes `dir` a directory.
+    pub async fn is_dir(&self, dir: &str) -> Result<bool, OriginError> {
+        let store = self.full_store(dir, Operation::List)?;
+        let location = self.location(dir)?;
+        let found = match &self.pager {
+            Some(pager) => {
+                let prefix = format!("{location}/");
+                self.with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    let options = PaginatedListOptions {
+                        max_keys: Some(1),
+                        ..PaginatedListOptions::default()
+                    };
+                    pager.list_paginated(Some(&prefix), options)
+                })
+                .await
+                .map(|page| !page.result.objects.is_empty() || !page.result.common_prefixes.is_empty())
+            }
+            None => {
+                self.with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    let mut keys = store.list(Some(&location));
+                    async move { keys.next().await.transpose().map(|first| first.is_some()) }
+                })
+                .await
+            }
+        };
+        match found {
+            // Something is there, even if it cannot be a path.
+            Err(error) if unparsable_key(&error).is_some() => Ok(true),
+            found => found,
+        }
+    }
+}
