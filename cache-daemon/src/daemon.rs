@@ -4,8 +4,9 @@
 //! `mount.shutdown_grace` passes or a second signal comes, abandon the origin requests still
 //! in flight, wait for the cache writes of blocks already received, exit.
 //!
-//! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the block store is open
-//! until the daemon stops; an address it cannot bind stops the daemon from starting. Its
+//! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the node's read side
+//! is built ([`crate::node`]: the block store open, the origins and peers set up) until the
+//! daemon stops; an address it cannot bind stops the daemon from starting. Its
 //! `/readyz` says "mounting" until the mount is up, then ready while the cache dir is the
 //! daemon's own, and "stopping" from SIGTERM on.
 //!

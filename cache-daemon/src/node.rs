@@ -138,7 +138,7 @@ pub struct Peers {
     /// Who this node says it is.
     pub hello: Hello,
     /// How it asks members for runs.
-    pub client: Client,
+    client: Client,
     /// Its members, when peers are on.
     pub members: Option<Membership>,
     /// The listener's TLS, when it speaks TLS.

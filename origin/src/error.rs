@@ -231,6 +231,15 @@ impl Origin {
         let source_name = self.name.clone();
         let key = key.to_owned();
         let stats = &self.stats;
+        // A generic error's status, read once (from its message: see `http_status`).
+        let status = match &error {
+            object_store::Error::Generic { .. } => http_status(&error),
+            _ => None,
+        };
+        let denied = matches!(
+            error,
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+        ) || matches!(status, Some(401 | 403));
         match error {
             object_store::Error::NotFound { .. } => {
                 add(&stats.origin_errors_not_found, 1);
@@ -244,8 +253,7 @@ impl Origin {
                     expected: None,
                 })
             }
-            error @ (object_store::Error::PermissionDenied { .. }
-            | object_store::Error::Unauthenticated { .. }) => {
+            error if denied => {
                 add(&stats.origin_errors_permission, 1);
                 self.denied(&key);
                 Failure::Final(OriginError::PermissionDenied {
@@ -254,18 +262,7 @@ impl Origin {
                     source: error,
                 })
             }
-            error @ object_store::Error::Generic { .. } if matches!(http_status(&error), Some(401 | 403)) => {
-                add(&stats.origin_errors_permission, 1);
-                self.denied(&key);
-                Failure::Final(OriginError::PermissionDenied {
-                    source_name,
-                    key,
-                    source: error,
-                })
-            }
-            error @ object_store::Error::Generic { .. }
-                if http_status(&error).is_some_and(refused_as_sent) =>
-            {
+            error @ object_store::Error::Generic { .. } if status.is_some_and(refused_as_sent) => {
                 add(&stats.origin_errors_other, 1);
                 Failure::Final(OriginError::Rejected {
                     source_name,
