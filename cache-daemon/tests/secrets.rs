@@ -168,3 +168,95 @@ async fn a_refused_source_url_is_named_without_its_secrets() {
         assert_no_secret("the error at start", &text);
     }
 }
+
+/// A server that refuses every request with 401 and echoes it in the body, request line and
+/// headers (some WebDAV servers and proxies do): its address. Runs until the test ends.
+fn echoing_server() -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(&stream);
+                loop {
+                    let mut head = String::new();
+                    loop {
+                        let mut line = String::new();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        head.push_str(&line);
+                    }
+                    let body = format!("401 Unauthorized. Your request was:\n{head}");
+                    let answer = format!(
+                        "HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if (&stream).write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    address
+}
+
+/// A source whose server echoes the refused request in its 401 body: the URL's query secret
+/// and the Basic credentials (base64) are in the text of the error, outside any URL. They show
+/// neither in `larder prefetch`'s or `larder seal`'s errors nor in the daemon's debug log.
+/// Before, both came out whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_a_server_echoes_in_its_error_never_show() {
+    use base64::Engine as _;
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let echo = echoing_server();
+    let web = format!("web=http://echo-user:Echoed-Pass-1@{echo}/data?auth=Echoed-Query-2");
+    let basic = base64::engine::general_purpose::STANDARD.encode("echo-user:Echoed-Pass-1");
+    let log_path = dir.path().join("daemon.log");
+    tokio::task::spawn_blocking(move || {
+        let daemon = DaemonProcess::start_with_env(
+            Path::new(BIN),
+            &server,
+            dir.path(),
+            &["--source", &web],
+            &[("LARDER_LOG", "trace")],
+        )
+        .expect("daemon");
+        let mut shown = Vec::new();
+        for args in [
+            &["prefetch", "--wait", "web:model.bin"][..],
+            &["prefetch", "--wait", "web:"],
+            &["seal", "--wait", "web:"],
+        ] {
+            let output = daemon.larder(args);
+            let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+            assert!(!output.status.success(), "larder {args:?} succeeded: {stderr}");
+            assert!(
+                stderr.contains("401") || stderr.contains("ermission"),
+                "larder {args:?}: {stderr}"
+            );
+            shown.push((format!("larder {args:?}"), stderr));
+        }
+        daemon.stop().expect("stop");
+        let log = std::fs::read_to_string(&log_path).expect("log");
+        shown.push(("the daemon's log".to_owned(), log));
+        assert!(
+            shown.iter().any(|(_, text)| text.contains("Your request was")),
+            "the echo was never shown: the test proves nothing\n{shown:#?}"
+        );
+        for (what, text) in shown {
+            let secrets = ["Echoed-Pass-1", "Echoed-Query-2", basic.as_str()];
+            for secret in secrets {
+                assert!(!text.contains(secret), "{what} shows {secret:?}:\n{text}");
+            }
+        }
+    })
+    .await
+    .expect("checks");
+}

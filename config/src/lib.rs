@@ -20,7 +20,7 @@ mod validate;
 pub use args::ConfigArgs;
 pub use bytesize::{ByteSize, ParseByteSizeError};
 pub use error::ConfigError;
-pub use redact::{Redacted, SourceUrl};
+pub use redact::{Redacted, SourceUrl, hide_credentials, hide_secret};
 pub use schema::{
     CacheConfig, Config, ControlConfig, DEFAULT_CA_FILE, DEFAULT_CONTROL_SOCKET, DEFAULT_TOKEN_FILE,
     IoEngineKind, MetricsConfig, MountConfig, OriginConfig, PeerConfig, PeerMember, RegistryConfig,

@@ -12,8 +12,16 @@
 //! - the fragment.
 //!
 //! [`SourceUrl`] holds a configured URL and shows itself only this way.
+//!
+//! A secret can also show outside a URL: a server that echoes the request it refused (the
+//! query, an `Authorization: Basic` header) puts it in the error Larder reports. So every
+//! secret value the process is given (a source URL's user, password and query values, the
+//! Basic form of the first two, cloud keys and tokens from the environment, a registry's
+//! password) is recorded with [`hide_secret`], and [`Redacted`] hides it wherever it shows, at
+//! least four bytes long.
 
 use std::fmt;
+use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
 
@@ -34,11 +42,93 @@ fn start_of_scheme(before_separator: &str) -> usize {
         .map_or(0, |(i, c)| i + c.len_utf8())
 }
 
-/// `text` with the secrets of every URL in it hidden (see the module docs).
+/// Secret values this process was given, hidden by [`Redacted`] wherever they show up, longest
+/// first (see [`hide_secret`]).
+static KNOWN: RwLock<Vec<String>> = RwLock::new(Vec::new());
+
+/// The shortest value hidden as a known secret: a shorter one would hide bits of ordinary words.
+pub(crate) const KNOWN_SECRET_MIN_LEN: usize = 4;
+
+/// Hides `secret` in everything [`Redacted`] shows from now on, wherever it appears and
+/// whatever quotes it (a server that echoes a request in its error, a library's debug line),
+/// and its percent-decoded form. Values shorter than [`KNOWN_SECRET_MIN_LEN`] are not taken.
+pub fn hide_secret(secret: &str) {
+    let decoded = percent_decoded(secret);
+    let mut known = KNOWN.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for value in [secret, decoded.as_str()] {
+        if value.len() >= KNOWN_SECRET_MIN_LEN && !known.iter().any(|k| k == value) {
+            known.push(value.to_owned());
+        }
+    }
+    known.sort_by_key(|k| std::cmp::Reverse(k.len()));
+}
+
+/// Hides a user and password, and the `Authorization: Basic` value HTTP carries them in.
+pub fn hide_credentials(user: &str, password: &str) {
+    use base64::Engine as _;
+    hide_secret(password);
+    hide_secret(user);
+    let basic = |user: &str, password: &str| {
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    };
+    hide_secret(&basic(user, password));
+    hide_secret(&basic(&percent_decoded(user), &percent_decoded(password)));
+}
+
+/// Hides the secrets a URL carries: its user and password (and their Basic form), and the
+/// value of each query parameter.
+pub(crate) fn hide_url_secrets(url: &str) {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return;
+    };
+    if parsed.username().is_empty() {
+        parsed.password().into_iter().for_each(hide_secret);
+    } else {
+        hide_credentials(parsed.username(), parsed.password().unwrap_or_default());
+    }
+    for (_, value) in parsed.query_pairs() {
+        hide_secret(&value);
+    }
+    if let Some(query) = parsed.query() {
+        for parameter in query.split('&') {
+            hide_secret(parameter.split_once('=').map_or(parameter, |(_, value)| value));
+        }
+    }
+}
+
+fn percent_decoded(text: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
+        .next()
+        .map_or_else(|| text.to_owned(), |(_, value)| value.into_owned())
+}
+
+/// `text` with every known secret (see [`hide_secret`]) replaced by `***`.
+fn hide_known(text: &str) -> std::borrow::Cow<'_, str> {
+    let known = KNOWN.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut text = std::borrow::Cow::Borrowed(text);
+    for secret in known.iter() {
+        if text.contains(secret.as_str()) {
+            text = std::borrow::Cow::Owned(text.replace(secret.as_str(), HIDDEN));
+        }
+    }
+    text
+}
+
+/// `text` with the secrets of every URL in it hidden (see the module docs), and every secret
+/// value the process was given ([`hide_secret`]), wherever it shows.
 #[derive(Debug, Clone, Copy)]
 pub struct Redacted<'a>(pub &'a str);
 
 impl fmt::Display for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hide_known(&UrlsHidden(self.0).to_string()))
+    }
+}
+
+/// `text` with the secrets of every URL in it hidden.
+struct UrlsHidden<'a>(&'a str);
+
+impl fmt::Display for UrlsHidden<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut rest = self.0;
         while let Some(at) = rest.find("://") {
@@ -166,6 +256,23 @@ mod tests {
 
     fn shown(text: &str) -> String {
         Redacted(text).to_string()
+    }
+
+    /// A secret the process was given is hidden outside any URL too: in a request a server
+    /// echoed, the query's value and the Basic header's base64. A value shorter than four
+    /// bytes is not taken (it would hide bits of words).
+    #[test]
+    fn a_known_secret_is_hidden_wherever_it_shows() {
+        use base64::Engine as _;
+        hide_url_secrets("http://unit-user:Unit%2BPass@host/x?sig=Unit-Sig-9");
+        let basic = base64::engine::general_purpose::STANDARD.encode("unit-user:Unit+Pass");
+        let echoed = format!("GET /x?sig=Unit-Sig-9 HTTP/1.1\nAuthorization: Basic {basic}\npw Unit+Pass");
+        assert_eq!(
+            shown(&echoed),
+            "GET /x?sig=*** HTTP/1.1\nAuthorization: Basic ***\npw ***"
+        );
+        hide_secret("abc");
+        assert_eq!(shown("abc"), "abc");
     }
 
     #[test]

@@ -37,6 +37,8 @@ impl Config {
         for source in &mut self.sources {
             trim_in_place(&mut source.name);
             source.url.trim();
+            // Before anything can print an error that quotes them.
+            crate::redact::hide_url_secrets(source.url.as_str());
         }
     }
 

@@ -24,6 +24,18 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+/// Words in a setting's name that make its value a secret, hidden wherever Larder prints it
+/// (keys, tokens, signatures: some are sent with requests, which a server may echo).
+const SECRET_WORDS: &[&str] = &[
+    "key",
+    "token",
+    "secret",
+    "sas",
+    "password",
+    "signature",
+    "credential",
+];
+
 /// Environment variables, the process's or a test's.
 #[derive(Debug, Clone, Default)]
 pub struct Environment {
@@ -82,6 +94,11 @@ impl Environment {
                 .filter(|(name, value)| name.starts_with(prefix) && !value.is_empty())
                 .map(|(name, value)| (name.to_ascii_lowercase(), value.clone())),
         );
+        for (name, value) in &settings {
+            if SECRET_WORDS.iter().any(|word| name.contains(word)) {
+                larder_config::hide_secret(value);
+            }
+        }
         Ok(settings)
     }
 

@@ -189,6 +189,8 @@ impl Upstream {
             })?;
         let basic = match auth {
             Some(auth) => {
+                // The header as sent, so that a server's echo of it never shows.
+                larder_config::hide_secret(auth);
                 let mut value = HeaderValue::from_str(&format!("Basic {auth}"))
                     .map_err(|_| SetupError::Credentials(host.to_owned()))?;
                 value.set_sensitive(true);
