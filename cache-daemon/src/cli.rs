@@ -337,7 +337,7 @@ fn status_text(status: &Status) -> Result<String, std::fmt::Error> {
     if let Some(error) = &status.cache_disk_failing {
         writeln!(
             out,
-            "CACHE DISK FAILING: {error}; no file is handed to the kernel and reads go to the origin until a block write succeeds"
+            "CACHE DISK FAILING: {error}; no file is handed to the kernel and reads go to the origin until a block write succeeds or the disk answers a recheck"
         )?;
     }
     let (all, recent) = (&status.served, &status.served_recent);

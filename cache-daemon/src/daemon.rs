@@ -6,9 +6,13 @@
 //!
 //! The Prometheus endpoint ([`crate::metrics`]) listens from the moment the node's read side
 //! is built ([`crate::node`]: the block store open, the origins and peers set up) until the
-//! daemon stops; an address it cannot bind stops the daemon from starting. Its
-//! `/readyz` says "mounting" until the mount is up, then ready while the cache dir is the
-//! daemon's own, and "stopping" from SIGTERM on.
+//! daemon exits, after the grace period in which open files are still served; an address it
+//! cannot bind stops the daemon from starting. Its `/readyz` says "mounting" until the mount
+//! is up, then ready while the cache dir is the daemon's own and its disk works, and
+//! "stopping" from SIGTERM on.
+//!
+//! The scrub of files handed to the kernel and the recheck of a failing disk run in the
+//! background ([`crate::scrub`]).
 //!
 //! With `registry.containerd_hosts_dir`, a `hosts.toml` per upstream is written there once the
 //! mirror listens and removed at SIGTERM (or when the start fails after it), so that containerd
@@ -184,18 +188,22 @@ struct Daemon {
     hosts_files: Option<MirrorHostsFiles>,
     /// What `/readyz` says.
     phase: Arc<Phase>,
-    /// Stops the HTTP servers, the members' DNS resolution and hellos, the warm-node tasks.
+    /// Stops the HTTP servers but the metrics one, the members' DNS resolution and hellos,
+    /// the warm-node tasks, the scrub.
     stop: CancellationToken,
     control: ControlServer,
     jobs: Arc<Jobs>,
-    /// The members' DNS resolution and hellos, and the warm-node tasks.
+    /// The members' DNS resolution and hellos, the warm-node tasks, the scrub.
     background: TaskTracker,
     sealer: Arc<Sealer>,
     mounted: larder_fuse_mount::Mounted,
     grace: Duration,
     cache: Cache,
-    /// The metrics, peer and registry listeners, which end with `stop`.
+    /// The peer and registry listeners, which end with `stop`.
     listeners: Vec<JoinHandle<()>>,
+    /// The metrics and health listener and its own stop: it answers (`/readyz` "stopping")
+    /// until the mount has served its last open file.
+    metrics: Option<(JoinHandle<()>, CancellationToken)>,
 }
 
 /// The control API's listener and its sampling task.
@@ -261,18 +269,28 @@ impl Daemon {
         let membership = node.peers.members.clone();
         let phase = Arc::new(Phase::default());
         let mut listeners = Vec::new();
-        if let Some(address) = config.metrics.listen {
-            let phase = phase.clone();
-            let metrics = serve_metrics(
-                address,
-                (&stats, &fuse_latency),
-                cache.store(),
-                membership.clone(),
-                phase,
-                stop.clone(),
-            );
-            listeners.push(metrics.await?);
-        }
+        // Health answers for as long as the daemon serves anything: through the grace period.
+        let metrics_stop = CancellationToken::new();
+        let metrics = match config.metrics.listen {
+            Some(address) => Some(
+                serve_metrics(
+                    address,
+                    (&stats, &fuse_latency),
+                    cache.store(),
+                    membership.clone(),
+                    phase.clone(),
+                    metrics_stop.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+        background.spawn(crate::scrub::run(
+            cache.store().clone(),
+            config.cache.scrub_rate.as_u64(),
+            config.cache.disk_recheck,
+            stop.clone(),
+        ));
         let warm = match &config.warm.plan {
             Some(path) => Some((
                 read_plan(path)?,
@@ -384,6 +402,7 @@ impl Daemon {
             grace: config.mount.shutdown_grace,
             cache,
             listeners,
+            metrics: metrics.map(|task| (task, metrics_stop)),
         })
     }
 
@@ -424,6 +443,10 @@ impl Daemon {
         self.cache.stop_fills();
         self.cache.flush().await;
         for task in self.listeners {
+            let _ = task.await;
+        }
+        if let Some((task, stop)) = self.metrics {
+            stop.cancel();
             let _ = task.await;
         }
         detached.map(drop).map_err(|source| DaemonError::Io {

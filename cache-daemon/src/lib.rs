@@ -20,5 +20,6 @@ pub mod namespace;
 pub mod node;
 pub mod prefetch;
 pub mod process;
+pub mod scrub;
 pub mod seal;
 pub mod warm;

@@ -277,7 +277,7 @@ pub fn render(snapshot: &Snapshot) -> String {
     );
     out.gauge(
         "larder_cache_disk_failing",
-        "1 while the cache disk fails (an I/O error reading or writing a block, or probing a file before passthrough), until a block write succeeds again: no file is handed to the kernel, reads go through the daemon and to the origin.",
+        "1 while the cache disk fails (an I/O error reading, writing or scrubbing a block, or probing a file before passthrough), until a block write succeeds again or the disk answers a recheck (cache.disk_recheck after its last error): no file is handed to the kernel, reads go through the daemon and to the origin.",
         u64::from(usage.disk_failing),
     );
     out.counter(
@@ -295,6 +295,26 @@ pub fn render(snapshot: &Snapshot) -> String {
         "Block writes skipped because no space could be freed.",
         s.cache_writes_skipped,
     );
+    out.counter(
+        "larder_cache_scrubbed_bytes_total",
+        "Bytes of blocks of files handed to the kernel that the scrub read back and found sound.",
+        s.scrubbed_bytes,
+    );
+    out.family(
+        "larder_cache_scrub_dropped_blocks_total",
+        "counter",
+        "Blocks the scrub dropped (fetched again when read), by what it found: an I/O error of the cache disk, or bytes that do not match their BLAKE3.",
+    );
+    for (reason, n) in [
+        ("io_error", s.scrub_read_errors),
+        ("corrupt", s.scrub_corrupt_blocks),
+    ] {
+        out.sample(
+            "larder_cache_scrub_dropped_blocks_total",
+            Some(("reason", reason)),
+            n,
+        );
+    }
     out.counter(
         "larder_evictions_total",
         "Blocks evicted to make room.",
@@ -854,7 +874,7 @@ mod tests {
         );
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 59);
+        assert_eq!(families.len(), 61);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

@@ -155,3 +155,89 @@ async fn a_prefetch_whose_blocks_cannot_be_kept_fails_naming_why() {
         );
     });
 }
+
+/// Runs `command` with `args`, which must succeed.
+fn run(command: &str, args: &[&str]) {
+    let output = std::process::Command::new(command)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{command}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The cache on XFS, which shuts down on a fatal error (`xfs_io -x -c "shutdown -f"`, as XFS
+/// does itself): every call on it fails with EIO, the lookup of the cache dir's lock included.
+/// That is a failing disk, not a lost dir: status says CACHE DISK FAILING (not CACHE DIR
+/// LOST), the metrics say `larder_cache_disk_failing` 1 and `larder_cache_dir_lost` 0, so the
+/// alert that fires sends the operator to the disk. Reads still get the origin's bytes.
+/// Before, the EIO of the lock's lookup was taken for a dir replaced under the daemon.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_system_shut_down_under_the_cache_is_a_failing_disk_not_a_lost_dir() {
+    const CACHED: &str = "m/cached.bin";
+    const COLD: &str = "m/cold.bin";
+    let server = server(&[CACHED, COLD]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (image, cache) = (dir.path().join("xfs.img"), dir.path().join("cache"));
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(320 << 20))
+        .expect("image");
+    run("mkfs.xfs", &["-q", image.to_str().expect("path")]);
+    std::fs::create_dir_all(&cache).expect("mount point");
+    run(
+        "mount",
+        &[
+            "-o",
+            "loop",
+            image.to_str().expect("path"),
+            cache.to_str().expect("path"),
+        ],
+    );
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(cache.clone());
+    let metrics = format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    );
+    let daemon = DaemonProcess::start(
+        Path::new(BIN),
+        &server,
+        dir.path(),
+        &["--metrics-listen", &metrics],
+    )
+    .expect("daemon");
+    tokio::task::block_in_place(|| {
+        prefetch(&daemon, CACHED);
+        run(
+            "xfs_io",
+            &["-x", "-c", "shutdown -f", cache.to_str().expect("path")],
+        );
+        drop_page_cache();
+        read_checked(&daemon, CACHED);
+        read_checked(&daemon, COLD);
+        let status = daemon.status();
+        assert_eq!(status["cache_dir_lost"], false, "{status}");
+        assert!(status.get("cache_disk_failing").is_some(), "{status}");
+        let text = daemon.larder(&["status"]);
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert!(text.contains("CACHE DISK FAILING"), "{text}");
+        assert!(!text.contains("CACHE DIR LOST"), "{text}");
+        let scrape = larder_tests::oci::http_get(&metrics, "/metrics", &[])
+            .expect("metrics")
+            .2;
+        assert!(scrape.contains("\nlarder_cache_disk_failing 1\n"), "{scrape}");
+        assert!(scrape.contains("\nlarder_cache_dir_lost 0\n"), "{scrape}");
+    });
+    drop(daemon);
+}

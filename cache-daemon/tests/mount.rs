@@ -490,6 +490,47 @@ async fn sigterm_detaches_the_mount_and_serves_open_files_until_they_close() {
     .expect("checks");
 }
 
+/// SIGTERM with a file open and a long grace: the health listener answers for as long as the
+/// daemon serves that file, `/readyz` saying "stopping" (so an alert on a stop that does not
+/// end can fire), and closes only once the daemon is done. Before, it closed at SIGTERM: the
+/// scrape failed while the open file was still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_says_stopping_while_open_files_are_served_after_sigterm() {
+    let metrics = format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    );
+    let open = with_a_file_open(&["--shutdown-grace", "60s", "--metrics-listen", &metrics]).await;
+    let FileOpen {
+        daemon, file, old, ..
+    } = open;
+    tokio::task::spawn_blocking(move || {
+        let readyz = || larder_tests::oci::http_get(&metrics, "/readyz", &[]);
+        let (status, _, body) = readyz().expect("/readyz before SIGTERM");
+        assert_eq!((status, body.as_str()), (200, "ready\n"));
+        daemon.terminate().expect("SIGTERM");
+        assert_detached_soon(&daemon.mount);
+        // Past the moment every other listener stops.
+        std::thread::sleep(Duration::from_millis(500));
+        let (status, _, body) = readyz().expect("/readyz while an open file is served after SIGTERM");
+        assert_eq!((status, body.as_str()), (503, "not ready: stopping\n"));
+        let mut rest = vec![0; MIB as usize];
+        file.read_exact_at(&mut rest, MIB).expect("a read after SIGTERM");
+        assert!(
+            rest == old[MIB as usize..2 * MIB as usize],
+            "wrong bytes after SIGTERM"
+        );
+        drop(file);
+        let status = daemon
+            .wait(Duration::from_secs(10))
+            .expect("exit after the last file closed");
+        assert!(status.success(), "exit status {status}");
+        assert!(readyz().is_err(), "the health listener outlived the daemon");
+    })
+    .await
+    .expect("checks");
+}
+
 /// SIGHUP (a closed terminal, a supervisor's reload) with a file open: the daemon says it
 /// reloads nothing and goes on serving; SIGTERM then stops it as usual. Before, SIGHUP's
 /// default action killed it (exit 129) with nothing logged, the mount left giving ENOTCONN.

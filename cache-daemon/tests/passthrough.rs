@@ -5,6 +5,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use larder_tests::daemon::DaemonProcess;
+use larder_tests::faulty_disk::FaultyDisk;
 use larder_tests::{S3Server, content, seed};
 
 const MIB: usize = 1 << 20;
@@ -205,6 +206,11 @@ async fn eviction_spares_a_file_open_in_passthrough() {
 
 /// The value of the unlabelled sample `name` in a scrape of `/metrics` at `address`.
 async fn metric(address: &str, name: &str) -> f64 {
+    labelled_metric(address, name, None).await
+}
+
+/// The sample of `name` with the one label `label` (none with `None`).
+async fn labelled_metric(address: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
     let text = reqwest::get(format!("http://{address}/metrics"))
         .await
         .expect("GET /metrics")
@@ -216,7 +222,13 @@ async fn metric(address: &str, name: &str) -> f64 {
     let sample = scrape
         .samples
         .iter()
-        .find(|s| s.metric == name && s.labels.is_empty())
+        .find(|s| {
+            s.metric == name
+                && match label {
+                    None => s.labels.is_empty(),
+                    Some((label, value)) => s.labels.get(label) == Some(value),
+                }
+        })
         .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"));
     match sample.value {
         prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
@@ -397,6 +409,174 @@ async fn a_failing_cache_disk_stops_passthrough_and_makes_the_daemon_not_ready()
     let reason = ready.text().await.expect("body");
     assert!(reason.contains("the cache disk fails"), "{reason}");
     assert_eq!(metric(&metrics, "larder_cache_disk_failing").await, 1.0);
+    drop(daemon);
+}
+
+/// The data file of the one object cached under `cache`.
+fn data_file(cache: &Path) -> std::path::PathBuf {
+    let objects = cache.join("v1/objects");
+    let mut found = Vec::new();
+    for fanout in std::fs::read_dir(&objects).expect("objects dir").flatten() {
+        for entry in std::fs::read_dir(fanout.path()).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "data") {
+                found.push(entry.path());
+            }
+        }
+    }
+    assert_eq!(found.len(), 1, "{found:?}");
+    found.remove(0)
+}
+
+/// `/readyz`: its status code and body.
+async fn readyz(address: &str) -> (u16, String) {
+    let answer = reqwest::get(format!("http://{address}/readyz"))
+        .await
+        .expect("readyz");
+    (answer.status().as_u16(), answer.text().await.expect("body"))
+}
+
+/// A daemon with its defaults but `extra`, its cache on a [`FaultyDisk`], a 64 MiB file read
+/// (cached) and read again through passthrough; the metrics listener's address.
+async fn passed_through_on_a_faulty_disk(
+    dir: &Path,
+    extra: &[&str],
+) -> (DaemonProcess, FaultyDisk, String, S3Server) {
+    let server = server(&[(MODEL, 64 * MIB)]).await;
+    let disk = FaultyDisk::mount(dir, &dir.join("cache"), 512 << 20).expect("faulty disk");
+    let metrics = format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    );
+    let args = [&["--metrics-listen", &metrics][..], extra].concat();
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir, &args).expect("daemon");
+    let daemon = tokio::task::spawn_blocking(move || {
+        read_checked(&daemon, MODEL, 64 * MIB);
+        let written = std::time::Instant::now();
+        while daemon.status()["blocks"].as_u64() < Some(16) {
+            assert!(
+                written.elapsed().as_secs() < 30,
+                "the blocks were never all written"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        read_checked(&daemon, MODEL, 64 * MIB);
+        assert_eq!(
+            passthrough_opens(&daemon),
+            1,
+            "the complete file was not passed through"
+        );
+        daemon
+    })
+    .await
+    .expect("setup");
+    (daemon, disk, metrics, server)
+}
+
+/// A 64 MiB file cached, verified and passed through, on a disk whose reads of the file's
+/// blocks from 32 MiB on then fail (a real EIO from the block layer under ext4), with the
+/// default config: reads through passthrough fail as the disk does, but the scrub finds the
+/// bad blocks within seconds and drops them, `/readyz`, status and metrics say the disk
+/// fails, and the next open goes through the daemon and reads every byte right (the dropped
+/// blocks fetched again). Before, every open was passed through and failed, and nothing
+/// said so (`/readyz` 200, no error counted, no log line).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_disk_error_under_a_passed_through_file_is_found_and_the_file_reads_right_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (daemon, disk, metrics, _server) = passed_through_on_a_faulty_disk(dir.path(), &[]).await;
+    let (daemon, disk) = tokio::task::spawn_blocking(move || {
+        let data = data_file(&daemon.cache);
+        disk.fail_reads_of(&data, 32 * MIB as u64..64 * MIB as u64)
+            .expect("fail reads");
+        drop_page_cache();
+        let found = std::time::Instant::now();
+        while daemon.status().get("cache_disk_failing").is_none() {
+            assert!(
+                found.elapsed().as_secs() < 30,
+                "the disk error under the passed-through file was not found in 30 s \
+                 ({} reads failed)",
+                disk.failed_reads()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        (daemon, disk)
+    })
+    .await
+    .expect("the scrub");
+    let (status, reason) = readyz(&metrics).await;
+    assert_eq!(status, 503, "{reason}");
+    assert!(reason.contains("the cache disk fails"), "{reason}");
+    assert_eq!(metric(&metrics, "larder_cache_disk_failing").await, 1.0);
+    let dropped = labelled_metric(
+        &metrics,
+        "larder_cache_scrub_dropped_blocks_total",
+        Some(("reason", "io_error")),
+    )
+    .await;
+    assert!(dropped > 0.0, "no block dropped for an I/O error");
+    tokio::task::spawn_blocking(move || {
+        drop_page_cache();
+        read_checked(&daemon, MODEL, 64 * MIB);
+        assert_eq!(
+            passthrough_opens(&daemon),
+            1,
+            "a file with bad blocks was passed through"
+        );
+        assert!(
+            disk.failed_reads() > 0,
+            "the disk never failed a read: the test proves nothing"
+        );
+        drop(daemon);
+    })
+    .await
+    .expect("read right");
+}
+
+/// A transient disk error (the blocks it failed dropped), then the disk heals: a warm node
+/// whose reads all hit writes no block, yet it is ready again once the disk has been quiet
+/// for `cache.disk_recheck` and answers the daemon's probe, and passthrough resumes. Before,
+/// `/readyz` stayed 503 until some block write happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_healed_disk_makes_the_daemon_ready_again_without_a_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let extra = ["--disk-recheck", "2s"];
+    let (daemon, disk, metrics, _server) = passed_through_on_a_faulty_disk(dir.path(), &extra).await;
+    let daemon = tokio::task::spawn_blocking(move || {
+        disk.fail_reads_of(&data_file(&daemon.cache), 0..64 * MIB as u64)
+            .expect("fail reads");
+        drop_page_cache();
+        let found = std::time::Instant::now();
+        while daemon.status().get("cache_disk_failing").is_none() {
+            assert!(
+                found.elapsed().as_secs() < 30,
+                "the disk error was not found in 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        disk.heal();
+        // A read of the file fetches the dropped blocks again; their writes succeed and end
+        // the failing state by themselves: wait for the probe without any read.
+        daemon
+    })
+    .await
+    .expect("the error");
+    let healed = std::time::Instant::now();
+    loop {
+        let (status, reason) = readyz(&metrics).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            healed.elapsed().as_secs() < 30,
+            "not ready 30 s after the disk healed: {reason}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let writes = metric(&metrics, "larder_cache_write_bytes_total").await;
+    assert_eq!(
+        writes,
+        (64 * MIB) as f64,
+        "a block was written: the test proves nothing"
+    );
     drop(daemon);
 }
 

@@ -190,6 +190,10 @@ flags! {
         io_queue_depth: "LARDER_IO_QUEUE_DEPTH", "N" => cache.io_queue_depth, parse_number;
         /// Block bytes kept in memory, at least two blocks
         memory_limit: "LARDER_MEMORY_LIMIT", "SIZE" => cache.memory_limit, parse_size;
+        /// Bytes per second the scrub reads back (files handed to the kernel), "0" for off
+        scrub_rate: "LARDER_SCRUB_RATE", "SIZE" => cache.scrub_rate, parse_size;
+        /// Quiet time after which a failing cache disk is probed again, e.g. "60s"
+        disk_recheck: "LARDER_DISK_RECHECK", "DURATION" => cache.disk_recheck, duration::parse;
     }
     "Origin" {
         /// Size of one ranged GET, a multiple of the block size
@@ -761,6 +765,8 @@ mod tests {
             ("io-engine", "LARDER_IO_ENGINE"),
             ("io-queue-depth", "LARDER_IO_QUEUE_DEPTH"),
             ("memory-limit", "LARDER_MEMORY_LIMIT"),
+            ("scrub-rate", "LARDER_SCRUB_RATE"),
+            ("disk-recheck", "LARDER_DISK_RECHECK"),
             ("part-size", "LARDER_PART_SIZE"),
             ("origin-concurrency", "LARDER_ORIGIN_CONCURRENCY"),
             ("connect-timeout", "LARDER_CONNECT_TIMEOUT"),

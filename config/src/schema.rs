@@ -14,6 +14,8 @@
 //! io_engine = "uring"        # or "psync"
 //! io_queue_depth = 64
 //! memory_limit = "256MiB"    # block bytes kept in memory (fills, writes, readers' blocks)
+//! scrub_rate = "64MiB"       # per second: files handed to the kernel read back and checked
+//! disk_recheck = "60s"       # a failing disk quiet this long is probed to see if it works
 //!
 //! [origin]
 //! part_size = "16MiB"
@@ -151,6 +153,18 @@ pub struct CacheConfig {
     /// block a reader waits for is fetched even over it. At least two blocks. Default 256MiB:
     /// every one of the default 16 origin requests in flight can hold its 16MiB part.
     pub memory_limit: ByteSize,
+    /// Bytes per second the scrub reads back from the cache disk: the blocks of files handed
+    /// to the kernel (passthrough), whose reads the daemon never sees, checked against their
+    /// BLAKE3, open files first, one pass after another; a block that fails its read or its
+    /// check is dropped (fetched again when read) and new opens of its file go through the
+    /// daemon. "0" turns it off. Default 64MiB (a pass over 100 GiB of such files takes 27
+    /// minutes).
+    pub scrub_rate: ByteSize,
+    /// How long the cache disk must go without an I/O error before the daemon writes and reads
+    /// back a probe page to see whether it works again (it is taken to be failing, and not
+    /// ready, meanwhile; a block written also ends it). Default 60s.
+    #[serde(with = "humantime_serde")]
+    pub disk_recheck: Duration,
 }
 
 impl Default for CacheConfig {
@@ -165,6 +179,8 @@ impl Default for CacheConfig {
             io_engine: IoEngineKind::Uring,
             io_queue_depth: 64,
             memory_limit: ByteSize::mib(256),
+            scrub_rate: ByteSize::mib(64),
+            disk_recheck: Duration::from_secs(60),
         }
     }
 }
@@ -858,6 +874,8 @@ mod tests {
         io_engine = "psync"
         io_queue_depth = 128
         memory_limit = "1GiB"
+        scrub_rate = "16MiB"
+        disk_recheck = "5m"
 
         [origin]
         part_size = "32MiB"
@@ -1019,6 +1037,8 @@ mod tests {
                 io_engine: IoEngineKind::Psync,
                 io_queue_depth: 128,
                 memory_limit: ByteSize::gib(1),
+                scrub_rate: ByteSize::mib(16),
+                disk_recheck: Duration::from_secs(300),
             },
             origin: OriginConfig {
                 part_size: ByteSize::mib(32),

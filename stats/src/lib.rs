@@ -77,7 +77,7 @@ macro_rules! counters {
 }
 
 counters! {
-    /// The block store's: what it wrote and evicted.
+    /// The block store's: what it wrote, evicted and scrubbed.
     store: StoreStats {
         /// Block bytes written to the block store.
         cache_write_bytes,
@@ -85,6 +85,14 @@ counters! {
         evicted_blocks,
         /// Bytes evicted to make room.
         evicted_bytes,
+        /// Blocks the scrub read back.
+        scrubbed_blocks,
+        /// Bytes the scrub read back and found sound.
+        scrubbed_bytes,
+        /// Blocks the scrub dropped because their read failed with an I/O error.
+        scrub_read_errors,
+        /// Blocks the scrub dropped because their bytes did not match their BLAKE3.
+        scrub_corrupt_blocks,
     }
     /// The origins' (the registry's upstreams count here too): requests, bytes, errors.
     origin: OriginStats {

@@ -25,6 +25,10 @@ pub(crate) struct Victim {
     files: Arc<OnceCell<Arc<ObjectFiles>>>,
     /// The object has no block left and is deleted with its files.
     delete_object: bool,
+    /// The kernel reads the data file itself (a passthrough lease): the block is recorded
+    /// removed but its bytes stay, since a hole would read as zeros in the files already open.
+    /// A new fill of the block writes over them; the object's eviction frees them.
+    keep_bytes: bool,
 }
 
 impl BlockStore {
@@ -63,6 +67,7 @@ impl BlockStore {
                 index,
                 files: Arc::default(),
                 delete_object: false,
+                keep_bytes: false,
             });
         }
         let mut victims = Vec::with_capacity(chosen.len());
@@ -112,7 +117,13 @@ impl BlockStore {
                     // Replayed at start and not opened since.
                     None => Arc::new(open_object_files(&held, &names, None)?),
                 };
-                punch_block(&files, victim.index, block_size, &held.path(&names.rec))?;
+                let rec_path = held.path(&names.rec);
+                (&files.record)
+                    .write_all(&Entry::Removed { index: victim.index }.encode())
+                    .map_err(io_error("append", &rec_path))?;
+                if !victim.keep_bytes {
+                    punch_block(&files, victim.index, block_size, &held.path(&names.data))?;
+                }
             }
             Ok(())
         })
@@ -151,6 +162,7 @@ impl BlockStore {
                 index,
                 files: object.files.clone(),
                 delete_object: false,
+                keep_bytes: object.leases > 0,
             }
         };
         self.drop_victims(vec![victim]).await;
@@ -176,16 +188,13 @@ impl BlockStore {
     }
 }
 
-/// Records block `index` removed, then punches its hole.
-fn punch_block(files: &ObjectFiles, index: u32, block_size: u64, rec_path: &Path) -> Result<(), StoreError> {
-    (&files.record)
-        .write_all(&Entry::Removed { index }.encode())
-        .map_err(io_error("append", rec_path))?;
+/// Punches block `index`'s hole (once it is recorded removed).
+fn punch_block(files: &ObjectFiles, index: u32, block_size: u64, data_path: &Path) -> Result<(), StoreError> {
     let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
     rustix::fs::fallocate(&*files.data, flags, u64::from(index) * block_size, block_size).map_err(|e| {
         StoreError::Io {
             op: "punch",
-            path: rec_path.with_extension("data"),
+            path: data_path.to_owned(),
             source: e.into(),
         }
     })

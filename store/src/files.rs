@@ -32,16 +32,25 @@ impl BlockStore {
     ) -> Result<Arc<ObjectFiles>, StoreError> {
         let id = version.id();
         let fresh = create && !self.state.lock().objects.get(&id).is_some_and(|o| o.on_disk);
-        let held = self.held.clone();
         let header = RecordHeader {
             block_size: self.block_size as u32,
             object_size: version.size,
             object_id: id,
             identity: version.identity(),
         };
+        self.object_files(id, cell, fresh.then_some(header)).await
+    }
+
+    /// Opens (once) the files of object `id`; with a header, creates them afresh.
+    pub(crate) async fn object_files(
+        &self,
+        id: ObjectId,
+        cell: &OnceCell<Arc<ObjectFiles>>,
+        fresh: Option<RecordHeader>,
+    ) -> Result<Arc<ObjectFiles>, StoreError> {
+        let held = self.held.clone();
         cell.get_or_try_init(|| async move {
-            blocking(move || open_object_files(&held, &Names::of(id), fresh.then_some(header)).map(Arc::new))
-                .await
+            blocking(move || open_object_files(&held, &Names::of(id), fresh).map(Arc::new)).await
         })
         .await
         .cloned()

@@ -5,7 +5,8 @@
 //! recreated by it without its lock, and nothing the daemon does can land in whatever is at
 //! the path now, which another daemon may have locked since: creating a file in a deleted
 //! directory fails. [`HeldDir::intact`] tells whether the lock still guards the dir at the path;
-//! the store asks before every write and gives the dir up when it does not.
+//! the store asks before every write and gives the dir up when it does not (an I/O error in
+//! asking is a failing disk, not a lost dir).
 
 use std::fs::File;
 use std::io;
@@ -112,16 +113,24 @@ impl HeldDir {
         self.objects_path.join(name)
     }
 
-    /// True while the file locked at start is still the dir's `lock`: the dir was neither
-    /// deleted nor replaced.
-    pub(crate) fn intact(&self) -> bool {
-        let (Ok(held), Ok(there)) = (
-            rustix::fs::fstat(&self.lock),
-            rustix::fs::stat(self.dir.join("lock")),
-        ) else {
-            return false;
+    /// `Ok(true)` while the file locked at start is still the dir's `lock`: the dir was neither
+    /// deleted nor replaced; `Ok(false)` once it was. An error the path's lookup gives that
+    /// is not "no such file" (an I/O error of a failing disk, a file system shut down) says
+    /// nothing about the dir: the caller takes it for a failing disk, not a lost dir.
+    pub(crate) fn intact(&self) -> io::Result<bool> {
+        let lock_path = self.lock_path();
+        let held = rustix::fs::fstat(&self.lock)?;
+        let there = match rustix::fs::stat(&lock_path) {
+            Ok(there) => there,
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => return Ok(false),
+            Err(error) => return Err(error.into()),
         };
-        held.st_nlink > 0 && (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+        Ok(held.st_nlink > 0 && (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino))
+    }
+
+    /// The lock file's path, for messages.
+    pub(crate) fn lock_path(&self) -> PathBuf {
+        self.dir.join("lock")
     }
 
     /// Opens `name` under the objects dir; `create` makes it (`0600`) and its fan-out dir.
@@ -148,6 +157,11 @@ impl HeldDir {
         opened
             .map(File::from)
             .map_err(|e| io_error("open", &self.path(name))(e.into()))
+    }
+
+    /// Opens (or creates, `0600`) the file `name` directly under the objects dir.
+    pub(crate) fn open_file(&self, name: &str, flags: OFlags) -> Result<File, StoreError> {
+        self.open(&Names::with_stem(name), name, flags | OFlags::CREATE, false)
     }
 
     /// Removes `name` under the objects dir; a name already gone is not an error.

@@ -178,6 +178,7 @@ impl BlockStore {
             }
             let was = object.protected();
             object.leases += 1;
+            object.handed = true;
             self.reprotect(state, id, was);
         }
         let lease = Lease {

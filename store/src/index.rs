@@ -32,8 +32,9 @@ pub struct Usage {
     /// The cache dir was deleted or replaced under the daemon, which gave it up.
     pub dir_lost: bool,
     /// The cache disk is taken to be failing (an I/O error of a block read or write, or of
-    /// the probe before passthrough; [`BlockStore::disk_failure`] says which), until a block
-    /// write succeeds again.
+    /// the probe before passthrough, or of the scrub; [`BlockStore::disk_failure`] says which),
+    /// until a block write succeeds again or the disk answers a recheck
+    /// ([`BlockStore::recheck_disk`]).
     pub disk_failing: bool,
 }
 
@@ -73,6 +74,8 @@ pub(crate) struct ObjectState {
     pub(crate) leases: u32,
     /// Writes holding a reservation on this object: it is not deleted while any is running.
     pub(crate) writers: u32,
+    /// Handed to the kernel (passthrough) since start: the scrub reads it back (scrub.rs).
+    pub(crate) handed: bool,
 }
 
 impl ObjectState {
@@ -86,6 +89,7 @@ impl ObjectState {
             pinned: false,
             leases: 0,
             writers: 0,
+            handed: false,
         }
     }
 
@@ -116,6 +120,8 @@ pub(crate) struct State {
     pub(crate) dir_lost: bool,
     /// See [`BlockStore::disk_failure`].
     pub(crate) disk_failing: Option<String>,
+    /// When the disk last failed an operation (see [`BlockStore::recheck_disk`]).
+    pub(crate) disk_failed_at: Option<std::time::Instant>,
 }
 
 impl State {
@@ -132,6 +138,7 @@ impl State {
             pinned_bytes: 0,
             dir_lost: false,
             disk_failing: None,
+            disk_failed_at: None,
         }
     }
 }

@@ -36,7 +36,9 @@
 //! - `files.rs`, `values.rs`, `replay.rs`: an object's files, its blocks' trees, and the
 //!   records replayed at start (their format in `format.rs`);
 //! - `held_dir.rs`: the cache dir; `policy.rs`: the eviction policy;
-//! - `health.rs`: a failing disk and a lost cache dir; `verified.rs`: [`VerifiedBlock`].
+//! - `health.rs`: a failing disk and a lost cache dir; `scrub.rs`: every block read back and
+//!   checked at a pace, so faults under files handed to the kernel are seen;
+//! - `verified.rs`: [`VerifiedBlock`].
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -50,6 +52,7 @@ mod index;
 mod policy;
 mod read;
 mod replay;
+mod scrub;
 mod unsettled;
 mod values;
 mod verified;
@@ -73,6 +76,7 @@ pub use hold::{BlockHold, Lease};
 use index::State;
 pub use index::Usage;
 pub use read::READ_NOW_MAX;
+pub use scrub::{ScrubPass, Scrubbed};
 pub use unsettled::UnsettledBlock;
 pub use values::VALUES_EXTENSION;
 pub use verified::{HashMismatch, VerifiedBlock};

@@ -220,7 +220,7 @@ impl BlockStore {
     }
 
     /// Bytes `range` of block `index` from the data file, all of them or an error.
-    async fn read_data(
+    pub(crate) async fn read_data(
         &self,
         files: &ObjectFiles,
         id: ObjectId,

@@ -32,8 +32,18 @@ impl BlockStore {
     ) -> Result<(), StoreError> {
         let id = version.id();
         let alloc = align_up(block.len() as u64);
-        if !self.held.intact() {
-            self.give_up();
+        match self.held.intact() {
+            Ok(true) => {}
+            Ok(false) => self.give_up(),
+            Err(source) => {
+                let error = StoreError::Io {
+                    op: "stat",
+                    path: self.held.lock_path(),
+                    source,
+                };
+                self.disk_failed(&error);
+                return Err(error);
+            }
         }
         let free = self.held.free_space();
         let (files_cell, victims) = {

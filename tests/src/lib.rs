@@ -29,6 +29,7 @@ pub mod daemon;
 pub mod dns;
 pub mod fake_peer;
 mod fault;
+pub mod faulty_disk;
 pub mod fixture;
 pub mod gcs;
 mod http1;
