@@ -366,7 +366,9 @@ impl Daemon {
         let options = MountOptions {
             deadline: config.origin.read_deadline + Duration::from_secs(5),
             passthrough,
-            observer: Some(Arc::new(move |op, elapsed| fuse_latency.observe(op, elapsed))),
+            observer: Some(Arc::new(move |op, elapsed, outcome| {
+                fuse_latency.observe(op, elapsed, outcome)
+            })),
             ..MountOptions::default()
         };
         let mounted = larder_fuse_mount::mount(

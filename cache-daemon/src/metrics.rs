@@ -15,14 +15,14 @@
 //! never keys, paths, member ids or addresses.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::header::{ALLOW, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use larder_control_api::FailureCause;
-use larder_fuse_mount::Operation;
+use larder_fuse_mount::{Operation, Outcome};
 use larder_http::{self as http, Body, Limits};
 use larder_peers::members::{MemberHealth, MemberState};
 use larder_stats::{Histogram, HistogramSnapshot, StatsSnapshot};
@@ -63,28 +63,42 @@ pub struct Snapshot {
 /// (`MountOptions::observer`) records into. They are the binary's, not `larder-stats`', because
 /// the operations are the FUSE adapter's and the stats crate depends on no layer.
 #[derive(Debug, Default)]
-pub struct FuseLatencies([Histogram; Operation::ALL.len()]);
+pub struct FuseLatencies {
+    requests: [Histogram; Operation::ALL.len()],
+    /// Reads past the mount's deadline that no reader saw (see [`Outcome::FirstReadTimeout`]).
+    readahead_timeouts: AtomicU64,
+}
 
 impl FuseLatencies {
-    /// Records one request of kind `op`, from its arrival to its reply.
-    pub fn observe(&self, op: Operation, elapsed: Duration) {
-        self.0[op as usize].observe(elapsed);
+    /// Records one request of kind `op`, from its arrival to its reply, and how it ended.
+    pub fn observe(&self, op: Operation, elapsed: Duration, outcome: Outcome) {
+        self.requests[op as usize].observe(elapsed);
+        if outcome == Outcome::FirstReadTimeout {
+            self.readahead_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Reads every operation's histogram.
     pub fn snapshot(&self) -> FuseSnapshot {
-        FuseSnapshot(std::array::from_fn(|i| self.0[i].snapshot()))
+        FuseSnapshot {
+            requests: std::array::from_fn(|i| self.requests[i].snapshot()),
+            readahead_timeouts: self.readahead_timeouts.load(Ordering::Relaxed),
+        }
     }
 }
 
 /// A copy of [`FuseLatencies`] at one instant.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct FuseSnapshot([HistogramSnapshot; Operation::ALL.len()]);
+pub struct FuseSnapshot {
+    requests: [HistogramSnapshot; Operation::ALL.len()],
+    /// Reads past the mount's deadline that no reader saw.
+    pub readahead_timeouts: u64,
+}
 
 impl FuseSnapshot {
     /// The requests of kind `op`.
     pub fn get(&self, op: Operation) -> &HistogramSnapshot {
-        &self.0[op as usize]
+        &self.requests[op as usize]
     }
 }
 
@@ -527,6 +541,11 @@ pub fn render(snapshot: &Snapshot) -> String {
             ("peer", &s.fill_peer),
         ],
     );
+    out.counter(
+        "larder_fuse_readahead_timeouts_total",
+        "Reads past the mount's deadline on a range of their handle that had not timed out before: the kernel's readahead behind a slow origin, which the kernel reads again when a reader comes to it. No reader saw these errors; they are logged at debug.",
+        fuse.readahead_timeouts,
+    );
     let fuse: Vec<_> = Operation::ALL
         .iter()
         .map(|&op| (op.name(), fuse.get(op)))
@@ -754,7 +773,7 @@ mod tests {
         stats.read_latency.fill_origin.observe(Duration::from_millis(20));
         stats.peer_latency.fill_peer.observe(Duration::from_millis(3));
         let fuse = FuseLatencies::default();
-        fuse.observe(Operation::Readdir, Duration::from_micros(300));
+        fuse.observe(Operation::Readdir, Duration::from_micros(300), Outcome::Replied);
         let members = [
             member("a", MemberHealth::This),
             member("b", MemberHealth::Up),
@@ -874,7 +893,7 @@ mod tests {
         );
         let unique: std::collections::HashSet<_> = families.iter().collect();
         assert_eq!(unique.len(), families.len(), "a family is written twice");
-        assert_eq!(families.len(), 61);
+        assert_eq!(families.len(), 62);
         // No label value names a member.
         assert!(!text.contains("\"b\"") && !text.contains("127.0.0."), "{text}");
     }

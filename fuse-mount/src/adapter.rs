@@ -1,11 +1,12 @@
 //! The `fuser` adapter: each kernel request becomes a task on the given tokio runtime that calls
 //! the [`FileTree`], under a deadline and a bound on requests in flight, and replies.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::future::Future;
 use std::io;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -76,9 +77,50 @@ impl Operation {
     }
 }
 
-/// Called once per request with its operation and the time from its arrival to its reply
-/// (waiting for a slot under `max_in_flight` included). Runs on the request's task: keep it cheap.
-pub type Observer = Arc<dyn Fn(Operation, Duration) + Send + Sync>;
+/// How a request ended, as the [`Observer`] is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered: with what was asked, or with an error other than the one below.
+    Replied,
+    /// A read that ran past the deadline on a range of its handle that had not timed out
+    /// before. Most often the kernel's readahead: when a reader comes to such a range, the
+    /// kernel reads it again with a request of its own, so no reader sees this error, and it
+    /// is logged at debug. A timeout of a range that timed out before is that second read,
+    /// whose error a reader gets: it is logged as a warning, and counted as [`Self::Replied`].
+    FirstReadTimeout,
+}
+
+/// Called once per request with its operation, the time from its arrival to its reply
+/// (waiting for a slot under `max_in_flight` included) and how it ended. Runs on the
+/// request's task: keep it cheap.
+pub type Observer = Arc<dyn Fn(Operation, Duration, Outcome) + Send + Sync>;
+
+/// The ranges of each open handle whose reads ran past the deadline, the last
+/// [`ReadTimeouts::KEPT`] of each, to tell a first timeout from the kernel's second read.
+#[derive(Debug, Default)]
+struct ReadTimeouts(Mutex<HashMap<u64, VecDeque<Range<u64>>>>);
+
+impl ReadTimeouts {
+    const KEPT: usize = 64;
+
+    /// Records that a read of `range` of handle `fh` timed out; true if none of the ranges
+    /// kept for it overlaps `range`.
+    fn first(&self, fh: u64, range: Range<u64>) -> bool {
+        let mut handles = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let ranges = handles.entry(fh).or_default();
+        let first = !ranges.iter().any(|r| r.start < range.end && range.start < r.end);
+        if ranges.len() == Self::KEPT {
+            ranges.pop_front();
+        }
+        ranges.push_back(range);
+        first
+    }
+
+    /// Forgets a released handle.
+    fn forget(&self, fh: u64) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&fh);
+    }
+}
 
 /// How a tree is mounted.
 #[derive(Clone)]
@@ -115,7 +157,7 @@ impl std::fmt::Debug for MountOptions {
             .field("passthrough", &self.passthrough)
             .field(
                 "observer",
-                &self.observer.as_ref().map(|_| "Fn(Operation, Duration)"),
+                &self.observer.as_ref().map(|_| "Fn(Operation, Duration, Outcome)"),
             )
             .finish()
     }
@@ -150,6 +192,8 @@ struct Adapter<T> {
     /// Reads being answered on a FUSE thread ([`FileTree::read_now`]): at most all threads but
     /// one, so that one thread is always free to take the next request.
     reading_now: AtomicUsize,
+    /// Reads that timed out, by handle (see [`Outcome::FirstReadTimeout`]).
+    read_timeouts: Arc<ReadTimeouts>,
     /// Dropped with the adapter, when the session ends: wakes [`Mounted::detach`].
     _session: tokio::sync::oneshot::Sender<()>,
 }
@@ -288,6 +332,8 @@ struct Call {
     fh: Option<u64>,
     /// The name looked up.
     name: Option<String>,
+    /// The bytes a read asked for, and where the handle's timed-out reads are kept.
+    read: Option<(Range<u64>, Arc<ReadTimeouts>)>,
 }
 
 impl Call {
@@ -297,6 +343,7 @@ impl Call {
             ino,
             fh: None,
             name: None,
+            read: None,
         }
     }
 
@@ -310,9 +357,26 @@ impl Call {
         self
     }
 
-    /// Logs a failed request: the one place a tree's error is logged, at its level, with the
+    fn read(mut self, range: Range<u64>, timeouts: &Arc<ReadTimeouts>) -> Self {
+        self.read = Some((range, timeouts.clone()));
+        self
+    }
+
+    /// Logs a failed request: the one place a tree's error is logged, at its level (a read's
+    /// first timeout of a range at debug: see [`Outcome::FirstReadTimeout`]), with the
     /// operation, the node and the whole cause chain.
-    fn failed(&self, error: &FsError) {
+    fn failed(&self, error: &FsError) -> Outcome {
+        let first_timeout = match (&self.read, self.fh) {
+            (Some((range, timeouts)), Some(fh)) if matches!(error.kind(), FsErrorKind::TimedOut) => {
+                timeouts.first(fh, range.clone())
+            }
+            _ => false,
+        };
+        let (level, outcome) = if first_timeout {
+            (Level::DEBUG, Outcome::FirstReadTimeout)
+        } else {
+            (error.level(), Outcome::Replied)
+        };
         macro_rules! failed {
             ($level:expr) => {
                 tracing::event!(
@@ -328,13 +392,14 @@ impl Call {
                 )
             };
         }
-        match error.level() {
+        match level {
             Level::ERROR => failed!(Level::ERROR),
             Level::WARN => failed!(Level::WARN),
             Level::INFO => failed!(Level::INFO),
             Level::DEBUG => failed!(Level::DEBUG),
             Level::TRACE => failed!(Level::TRACE),
         }
+        outcome
     }
 }
 
@@ -364,12 +429,13 @@ impl<T: FileTree> Adapter<T> {
                     }),
                     Err(_) => Err(FsError::new(FsErrorKind::Io, "the mount is shutting down")),
                 };
-                if let Err(error) = &result {
-                    call.failed(error);
-                }
+                let outcome = match &result {
+                    Err(error) => call.failed(error),
+                    Ok(_) => Outcome::Replied,
+                };
                 respond(result);
                 if let Some(observe) = observer {
-                    observe(call.op, arrived.elapsed());
+                    observe(call.op, arrived.elapsed(), outcome);
                 }
             }
             .instrument(span),
@@ -488,13 +554,16 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         if let Some(bytes) = answered {
             reply.data(&bytes);
             if let Some(observe) = &self.options.observer {
-                observe(Operation::Read, arrived.elapsed());
+                observe(Operation::Read, arrived.elapsed(), Outcome::Replied);
             }
             return;
         }
         let tree = self.tree.clone();
+        let range = offset..offset + u64::from(size);
         self.dispatch(
-            Call::new(Operation::Read, ino.0).fh(fh.0),
+            Call::new(Operation::Read, ino.0)
+                .fh(fh.0)
+                .read(range, &self.read_timeouts),
             async move { tree.read(fh.0, offset, size).await },
             move |r| match r {
                 Ok(bytes) => reply.data(&bytes),
@@ -514,6 +583,7 @@ impl<T: FileTree> Filesystem for Adapter<T> {
         reply: ReplyEmpty,
     ) {
         let (tree, backings) = (self.tree.clone(), self.backings.clone());
+        self.read_timeouts.forget(fh.0);
         self.dispatch(
             Call::new(Operation::Release, ino.0).fh(fh.0),
             async move {
@@ -737,6 +807,7 @@ pub fn mount<T: FileTree>(
         passthrough: false,
         backings: Arc::default(),
         reading_now: AtomicUsize::new(0),
+        read_timeouts: Arc::default(),
     };
     let mut config = fuser::Config::default();
     config.mount_options = vec![

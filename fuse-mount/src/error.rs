@@ -96,6 +96,11 @@ impl FsError {
         self
     }
 
+    /// What kind of failure it is.
+    pub fn kind(&self) -> FsErrorKind {
+        self.kind
+    }
+
     /// The errno the kernel gets.
     pub fn errno(&self) -> i32 {
         self.kind.errno()

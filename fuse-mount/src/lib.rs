@@ -10,6 +10,6 @@ mod adapter;
 mod error;
 mod tree;
 
-pub use adapter::{Detached, MountOptions, Mounted, Observer, Operation, detach, mount};
+pub use adapter::{Detached, MountOptions, Mounted, Observer, Operation, Outcome, detach, mount};
 pub use error::{FsError, FsErrorKind};
 pub use tree::{Attr, DirEntry, FileTree, FsStats, NodeKind, Opened, ROOT_INO};
