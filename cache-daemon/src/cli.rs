@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use indicatif::{HumanBytes, HumanDuration, ProgressBar, ProgressStyle};
 use larder_control_api::{
     self as control_api, self, ErrorBody, JobReport, JobState, MemberHealth, Peers, Plan, SealReport,
-    SealRequest, SealState, Status, TargetsRequest, Unpinned,
+    SealRequest, SealState, Status, TargetsRequest, Unpinned, printable_key,
 };
 use serde::de::DeserializeOwned;
 
@@ -620,9 +620,16 @@ pub async fn seal(args: SealArgs) -> anyhow::Result<ExitCode> {
     let mut out = String::new();
     for object in &job.objects {
         match (object.state, &object.error) {
-            (SealState::Sealed, _) => writeln!(out, "sealed {} -> {}", object.key, object.manifest)?,
-            (SealState::Failed, Some(error)) => writeln!(out, "failed {}: {error}", object.key)?,
-            (state, _) => writeln!(out, "{state:?} {}", object.key)?,
+            (SealState::Sealed, _) => writeln!(
+                out,
+                "sealed {} -> {}",
+                printable_key(&object.key),
+                printable_key(&object.manifest)
+            )?,
+            (SealState::Failed, Some(error)) => {
+                writeln!(out, "failed {}: {error}", printable_key(&object.key))?
+            }
+            (state, _) => writeln!(out, "{state:?} {}", printable_key(&object.key))?,
         }
     }
     print_stdout(&out)?;

@@ -16,7 +16,9 @@
 //!
 //! With `registry.containerd_hosts_dir`, a `hosts.toml` per upstream is written there once the
 //! mirror listens and removed at SIGTERM (or when the start fails after it), so that containerd
-//! pulls through the mirror exactly while it serves ([`crate::containerd`]).
+//! pulls through the mirror exactly while it serves ([`crate::containerd`]). A file that cannot
+//! be written is said in the log and costs that registry its mirror only: the daemon mounts
+//! and serves.
 //!
 //! With `warm.plan`, the plan is prefetched once the mount is up and the Node labelled while it
 //! is complete ([`crate::warm`]); a plan file that cannot be read stops the daemon from starting.
@@ -50,7 +52,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::containerd::{HostsError, MirrorHostsFiles};
+use crate::containerd::MirrorHostsFiles;
 use crate::control::{self, Control};
 use crate::kube::{KubeError, NodeClient};
 use crate::metrics::{self, FuseLatencies, Phase, Snapshot};
@@ -150,9 +152,6 @@ pub enum DaemonError {
     /// The Kubernetes API client for warm-node labels cannot be set up.
     #[error(transparent)]
     Kube(#[from] KubeError),
-    /// containerd's hosts files cannot be written.
-    #[error(transparent)]
-    ContainerdHosts(#[from] HostsError),
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Io {
@@ -330,7 +329,7 @@ impl Daemon {
             let (task, bound) = serve_registry(address, mirror, stop.clone()).await?;
             listeners.push(task);
             if let Some(dir) = &config.registry.containerd_hosts_dir {
-                hosts_files = Some(MirrorHostsFiles::write(dir, &config.registry.upstreams, bound)?);
+                hosts_files = MirrorHostsFiles::write(dir, &config.registry.upstreams, bound);
             }
         }
         let jobs = Arc::new(jobs);

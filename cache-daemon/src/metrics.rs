@@ -524,7 +524,7 @@ pub fn render(snapshot: &Snapshot) -> String {
     out.family(
         "larder_prefetch_failed_objects_total",
         "counter",
-        "Objects of ended prefetch jobs that were not cached, by cause: not_found, permission, version_changed, transient (the origin kept failing), not_stored (cache write failed or no room), origin_check (peers' blocks failed the origin's checksum), digest_mismatch and registry (images), abandoned (the daemon stopped), other.",
+        "Objects of ended prefetch jobs that were not cached, by cause: not_found, permission, version_changed, transient (the origin kept failing), not_stored (cache write failed or no room), origin_check (peers' blocks failed the origin's checksum), digest_mismatch and registry (images), abandoned (the daemon stopped), bad_key (a listed key that cannot be a path, skipped), other.",
     );
     for (cause, n) in FailureCause::ALL.iter().zip(s.prefetch_failed) {
         let label = Some(("cause", cause.name()));

@@ -13,7 +13,9 @@
 //! tasks, which the daemon does on SIGTERM before it unmounts.
 //!
 //! Seal manifests (`.larder-seal/` at a source's root, see [`larder_peers::manifest`]) are never part
-//! of a plan, whatever the target names.
+//! of a plan, whatever the target names. Nor is a key under a target that cannot be a path (a
+//! newline in it, say): the mount leaves it out, and a job skips it and reports it among its
+//! failures ([`FailureCause::BadKey`]), so one odd key costs itself alone.
 //!
 //! A job is idempotent: blocks already cached count as done at once, so a second run of the
 //! same targets finishes without an origin request, and a run after a crash fetches only what
@@ -246,6 +248,19 @@ pub(crate) struct Targets {
     mirror: Option<Arc<Mirror>>,
 }
 
+/// What targets name.
+#[derive(Debug, Default)]
+pub(crate) struct Resolved {
+    /// Every object, each once.
+    pub(crate) objects: Vec<(Arc<Origin>, ObjectVersion)>,
+    /// The keys listed under the targets that cannot be paths: in no plan.
+    pub(crate) unparsable_keys: Vec<String>,
+}
+
+/// What a job says of a key that cannot be a path.
+pub(crate) const UNPARSABLE_KEY: &str =
+    "the key cannot be a path (an empty segment, `.` or `..`, a control character): skipped";
+
 /// The prefix of a target that names a container image: `image:REGISTRY/REPOSITORY[:TAG]`.
 pub const IMAGE_PREFIX: &str = "image:";
 
@@ -361,20 +376,25 @@ impl Targets {
     }
 
     /// Every object a target names: everything under it as a prefix, else the object itself;
-    /// never a seal manifest (a key under [`SEAL_DIR`](larder_peers::manifest::SEAL_DIR)).
-    async fn resolve(&self, target: &str) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
+    /// never a seal manifest (a key under [`SEAL_DIR`](larder_peers::manifest::SEAL_DIR)); and
+    /// the keys under it that cannot be paths.
+    async fn resolve(&self, target: &str) -> Result<Resolved, PrefetchError> {
         let (source, path) = self.parse(target)?;
         let (name, origin) = &self.sources[source];
-        let mut keys: Vec<String> = origin
-            .list_all(&path)
-            .await
-            .map_err(Box::new)?
+        let listed = origin.list_all(&path).await.map_err(Box::new)?;
+        let unparsable_keys: Vec<String> = listed
+            .unparsable_keys
+            .into_iter()
+            .filter(|key| !is_seal_key(key))
+            .collect();
+        let mut keys: Vec<String> = listed
+            .versions
             .into_iter()
             .map(|v| v.key)
             .filter(|key| !is_seal_key(key))
             .collect();
         // Not a prefix: then perhaps an object.
-        if keys.is_empty() && !path.is_empty() && !is_seal_key(&path) {
+        if keys.is_empty() && unparsable_keys.is_empty() && !path.is_empty() && !is_seal_key(&path) {
             keys.push(path);
         }
         // The version a HEAD gives is the one an open pins (a listing may lack the ETag or
@@ -393,13 +413,16 @@ impl Targets {
                 Err(error) => return Err(Box::new(error).into()),
             }
         }
-        if found.is_empty() {
+        if found.is_empty() && unparsable_keys.is_empty() {
             return Err(PrefetchError::NotFound {
                 target: target.to_owned(),
                 source_name: name.clone(),
             });
         }
-        Ok(found.into_iter().map(|v| (origin.clone(), v)).collect())
+        Ok(Resolved {
+            objects: found.into_iter().map(|v| (origin.clone(), v)).collect(),
+            unparsable_keys,
+        })
     }
 
     /// Every object the targets name, each once; images for `platform` (this node's when
@@ -409,7 +432,7 @@ impl Targets {
         &self,
         targets: &[String],
         platform: Option<&str>,
-    ) -> Result<Vec<(Arc<Origin>, ObjectVersion)>, PrefetchError> {
+    ) -> Result<Resolved, PrefetchError> {
         for target in targets {
             if self.image(target)?.is_none() {
                 self.parse(target)?;
@@ -417,6 +440,7 @@ impl Targets {
         }
         let platform = platform.map_or_else(node_platform, str::to_owned);
         let mut plan = BTreeMap::new();
+        let mut unparsable_keys = Vec::new();
         for target in targets {
             let found = match self.image(target)? {
                 Some((image, mirror)) => {
@@ -428,13 +452,22 @@ impl Targets {
                             source,
                         })?
                 }
-                None => self.resolve(target).await?,
+                None => {
+                    let resolved = self.resolve(target).await?;
+                    unparsable_keys.extend(resolved.unparsable_keys);
+                    resolved.objects
+                }
             };
             for (origin, version) in found {
                 plan.insert(version.id(), (origin, version));
             }
         }
-        Ok(plan.into_values().collect())
+        unparsable_keys.sort();
+        unparsable_keys.dedup();
+        Ok(Resolved {
+            objects: plan.into_values().collect(),
+            unparsable_keys,
+        })
     }
 }
 
@@ -505,7 +538,10 @@ impl Jobs {
                 reason: "no targets given".into(),
             });
         }
-        let plan = self.targets.plan(&targets, platform).await?;
+        let Resolved {
+            objects: plan,
+            unparsable_keys,
+        } = self.targets.plan(&targets, platform).await?;
         let planned: u64 = plan.iter().map(|(_, v)| v.size).sum();
         let capacity = self.cache.store().usage().capacity;
         if planned > capacity {
@@ -529,6 +565,9 @@ impl Jobs {
             weakly_checked: Mutex::default(),
             cancel: self.shutdown.child_token(),
         });
+        for key in &unparsable_keys {
+            job.error(key, FailureCause::BadKey, &UNPARSABLE_KEY);
+        }
         self.jobs.lock().jobs.insert(job.id, job.clone());
         add(&self.stats.jobs.prefetch_planned_bytes, planned);
         add(&self.stats.jobs.prefetch_jobs_running, 1);
@@ -663,12 +702,13 @@ impl Jobs {
     /// Checks the objects the targets name now (a listing and a HEAD per object: a new version
     /// is a new object): their versions, and whether every block of each is in the cache and
     /// verified in this process. Reads no block, but an image's manifests (for `platform`).
+    /// Keys that cannot be paths are no part of it: no read can ask for them.
     pub async fn check(
         &self,
         targets: &[String],
         platform: Option<&str>,
     ) -> Result<PlanCheck, PrefetchError> {
-        let plan = self.targets.plan(targets, platform).await?;
+        let plan = self.targets.plan(targets, platform).await?.objects;
         let store = self.cache.store();
         let block_size = store.block_size();
         let complete = plan.iter().all(|(_, version)| {
@@ -695,7 +735,7 @@ impl Jobs {
 
     /// Unpins every object the targets name (images for `platform`); returns how many.
     pub async fn unpin(&self, targets: &[String], platform: Option<&str>) -> Result<usize, PrefetchError> {
-        let plan = self.targets.plan(targets, platform).await?;
+        let plan = self.targets.plan(targets, platform).await?.objects;
         for (_, version) in &plan {
             self.cache.store().set_pinned(version, false);
         }

@@ -12,7 +12,8 @@
 //! limit), and names at most [`MAX_SEAL_OBJECTS`] objects, which keeps its report small.
 //!
 //! Sealing is idempotent: an unchanged object gets the same manifest, byte for byte. An
-//! object replaced while it is read fails (its version changed) and is left for a rerun.
+//! object replaced while it is read fails (its version changed) and is left for a rerun. A key
+//! under a target that cannot be a path is listed as failed, never read.
 
 use std::ops::Range;
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::prefetch::{History, MAX_KEY_LEN, PrefetchError, Targets};
+use crate::prefetch::{History, MAX_KEY_LEN, PrefetchError, Resolved, Targets, UNPARSABLE_KEY};
 
 /// Objects a seal job reads at a time.
 pub const SEAL_OBJECTS: usize = 2;
@@ -163,7 +164,10 @@ impl Sealer {
             }
             .into());
         }
-        let mut plan = self.targets.plan(&targets, None).await?;
+        let Resolved {
+            objects: mut plan,
+            unparsable_keys,
+        } = self.targets.plan(&targets, None).await?;
         if plan.len() > MAX_SEAL_OBJECTS {
             return Err(SealError::TooManyObjects {
                 objects: plan.len(),
@@ -171,6 +175,14 @@ impl Sealer {
             });
         }
         plan.sort_by(|(_, a), (_, b)| a.key.cmp(&b.key));
+        // The plan's objects first: a seal task finds its object by its index in the plan.
+        let skipped = unparsable_keys.into_iter().map(|key| SealedObject {
+            manifest: manifest_key(&key),
+            key,
+            size: 0,
+            state: SealState::Failed,
+            error: Some(UNPARSABLE_KEY.to_owned()),
+        });
         let objects = plan
             .iter()
             .map(|(_, version)| SealedObject {
@@ -180,6 +192,7 @@ impl Sealer {
                 manifest: manifest_key(&version.key),
                 error: None,
             })
+            .chain(skipped)
             .collect();
         let job = Arc::new(SealJob {
             id: self.next.fetch_add(1, Ordering::Relaxed),

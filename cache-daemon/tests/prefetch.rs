@@ -608,3 +608,80 @@ async fn a_failed_prefetch_is_counted_by_cause_in_status_and_metrics() {
         assert!(metrics.lines().any(|l| l == line), "no {line:?} in\n{metrics}");
     }
 }
+
+/// Good keys beside the odd one under `odd/`, and the odd one: a newline in its name, which
+/// cannot be a path.
+const GOOD_ODD: usize = 15;
+const ODD_KEY: &str = "odd/line\nbreak.bin";
+
+/// A server holding [`GOOD_ODD`] objects under `odd/` and [`ODD_KEY`] among them.
+async fn server_with_an_odd_key() -> S3Server {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    for n in 0..GOOD_ODD {
+        let key = format!("odd/good-{n:02}.bin");
+        server.put(&key, seed(&key, 0), 1000 + n).await.expect("put");
+    }
+    // Written into the bucket's files, as an object another client stored.
+    std::fs::write(server.bucket_dir().join(ODD_KEY), "odd").expect("write");
+    server
+}
+
+/// One key of a prefix cannot be a path (a newline in it) among fifteen good ones: the mount
+/// leaves it out, and a prefetch of the prefix, by target or by plan, caches the fifteen,
+/// skips that key and names it in its report, by cause, with the other failures (it does not
+/// fail whole with a 502 from the listing).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_that_cannot_be_a_path_is_skipped_and_named_and_the_rest_prefetched() {
+    let server = server_with_an_odd_key().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("plan.toml");
+    std::fs::write(&plan, "targets = [\"models:odd/\"]\n").expect("plan");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let plan = plan.display().to_string();
+    let daemon = tokio::task::spawn_blocking(move || {
+        for args in [
+            vec!["prefetch", "--wait", "models:odd"],
+            vec!["prefetch", "--wait", "--plan", plan.as_str()],
+        ] {
+            let output = daemon.larder(&args);
+            let text = stderr(&output);
+            assert!(!text.contains("invalid path"), "{args:?}: failed whole: {text}");
+            assert!(!output.status.success(), "{args:?}: {text}");
+            assert!(
+                text.contains(&format!("  {}: ", ODD_KEY.escape_debug())),
+                "{args:?}: the odd key is not named on a line of its own: {text}"
+            );
+        }
+        daemon
+    })
+    .await
+    .expect("join");
+    let status = daemon.status();
+    let jobs = status["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 2, "{status}");
+    for job in jobs {
+        assert_eq!(job["state"], "failed", "{job}");
+        assert_eq!(job["objects"], GOOD_ODD, "{job}");
+        assert_eq!(job["done_bytes"], job["planned_bytes"], "{job}");
+        let errors = job["errors"].as_array().expect("errors");
+        assert_eq!(errors.len(), 1, "{job}");
+        assert_eq!(errors[0]["key"], ODD_KEY, "{job}");
+        assert_eq!(errors[0]["cause"], "bad_key", "{job}");
+    }
+    assert_eq!(status["failed_objects"]["bad_key"], 2, "{status}");
+    let before = ranged_gets(&server.requests());
+    tokio::task::spawn_blocking(move || {
+        for n in 0..GOOD_ODD {
+            let key = format!("odd/good-{n:02}.bin");
+            let bytes = std::fs::read(daemon.mount.join(&key)).expect("read");
+            assert!(bytes == content(seed(&key, 0), 0, 1000 + n), "{key} differs");
+        }
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        ranged_gets(&server.requests()),
+        before,
+        "the fifteen were not all cached"
+    );
+}

@@ -1028,3 +1028,205 @@ fn a_private_image_the_daemon_cannot_pull_falls_back_to_the_registry_with_the_cl
         "the mirror fetched blobs it could not serve"
     );
 }
+
+/// The first line of every hosts.toml Larder writes.
+const HOSTS_MARKER: &str = "# Written by Larder";
+
+/// `larder daemon` serving `server` from `dir`, its mirror keeping containerd's hosts files in
+/// `hosts` for each of `registries` (each reached at a loopback port nothing answers on: no
+/// pull happens here), as `--registry-containerd-hosts-dir` makes it.
+fn daemon_keeping_hosts(
+    server: &S3Server,
+    dir: &Path,
+    hosts: &Path,
+    registries: &[&str],
+) -> anyhow::Result<DaemonProcess> {
+    let mirror = format!("127.0.0.1:{}", free_port(Ipv4Addr::LOCALHOST)?);
+    let mut args = vec![
+        "--registry-listen".to_owned(),
+        mirror,
+        "--registry-containerd-hosts-dir".to_owned(),
+        hosts.display().to_string(),
+    ];
+    for registry in registries {
+        args.extend([
+            "--registry-upstream".to_owned(),
+            format!("{registry}=http://127.0.0.1:1"),
+        ]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    DaemonProcess::start(Path::new(BIN), server, dir, &args)
+}
+
+/// An S3 server holding `a.bin` (1000 bytes of seed 7), on `runtime`.
+fn bucket_with_a_file(runtime: &tokio::runtime::Runtime) -> S3Server {
+    let server = runtime
+        .block_on(S3Server::start("larder-test"))
+        .expect("s3 server");
+    runtime.block_on(server.put("a.bin", 7, 1000)).expect("put");
+    server
+}
+
+/// One registry's `hosts.toml` in containerd's hosts dir is a directory (a slip of the node's
+/// setup): the daemon says so and leaves it, writes the other registry's file, and mounts and
+/// serves the models all the same; at SIGTERM it removes its own file only.
+#[test]
+fn a_hosts_toml_that_is_a_directory_costs_that_registry_its_file_not_the_mount() {
+    let runtime = runtime();
+    let server = bucket_with_a_file(&runtime);
+    let dir = tempfile::tempdir().expect("dir");
+    let hosts = dir.path().join("certs.d");
+    std::fs::create_dir_all(hosts.join("nvcr.io/hosts.toml")).expect("mkdir");
+
+    let daemon = daemon_keeping_hosts(&server, dir.path(), &hosts, &["nvcr.io", "quay.io"])
+        .expect("the daemon mounts although the mirror cannot write one hosts.toml");
+    let bytes = std::fs::read(daemon.mount.join("a.bin")).expect("read through the mount");
+    assert!(bytes == larder_tests::content(7, 0, 1000), "a.bin differs");
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("nvcr.io/hosts.toml")),
+        "no warning names the directory in the way:\n{log}"
+    );
+    assert!(hosts.join("nvcr.io/hosts.toml").is_dir());
+    let quay = std::fs::read_to_string(hosts.join("quay.io/hosts.toml")).expect("quay.io's file");
+    assert!(quay.starts_with(HOSTS_MARKER), "{quay}");
+
+    assert!(daemon.stop().expect("stop").success());
+    assert!(hosts.join("nvcr.io/hosts.toml").is_dir(), "the directory went");
+    assert!(
+        !hosts.join("quay.io").exists(),
+        "Larder's own file and directory stayed"
+    );
+}
+
+/// Links planted in containerd's hosts dir and an operator's empty directory: the mirror
+/// writes through no link (a link at its temporary file's name, a registry's directory that is
+/// a link out of the hosts dir), says which registries it left out, and at SIGTERM removes only
+/// the files it wrote and the directories it made. Whatever the links point at is untouched
+/// all along.
+#[test]
+fn the_mirror_follows_no_link_in_the_hosts_dir_and_removes_only_what_it_made() {
+    let runtime = runtime();
+    let server = bucket_with_a_file(&runtime);
+    let dir = tempfile::tempdir().expect("dir");
+    let node = dir.path().join("node");
+    let hosts = node.join("certs.d");
+    let precious = node.join("precious.conf");
+    let elsewhere = node.join("elsewhere");
+    let precious_text = "the operator's own file\n";
+    std::fs::create_dir_all(hosts.join("nvcr.io")).expect("mkdir");
+    std::fs::create_dir_all(hosts.join("quay.io")).expect("mkdir");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    std::fs::write(&precious, precious_text).expect("write");
+    std::os::unix::fs::symlink(&precious, hosts.join("nvcr.io/.hosts.toml.larder")).expect("link");
+    std::os::unix::fs::symlink(&elsewhere, hosts.join("ghcr.io")).expect("link");
+    let untouched = |when: &str| {
+        assert_eq!(
+            std::fs::read_to_string(&precious).expect("precious"),
+            precious_text,
+            "{when}: the file a planted link points at was overwritten"
+        );
+        let beside: Vec<_> = std::fs::read_dir(&elsewhere).expect("elsewhere").collect();
+        assert!(
+            beside.is_empty(),
+            "{when}: written through a linked registry dir: {beside:?}"
+        );
+        assert!(
+            !node.join("hosts.toml").exists(),
+            "{when}: written above the hosts dir"
+        );
+    };
+
+    let registries = ["nvcr.io", "ghcr.io", "quay.io", "docker.io"];
+    let daemon = daemon_keeping_hosts(&server, dir.path(), &hosts, &registries).expect("daemon");
+    untouched("while serving");
+    for registry in ["quay.io", "docker.io"] {
+        let text = std::fs::read_to_string(hosts.join(registry).join("hosts.toml")).expect(registry);
+        assert!(text.starts_with(HOSTS_MARKER), "{registry}: {text}");
+    }
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).expect("log");
+    for refused in ["nvcr.io/.hosts.toml.larder", "ghcr.io"] {
+        assert!(
+            log.lines().any(|l| l.contains("WARN") && l.contains(refused)),
+            "no warning names {refused}:\n{log}"
+        );
+    }
+
+    assert!(daemon.stop().expect("stop").success());
+    untouched("after SIGTERM");
+    assert!(
+        hosts.join("quay.io").is_dir(),
+        "the operator's directory was removed"
+    );
+    assert!(!hosts.join("quay.io/hosts.toml").exists());
+    assert!(
+        !hosts.join("docker.io").exists(),
+        "the directory Larder made stayed"
+    );
+    assert!(hosts.join("nvcr.io/.hosts.toml.larder").is_symlink());
+    assert!(hosts.join("ghcr.io").is_symlink());
+}
+
+/// Upstream names that are no registry host (`.`, `..`, `a..b`), from a flag, a variable or the
+/// config file, are refused with an error naming the setting, before anything is written:
+/// `larder containerd-config --dir` writes no file, the daemon does not start.
+#[test]
+fn upstream_names_that_are_not_registry_hosts_are_refused_naming_the_setting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let hosts = dir.path().join("certs.d");
+    std::fs::create_dir_all(&hosts).expect("mkdir");
+    let config = dir.path().join("larder.toml");
+    for name in ["..", ".", "a..b"] {
+        let flag = Command::new(BIN)
+            .args(["containerd-config", "--dir"])
+            .arg(&hosts)
+            .args(["--source", "models=file:///"])
+            .args(["--registry-upstream", &format!("{name}=http://127.0.0.1:1")])
+            .output()
+            .expect("containerd-config");
+        std::fs::write(
+            &config,
+            format!(
+                "[[sources]]\nname = \"models\"\nurl = \"file:///\"\n\n[registry]\nupstreams = [{name:?}]\n"
+            ),
+        )
+        .expect("config");
+        let file = Command::new(BIN)
+            .args(["containerd-config", "--dir"])
+            .arg(&hosts)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .expect("containerd-config");
+        let variable = Command::new(BIN)
+            .args(["daemon", "--source", "models=file:///"])
+            .arg("--mount")
+            .arg(dir.path().join("mnt"))
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .env("LARDER_REGISTRY_UPSTREAMS", name)
+            .env("LARDER_METRICS_LISTEN", "127.0.0.1:0")
+            .output()
+            .expect("daemon");
+        for (output, setting) in [
+            (flag, "--registry-upstream"),
+            (file, "registry.upstreams"),
+            (variable, "LARDER_REGISTRY_UPSTREAMS"),
+        ] {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                !output.status.success(),
+                "{name:?} by {setting} was taken: {stderr}"
+            );
+            assert!(
+                stderr.contains(setting) && stderr.contains("not a registry host"),
+                "{name:?} by {setting}: {stderr}"
+            );
+        }
+        for written in [dir.path().join("hosts.toml"), hosts.join("hosts.toml")] {
+            assert!(!written.exists(), "{name:?}: wrote {}", written.display());
+        }
+    }
+    assert!(!dir.path().join("mnt").exists() || !larder_tests::daemon::is_mounted(&dir.path().join("mnt")));
+}

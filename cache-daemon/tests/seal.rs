@@ -227,3 +227,54 @@ async fn wrong_targets_are_refused_clearly_and_a_failed_object_fails_the_command
         stderr(&output)
     );
 }
+
+/// One key of a prefix cannot be a path (a newline in it): `larder seal --wait` seals the
+/// others, names that key as failed (skipped: never read, no manifest) and fails the command,
+/// instead of failing whole with a 502 from the listing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_that_cannot_be_a_path_is_named_and_the_rest_sealed() {
+    let server = larder_tests::S3Server::start("larder-seal")
+        .await
+        .expect("s3 server");
+    let good = ["odd/a.bin", "odd/b.bin"];
+    for key in good {
+        server.put(key, seed(key, 0), 3000).await.expect("put");
+    }
+    let odd = "odd/line\nbreak.bin";
+    // Written into the bucket's files, as an object another client stored.
+    std::fs::write(server.bucket_dir().join(odd), "odd").expect("write");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &[]).expect("daemon");
+    let daemon = std::sync::Arc::new(daemon);
+
+    let output = larder(&daemon, &["seal", "--wait", "models:odd"]).await;
+    assert!(
+        !stderr(&output).contains("invalid path"),
+        "failed whole: {}",
+        stderr(&output)
+    );
+    assert!(!output.status.success(), "{}", stdout(&output));
+    for key in good {
+        assert!(
+            stdout(&output).contains(&format!("sealed {key} -> .larder-seal/{key}.json")),
+            "{}",
+            stdout(&output)
+        );
+        assert!(
+            server
+                .bucket_dir()
+                .join(format!(".larder-seal/{key}.json"))
+                .exists()
+        );
+    }
+    assert!(
+        stdout(&output).contains(&format!("failed {}: ", odd.escape_debug())),
+        "{}",
+        stdout(&output)
+    );
+    assert!(
+        stderr(&output).contains("2 of 3 objects sealed"),
+        "{}",
+        stderr(&output)
+    );
+}

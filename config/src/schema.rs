@@ -675,7 +675,9 @@ pub(crate) fn is_peer_label(text: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
-/// Checks `HOST:PORT`: a host name or IP address (IPv6 in brackets) and a port.
+/// Checks `HOST:PORT`: a host name or IP address (IPv6 in brackets) and a port. A host name is
+/// labels of `A-Z a-z 0-9 -` joined by dots, none empty, with perhaps a dot at the end (a fully
+/// qualified name): so never `.` or `..`, which as a directory name would lead elsewhere.
 pub(crate) fn check_host_port(text: &str) -> Result<(), String> {
     let (host, port) = text
         .rsplit_once(':')
@@ -688,11 +690,11 @@ pub(crate) fn check_host_port(text: &str) -> Result<(), String> {
     let valid = match bare {
         Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
         None => {
-            !host.is_empty()
-                && host.len() <= 253
-                && host
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-'))
+            let name = host.strip_suffix('.').unwrap_or(host);
+            host.len() <= 253
+                && name.split('.').all(|label| {
+                    !label.is_empty() && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                })
         }
     };
     if valid {
@@ -988,6 +990,7 @@ mod tests {
             ("a=10.0.0.1:0", "is not a port"),
             ("a=10.0.0.1:99999", "is not a port"),
             ("a=ho st:7470", "is not a host name"),
+            ("a=..:7470", "is not a host name"),
             ("=h:1", "node id"),
             ("a b=h:1", "node id"),
             ("a=h:1@r 1", "rack"),
@@ -1007,12 +1010,21 @@ mod tests {
             url("localhost:5000=http://127.0.0.1:5001/"),
             "http://127.0.0.1:5001"
         );
-        for text in ["nvcr.io", "localhost:5000=http://127.0.0.1:5001"] {
+        for text in [
+            "nvcr.io",
+            "localhost:5000=http://127.0.0.1:5001",
+            "registry.local.",
+        ] {
             assert_eq!(text.parse::<RegistryUpstream>().unwrap().to_string(), text);
         }
         for (text, says) in [
             ("", "not a registry host"),
             ("a/b", "not a registry host"),
+            (".", "not a registry host"),
+            ("..", "not a registry host"),
+            ("..=http://x", "not a registry host"),
+            ("a..b", "not a registry host"),
+            (".a", "not a registry host"),
             ("h=ftp://x", "http(s)://HOST"),
             ("h=http://x/v2", "without path"),
             ("h=http://u:p@x", "credentials"),

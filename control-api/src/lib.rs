@@ -212,13 +212,16 @@ pub enum FailureCause {
     Registry,
     /// The daemon stopped before the object was filled.
     Abandoned,
+    /// The key cannot be a path (an empty segment, `.` or `..`, a control character such as a
+    /// newline): listed under a target, skipped, never read, as the mount leaves it out.
+    BadKey,
     /// Anything else the source answered (a malformed request, a misconfigured source).
     Other,
 }
 
 impl FailureCause {
     /// Every cause, in the order status and metrics list them.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::NotFound,
         Self::Permission,
         Self::VersionChanged,
@@ -228,6 +231,7 @@ impl FailureCause {
         Self::DigestMismatch,
         Self::Registry,
         Self::Abandoned,
+        Self::BadKey,
         Self::Other,
     ];
 
@@ -243,6 +247,7 @@ impl FailureCause {
             Self::DigestMismatch => "digest_mismatch",
             Self::Registry => "registry",
             Self::Abandoned => "abandoned",
+            Self::BadKey => "bad_key",
             Self::Other => "other",
         }
     }
@@ -261,7 +266,18 @@ pub struct ObjectFailure {
 
 impl std::fmt::Display for ObjectFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.key, self.error)
+        write!(f, "{}: {}", printable_key(&self.key), self.error)
+    }
+}
+
+/// `key` as printed in a line of text: with its control characters (a newline, a tab, an
+/// escape) escaped as Rust writes them (`\n`), so that no key can break a line or speak to a
+/// terminal; any other key as it is.
+pub fn printable_key(key: &str) -> std::borrow::Cow<'_, str> {
+    if key.chars().any(char::is_control) {
+        key.escape_debug().to_string().into()
+    } else {
+        key.into()
     }
 }
 
@@ -525,6 +541,14 @@ mod tests {
             let json = serde_json::to_string(&cause).unwrap();
             assert_eq!(json, format!("\"{}\"", cause.name()));
             assert_eq!(serde_json::from_str::<FailureCause>(&json).unwrap(), cause);
+        }
+    }
+
+    #[test]
+    fn keys_with_control_characters_print_escaped_and_others_as_they_are() {
+        assert_eq!(printable_key("odd/line\nbreak\t.bin"), "odd/line\\nbreak\\t.bin");
+        for key in ["a\\b \"q\".bin", "ünïcødé.bin"] {
+            assert_eq!(printable_key(key), key);
         }
     }
 

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use crate::checksums::{Published, PublishedChecksums};
 use crate::error::Failure;
 pub use crate::error::{Operation, OriginError, TransientError};
-pub use crate::listing::{ListEntry, ListPage, PAGE_KEYS, PageToken};
+pub use crate::listing::{AllObjects, ListEntry, ListPage, PAGE_KEYS, PageToken};
 pub use crate::read_store::ReadStore;
 use crate::retry::Backoff;
 pub use crate::retry::RetryBudget;
@@ -541,7 +541,7 @@ mod tests {
     async fn the_same_store_given_whole_lists_and_writes() {
         let (origin, stats) = origin_holding_an_object(true).await;
         let listed = origin.list_all("dir").await.expect("list");
-        assert_eq!(listed.len(), 1);
+        assert_eq!(listed.versions.len(), 1);
         assert!(origin.is_dir("dir").await.expect("is_dir"));
         origin
             .put("dir/b.bin", Bytes::from_static(b"x"))

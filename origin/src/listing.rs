@@ -1,11 +1,11 @@
-//! Listings: a directory's level page by page (stepping over keys that cannot be paths), every
-//! object under a directory, and whether a directory exists.
+//! Listings: a directory's level page by page, every object under a directory (both stepping
+//! over keys that cannot be paths), and whether a directory exists.
 
 use futures::StreamExt;
 use larder_object::ObjectVersion;
 use larder_stats::add;
 use object_store::ListResult;
-use object_store::list::PaginatedListOptions;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 
 use crate::error::unparsable_key;
@@ -32,6 +32,16 @@ pub struct ListPage {
     pub next: Option<PageToken>,
 }
 
+/// Every object under a directory.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AllObjects {
+    /// The objects, relative to the source.
+    pub versions: Vec<ObjectVersion>,
+    /// The keys listed that cannot be paths (an empty segment, `.` or `..`, a control
+    /// character), relative to the source: stepped over, never read.
+    pub unparsable_keys: Vec<String>,
+}
+
 /// Where a listing resumes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum PageToken {
@@ -56,11 +66,10 @@ impl Origin {
             .iter()
             .filter_map(|p| self.relative_key(p))
             .map(ListEntry::Prefix);
-        let objects = listing.objects.iter().filter_map(|meta| {
-            Some(ListEntry::Object(
-                self.version_of(self.relative_key(&meta.location)?, meta),
-            ))
-        });
+        let objects = listing
+            .objects
+            .iter()
+            .filter_map(|meta| self.version_at(meta).map(ListEntry::Object));
         prefixes.chain(objects).collect()
     }
 
@@ -86,12 +95,41 @@ impl Origin {
             });
         };
         let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
-        let mut from = from.cloned();
+        let (listing, next) = self
+            .page_past_bad_keys(
+                dir,
+                pager.as_ref(),
+                prefix.as_deref(),
+                Some("/"),
+                from.cloned(),
+                &mut Vec::new(),
+            )
+            .await?;
+        Ok(ListPage {
+            entries: self.entries(listing),
+            next,
+        })
+    }
+
+    /// One page of `pager`'s listing of the keys under `prefix` (one level with `delimiter`,
+    /// every key without), from `from`; where the next page starts.
+    ///
+    /// A key object_store cannot turn into a path fails its whole page: the page is narrowed
+    /// until the key comes first, then the key is stepped over, logged and added to `skipped`
+    /// (as the store names it).
+    async fn page_past_bad_keys(
+        &self,
+        dir: &str,
+        pager: &dyn PaginatedListStore,
+        prefix: Option<&str>,
+        delimiter: Option<&str>,
+        mut from: Option<PageToken>,
+        skipped: &mut Vec<String>,
+    ) -> Result<(ListResult, Option<PageToken>), OriginError> {
         let mut max_keys = PAGE_KEYS;
-        let mut skipped: Option<String> = None;
         loop {
             let options = || PaginatedListOptions {
-                delimiter: Some("/".into()),
+                delimiter: delimiter.map(|d| d.to_owned().into()),
                 max_keys: Some(max_keys),
                 page_token: match &from {
                     Some(PageToken::Continue(token)) => Some(token.clone()),
@@ -106,16 +144,11 @@ impl Origin {
             let error = match self
                 .with_retries(dir, || {
                     add(&self.stats.origin_list_requests, 1);
-                    pager.list_paginated(prefix.as_deref(), options())
+                    pager.list_paginated(prefix, options())
                 })
                 .await
             {
-                Ok(page) => {
-                    return Ok(ListPage {
-                        entries: self.entries(page.result),
-                        next: page.page_token.map(PageToken::Continue),
-                    });
-                }
+                Ok(page) => return Ok((page.result, page.page_token.map(PageToken::Continue))),
                 Err(error) => error,
             };
             let Some(bad) = unparsable_key(&error) else {
@@ -126,7 +159,7 @@ impl Origin {
                 continue;
             }
             // The bad key comes first. A store that ignores start-after would return it again.
-            if skipped.as_deref() == Some(bad) {
+            if skipped.last().map(String::as_str) == Some(bad) {
                 return Err(error);
             }
             tracing::warn!(source = %self.name, key = bad.escape_debug().to_string(), "skipping a listed key that cannot be a path");
@@ -136,26 +169,57 @@ impl Origin {
             } else {
                 bad.to_owned()
             };
-            skipped = Some(bad.to_owned());
+            skipped.push(bad.to_owned());
             from = Some(PageToken::After(after));
             max_keys = PAGE_KEYS;
         }
     }
 
-    /// Every object under `dir/`, at any depth (`""`: the whole source).
-    pub async fn list_all(&self, dir: &str) -> Result<Vec<ObjectVersion>, OriginError> {
+    /// Every object under `dir/`, at any depth (`""`: the whole source), and the keys there
+    /// that cannot be paths, stepped over as a directory's listing does (with stores that page
+    /// their listings; a store that does not fails the listing on such a key).
+    pub async fn list_all(&self, dir: &str) -> Result<AllObjects, OriginError> {
         let store = self.full_store(dir, Operation::List)?;
         let location = self.dir_location(dir)?;
-        let metas: Vec<object_store::ObjectMeta> = self
-            .with_retries(dir, || {
-                add(&self.stats.origin_list_requests, 1);
-                futures::TryStreamExt::try_collect(store.list(Some(&location)))
+        let mut all = AllObjects::default();
+        let Some(pager) = &self.pager else {
+            let metas: Vec<object_store::ObjectMeta> = self
+                .with_retries(dir, || {
+                    add(&self.stats.origin_list_requests, 1);
+                    futures::TryStreamExt::try_collect(store.list(Some(&location)))
+                })
+                .await?;
+            all.versions = metas.iter().filter_map(|meta| self.version_at(meta)).collect();
+            return Ok(all);
+        };
+        let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
+        let mut skipped = Vec::new();
+        let mut from = None;
+        loop {
+            let (listing, next) = self
+                .page_past_bad_keys(dir, pager.as_ref(), prefix.as_deref(), None, from, &mut skipped)
+                .await?;
+            all.versions
+                .extend(listing.objects.iter().filter_map(|meta| self.version_at(meta)));
+            match next {
+                Some(next) => from = Some(next),
+                None => break,
+            }
+        }
+        let root = (!self.prefix.as_ref().is_empty()).then(|| format!("{}/", self.prefix));
+        all.unparsable_keys = skipped
+            .into_iter()
+            .filter_map(|key| match &root {
+                Some(root) => key.strip_prefix(root.as_str()).map(str::to_owned),
+                None => Some(key),
             })
-            .await?;
-        Ok(metas
-            .iter()
-            .filter_map(|meta| Some(self.version_of(self.relative_key(&meta.location)?, meta)))
-            .collect())
+            .collect();
+        Ok(all)
+    }
+
+    /// The version of a listed object, relative to the source; `None` outside it.
+    fn version_at(&self, meta: &object_store::ObjectMeta) -> Option<ObjectVersion> {
+        Some(self.version_of(self.relative_key(&meta.location)?, meta))
     }
 
     /// Whether any key lies under `dir/`, which makes `dir` a directory.

@@ -101,6 +101,19 @@ async fn listings_page_through_thousands_of_keys_and_step_over_unparsable_ones()
     assert_eq!(listed, expected);
     assert!(pages >= 3, "{pages} pages");
 
+    // Every object at any depth, the same keys stepped over and named.
+    let all = origin.list_all("big").await.expect("all");
+    let mut keys: Vec<String> = all.versions.into_iter().map(|v| v.key).collect();
+    keys.sort();
+    let mut expected: Vec<String> = names.iter().map(|n| format!("big/{n}")).collect();
+    expected.push("big/sub/inner".into());
+    expected.sort();
+    assert_eq!(keys, expected);
+    assert_eq!(
+        all.unparsable_keys,
+        ["big/\u{1}first", "big/f-01500\tbad", "big/g\u{2}dir/inner"]
+    );
+
     assert!(origin.is_dir("big").await.expect("probe"));
     assert!(
         origin
