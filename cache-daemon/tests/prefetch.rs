@@ -685,3 +685,38 @@ async fn a_key_that_cannot_be_a_path_is_skipped_and_named_and_the_rest_prefetche
         "the fifteen were not all cached"
     );
 }
+
+/// The same with a local directory as the source (`file://`), whose listing is a stream
+/// failing item by item rather than pages: the key is skipped and named, the rest cached.
+/// Before, the prefetch failed whole (502, "Encountered object with invalid path").
+#[tokio::test(flavor = "multi_thread")]
+async fn a_file_that_cannot_be_a_key_in_a_local_source_is_skipped_and_named() {
+    let server = S3Server::start("larder-test").await.expect("s3 server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let origin = dir.path().join("origin");
+    std::fs::create_dir_all(origin.join("odd")).expect("origin dir");
+    std::fs::write(origin.join(ODD_KEY), b"odd").expect("odd file");
+    for n in 0..3 {
+        std::fs::write(origin.join(format!("odd/good-{n}.bin")), vec![n as u8; 1000 + n]).expect("file");
+    }
+    let source = format!("local=file://{}", origin.display());
+    let daemon =
+        DaemonProcess::start(Path::new(BIN), &server, dir.path(), &["--source", &source]).expect("daemon");
+    tokio::task::spawn_blocking(move || {
+        let output = daemon.larder(&["prefetch", "--wait", "local:odd"]);
+        let text = stderr(&output);
+        assert!(!text.contains("invalid path"), "failed whole: {text}");
+        assert!(!output.status.success(), "{text}");
+        assert!(
+            text.contains(&format!("  {}: ", ODD_KEY.escape_debug())),
+            "the odd key is not named on a line of its own: {text}"
+        );
+        let status = daemon.status();
+        let job = &status["jobs"][0];
+        assert_eq!(job["objects"], 3, "{job}");
+        assert_eq!(job["done_bytes"], job["planned_bytes"], "{job}");
+        assert_eq!(job["errors"][0]["cause"], "bad_key", "{job}");
+    })
+    .await
+    .expect("checks");
+}

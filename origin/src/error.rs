@@ -162,14 +162,18 @@ pub(crate) enum Failure {
 
 /// The key in a listing that object_store could not turn into a path, if that is why it failed.
 pub(crate) fn unparsable_key(error: &OriginError) -> Option<&str> {
+    match error {
+        OriginError::Rejected { source, .. } => bad_path(source),
+        _ => None,
+    }
+}
+
+/// The key of a store's error that says a listed key cannot be a path, if it is one.
+pub(crate) fn bad_path(error: &object_store::Error) -> Option<&str> {
     use object_store::path::Error as PathError;
     match error {
-        OriginError::Rejected {
-            source:
-                object_store::Error::InvalidPath {
-                    source: PathError::EmptySegment { path } | PathError::BadSegment { path, .. },
-                },
-            ..
+        object_store::Error::InvalidPath {
+            source: PathError::EmptySegment { path } | PathError::BadSegment { path, .. },
         } => Some(path),
         _ => None,
     }

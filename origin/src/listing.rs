@@ -8,7 +8,7 @@ use object_store::ListResult;
 use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path;
 
-use crate::error::unparsable_key;
+use crate::error::{bad_path, unparsable_key};
 use crate::{Operation, Origin, OriginError};
 
 /// One entry of a delimited listing.
@@ -176,34 +176,48 @@ impl Origin {
     }
 
     /// Every object under `dir/`, at any depth (`""`: the whole source), and the keys there
-    /// that cannot be paths, stepped over as a directory's listing does (with stores that page
-    /// their listings; a store that does not fails the listing on such a key).
+    /// that cannot be paths, stepped over as a directory's listing does (a store that pages its
+    /// listings by narrowing the page; one that streams them, a local directory, item by item).
     pub async fn list_all(&self, dir: &str) -> Result<AllObjects, OriginError> {
         let store = self.full_store(dir, Operation::List)?;
         let location = self.dir_location(dir)?;
         let mut all = AllObjects::default();
-        let Some(pager) = &self.pager else {
-            let metas: Vec<object_store::ObjectMeta> = self
+        let mut skipped = Vec::new();
+        if let Some(pager) = &self.pager {
+            let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
+            let mut from = None;
+            loop {
+                let (listing, next) = self
+                    .page_past_bad_keys(dir, pager.as_ref(), prefix.as_deref(), None, from, &mut skipped)
+                    .await?;
+                all.versions
+                    .extend(listing.objects.iter().filter_map(|meta| self.version_at(meta)));
+                match next {
+                    Some(next) => from = Some(next),
+                    None => break,
+                }
+            }
+        } else {
+            // The listing is one stream whose items fail one by one: a key that cannot be a
+            // path fails its own item only, stepped over here.
+            let items = self
                 .with_retries(dir, || {
                     add(&self.stats.origin_list_requests, 1);
-                    futures::TryStreamExt::try_collect(store.list(Some(&location)))
+                    let items = store.list(Some(&location)).collect::<Vec<_>>();
+                    async move { unless_failed(items.await) }
                 })
                 .await?;
-            all.versions = metas.iter().filter_map(|meta| self.version_at(meta)).collect();
-            return Ok(all);
-        };
-        let prefix = (!location.as_ref().is_empty()).then(|| format!("{location}/"));
-        let mut skipped = Vec::new();
-        let mut from = None;
-        loop {
-            let (listing, next) = self
-                .page_past_bad_keys(dir, pager.as_ref(), prefix.as_deref(), None, from, &mut skipped)
-                .await?;
-            all.versions
-                .extend(listing.objects.iter().filter_map(|meta| self.version_at(meta)));
-            match next {
-                Some(next) => from = Some(next),
-                None => break,
+            for item in items {
+                match item {
+                    Ok(meta) => all.versions.extend(self.version_at(&meta)),
+                    Err(error) => {
+                        if let Some(bad) = bad_path(&error) {
+                            tracing::warn!(source = %self.name, key = bad.escape_debug().to_string(), "skipping a listed key that cannot be a path");
+                            // A local store names it from its root, with a leading slash.
+                            skipped.push(bad.trim_start_matches('/').to_owned());
+                        }
+                    }
+                }
             }
         }
         let root = (!self.prefix.as_ref().is_empty()).then(|| format!("{}/", self.prefix));
@@ -255,4 +269,19 @@ impl Origin {
             found => found,
         }
     }
+}
+
+/// The items of a listing stream, unless one failed for another reason than a key that cannot
+/// be a path: then that error.
+fn unless_failed(
+    items: Vec<object_store::Result<object_store::ObjectMeta>>,
+) -> object_store::Result<Vec<object_store::Result<object_store::ObjectMeta>>> {
+    let mut kept = Vec::with_capacity(items.len());
+    for item in items {
+        match item {
+            Err(error) if bad_path(&error).is_none() => return Err(error),
+            item => kept.push(item),
+        }
+    }
+    Ok(kept)
 }
