@@ -451,6 +451,20 @@ fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_o
             403,
             "DENIED",
         ),
+        // Another registry named as the first component, with the one upstream configured:
+        // a host (a dot or localhost), not a repository of that upstream; with a port, not a
+        // repository name at all.
+        ("/v2/other.io/app/manifests/v1".to_owned(), 403, "DENIED"),
+        (
+            "/v2/registry:5000/app/manifests/v1".to_owned(),
+            400,
+            "NAME_INVALID",
+        ),
+        (
+            "/v2/localhost/app/blobs/sha256:".to_owned() + &"0".repeat(64),
+            403,
+            "DENIED",
+        ),
         (format!("/v2/a/../b/manifests/v1?ns={HOST}"), 400, "NAME_INVALID"),
         (
             format!("/v2/A/blobs/{}?ns={HOST}", layer.digest),
@@ -464,7 +478,7 @@ fn unknown_registries_bad_names_and_a_thousand_concurrent_requests_are_refused_o
         assert_eq!(got, status, "{path}: {body}");
         assert!(body.contains(code), "{path}: {body}");
     }
-    assert!(mirror.metric(r#"larder_registry_requests_total{kind="refused"}"#) >= 5.0);
+    assert!(mirror.metric(r#"larder_registry_requests_total{kind="refused"}"#) >= 8.0);
     assert_eq!(
         mirror.proxy.requests().len(),
         0,

@@ -407,8 +407,9 @@ impl Mirror {
     }
 
     /// The registry a request is for, and the repository's name in it: `ns` (containerd's
-    /// parameter) if given, else the name's first component if it is a configured registry,
-    /// else the only one configured.
+    /// parameter) if given, else the name's first component if it is a configured registry
+    /// (refused if it names another: a dot, a port or `localhost`), else the only one
+    /// configured.
     fn registry_for<'a>(&self, ns: Option<&str>, name: &'a str) -> Result<(&Registry, &'a str), MirrorError> {
         if let Some(ns) = ns {
             let registry = self
@@ -417,10 +418,16 @@ impl Mirror {
                 .ok_or_else(|| MirrorError::NotConfigured(ns.to_owned()))?;
             return Ok((registry, name));
         }
-        if let Some((first, rest)) = name.split_once('/')
-            && let Some(registry) = self.registries.get(first)
-        {
-            return Ok((registry, rest));
+        if let Some((first, rest)) = name.split_once('/') {
+            if let Some(registry) = self.registries.get(first) {
+                return Ok((registry, rest));
+            }
+            // As image references read it, a first component with a dot or a port, or
+            // `localhost`, names a registry: one that is not configured. (A port never gets
+            // here: a colon makes the name invalid first.)
+            if first.contains(['.', ':']) || first == "localhost" {
+                return Err(MirrorError::NotConfigured(first.to_owned()));
+            }
         }
         match self.registries.values().next() {
             Some(registry) if self.registries.len() == 1 => Ok((registry, name)),
