@@ -427,6 +427,9 @@ struct Names {
     from_env: BTreeSet<String>,
     /// Config key → the flag or variable that set it.
     overridden: HashMap<String, String>,
+    /// Config key → the whole value typed for the flag or variable that set it, where that
+    /// holds more than the key's value (`NAME=URL` for a source's URL), secrets hidden.
+    typed: HashMap<String, String>,
 }
 
 impl Names {
@@ -501,6 +504,7 @@ impl ConfigArgs {
             command: Self::command(),
             from_env: self.from_env.clone(),
             overridden: HashMap::new(),
+            typed: HashMap::new(),
         };
         let mut config = match &self.flags.config {
             Some(path) if path.is_empty() => {
@@ -520,7 +524,7 @@ impl ConfigArgs {
         config.normalise();
         config
             .validate_sources_optional()
-            .map_err(|err| err.named_by(&names.overridden))?;
+            .map_err(|err| err.named_by(&names.overridden, &names.typed))?;
         Ok(config)
     }
 
@@ -545,11 +549,15 @@ impl ConfigArgs {
                 None => {
                     config.sources.push(SourceConfig::new(name, url));
                     let key = format!("source[{}].name", config.sources.len() - 1);
+                    names.typed.insert(key.clone(), Redacted(&spec).to_string());
                     names.overridden.insert(key, setting.clone());
                     config.sources.len() - 1
                 }
             };
             names.overridden.insert(format!("source[{index}].url"), setting);
+            names
+                .typed
+                .insert(format!("source[{index}].url"), Redacted(&spec).to_string());
         }
         for (setting, spec) in self.list(names, "source_immutable", &flags.source_immutable)? {
             let (source, value) = split_pair(&spec, setting.clone(), "NAME=true|false")?;
@@ -1074,12 +1082,13 @@ mod tests {
         );
         let err = args(&["--source", "bad name=s3://x"]).load().unwrap_err();
         assert!(
-            err.to_string().starts_with("invalid --source = \"bad name\""),
+            err.to_string()
+                .starts_with("invalid --source = \"bad name=s3://x\""),
             "{err}"
         );
         let err = args(&["--source", "a=ftp://x"]).load().unwrap_err();
         assert!(
-            err.to_string().starts_with("invalid --source = \"ftp://x\""),
+            err.to_string().starts_with("invalid --source = \"a=ftp://x\""),
             "{err}"
         );
     }
@@ -1110,7 +1119,7 @@ mod tests {
             .load()
             .unwrap_err();
         assert!(
-            err.to_string().starts_with("invalid --source = \"ftp://y\""),
+            err.to_string().starts_with("invalid --source = \"a=ftp://y\""),
             "{err}"
         );
     }
@@ -1130,7 +1139,7 @@ mod tests {
         let err = parsed.load().unwrap_err();
         assert!(
             err.to_string()
-                .starts_with("invalid LARDER_SOURCES = \"bad name\""),
+                .starts_with("invalid LARDER_SOURCES = \"bad name=s3://x\""),
             "{err}"
         );
     }
@@ -1143,7 +1152,7 @@ mod tests {
         let err = args(&["--source", &format!("local={url}")]).load().unwrap_err();
         let text = err.to_string();
         assert!(
-            text.starts_with(&format!("invalid --source = {url:?}")) && text.contains("No such file"),
+            text.starts_with(&format!("invalid --source = \"local={url}\"")) && text.contains("No such file"),
             "{text}"
         );
         let file = config_file(&format!("[[source]]\nname = \"local\"\nurl = \"{url}\"\n"));

@@ -64,12 +64,18 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// Renames the key of an [`ConfigError::Invalid`] through `names` (config key → the flag
-    /// or variable its value came from); other errors and unlisted keys are left as they are.
-    pub(crate) fn named_by(self, names: &std::collections::HashMap<String, String>) -> Self {
+    /// or variable its value came from), and shows its value as `typed` has it (config key →
+    /// all that was typed for that flag or variable, e.g. `NAME=URL`); other errors and
+    /// unlisted keys are left as they are.
+    pub(crate) fn named_by(
+        self,
+        names: &std::collections::HashMap<String, String>,
+        typed: &std::collections::HashMap<String, String>,
+    ) -> Self {
         match self {
             Self::Invalid { key, value, reason } => Self::Invalid {
+                value: typed.get(&key).cloned().unwrap_or(value),
                 key: names.get(&key).cloned().unwrap_or(key),
-                value,
                 reason,
             },
             other => other,
