@@ -366,9 +366,10 @@ impl Fills {
         self.unstored.record([key], &Arc::new(Unstored::Write(error)));
     }
 
-    /// Removes and returns why the cache write of `key` failed, however long ago.
-    pub(crate) fn take_unstored(&self, key: BlockKey) -> Option<Arc<Unstored>> {
-        self.unstored.take(key)
+    /// Why the cache write of `key` failed, if it did lately: every waiter of the block is
+    /// told, not only the first to ask (the reason is swept with the others once old).
+    pub(crate) fn unstored(&self, key: BlockKey) -> Option<Arc<Unstored>> {
+        self.unstored.get(key)
     }
 
     /// The cache write of `key` ended, written or not: the block leaves the in-flight map,
@@ -411,11 +412,6 @@ impl<T: Clone> Lately<T> {
         let map = self.0.lock();
         let (value, at) = map.get(&key)?;
         (at.elapsed() < FAILED_FILL_MEMORY).then(|| value.clone())
-    }
-
-    /// Removes and returns the value recorded for `key`, however old.
-    fn take(&self, key: BlockKey) -> Option<T> {
-        self.0.lock().remove(&key).map(|(value, _)| value)
     }
 }
 

@@ -90,8 +90,8 @@ pub enum Unstored {
     /// Its write failed: no space that is not pinned, the cache dir gone, or a disk error.
     #[error(transparent)]
     Write(StoreError),
-    /// It was written, and evicted at once.
-    #[error("it was evicted as soon as it was written")]
+    /// It was written, and taken out again before its waiter looked.
+    #[error("it was taken out of the cache (evicted, or dropped by a check) as soon as it was written")]
     Evicted,
 }
 
@@ -496,7 +496,7 @@ impl Cache {
                 return Ok(Some((block.bytes, block.hash)));
             }
             if !self.fills().in_flight(key) {
-                let why = self.fills().take_unstored(key);
+                let why = self.fills().unstored(key);
                 return Err(ReadError::NotStored(
                     why.unwrap_or_else(|| Arc::new(Unstored::Evicted)),
                 ));

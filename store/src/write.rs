@@ -80,6 +80,11 @@ impl BlockStore {
         state.reserved -= alloc;
         let object = match state.objects.get_mut(&id) {
             Some(object) => object,
+            // The dir was given up while the block was written: it is not in the store.
+            None if state.dir_lost => {
+                return written.and(Err(StoreError::DirLost(self.held.dir().to_owned())));
+            }
+            // Writers keep their object's entry (see `ObjectState::writers`).
             None => return written,
         };
         object.writers -= 1;

@@ -1386,3 +1386,37 @@ async fn two_nodes_of_a_rack_read_a_model_that_the_origin_sends_once() {
     let from_peers: u64 = nodes.iter().map(|fx| fx.stats.snapshot().served_peer_bytes).sum();
     assert!(from_peers > 0, "no node read a byte from the other");
 }
+
+/// Two jobs wait for one block whose cache write fails (no room: the file system keeps more
+/// free than it has): both are told that cause. Before, the first waiter took the reason and
+/// the second was told the block "was evicted as soon as it was written", on a cache with
+/// nothing in it.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_waiter_of_an_unstored_block_is_told_why() {
+    let server = server_with(&[("m/a.bin", 4 * MIB)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = test_config(dir.path(), MIB, IoEngineKind::Psync, &server.url());
+    config.cache.min_free_fraction = 0.999;
+    let cache = CacheFixture::open(server.clone(), config).await.expect("cache");
+    // Slow enough that the second waiter joins the first's fill.
+    cache.faults.set_plan(FaultPlan {
+        get_delay: Duration::from_millis(300),
+        ..FaultPlan::default()
+    });
+    let object = cache.open_object("m/a.bin").await.expect("open");
+    let (first, second) = tokio::join!(cache.cache.fill(&object, 0), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        cache.cache.fill(&object, 0).await
+    });
+    assert_eq!(
+        cache.faults.gets().len(),
+        1,
+        "the second waiter did not join the first's fill"
+    );
+    for result in [first, second] {
+        let error = result.expect_err("a block that cannot be stored");
+        let text = error.to_string();
+        assert!(matches!(error, ReadError::NotStored(_)), "{text}");
+        assert!(text.contains("min_free_fraction"), "{text}");
+    }
+}
