@@ -185,7 +185,8 @@ async fn a_lying_member_is_caught_by_what_the_store_publishes(cloud: Cloud) {
         let first = std::fs::read(rack.daemon(0).mount.join(MODEL)).expect("first read");
         assert!(
             first != expected,
-            "the liar's bytes never reached the cache: the test proves nothing"
+            "the liar's bytes never reached the cache: the test proves nothing; log:\n{}",
+            rack.log(0)
         );
         let caught = rack.wait_for_origin_checks(0, "mismatch", 1.0);
         let results = ["match", "crc_only", "unchecked"].map(|r| (r, rack.origin_checks(0, r)));
