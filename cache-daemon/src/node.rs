@@ -177,6 +177,7 @@ impl Peers {
             node.clone(),
             config.first_byte_timeout,
             config.stall_timeout,
+            config.min_rate.as_u64(),
         );
         if let Some(ca) = &config.tls_ca {
             client = client.with_tls(Connector::new(ca, &config.tls_name)?);

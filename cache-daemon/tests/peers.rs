@@ -17,6 +17,7 @@ use larder_tests::{
     Bucket, Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts,
 };
 use object_store::ObjectStoreExt;
+use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
@@ -436,6 +437,71 @@ async fn a_late_owner_costs_one_block_from_the_origin_not_its_run() {
     // The late run's block, and any other answer that came late on a loaded machine.
     let hedged = hedged_blocks(&rack, 0);
     assert!(hedged >= 1.0, "no block was taken from the origin");
+}
+
+/// Member `i`'s status entry for member `id`.
+fn member_entry(rack: &Rack, i: usize, id: &str) -> serde_json::Value {
+    let status = rack.daemon(i).status();
+    let members = status["peers"]["members"].as_array().cloned().unwrap_or_default();
+    members
+        .into_iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("no member {id} in {status}"))
+}
+
+/// A member whose answers pass their first 100 KB and then trickle (1 B/s), or each come at a
+/// steady 100 KB/s (a fault proxy between the members, as a congested or failing link would
+/// be): the asker takes each of its blocks from the origin once it is slower than the rate
+/// floor, holds it against the member until its circuit opens, and the read succeeds. Before,
+/// every byte moved the stall deadline on: the reader got ETIMEDOUT after 70 s (119 s at
+/// 100 KB/s) and no block was hedged.
+#[test_case(Fault::Trickle { after: 100_000, per_second: 1 } ; "trickle after 100 KB")]
+#[test_case(Fault::Trickle { after: 0, per_second: 100_000 } ; "a steady 100 KB per second")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_slower_than_the_rate_floor_is_hedged_and_the_read_succeeds(fault: Fault) {
+    // Eight parts: n1 owns some of them but for one chance in 256.
+    let size = 128 * MIB;
+    let (_server, proxy) = origin(size).await;
+    let addresses: Vec<SocketAddr> = (0..2)
+        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
+        .collect();
+    // n0 reaches n1 through the slow link; n1 reaches n0 directly.
+    let link = RecordingProxy::start_to(&addresses[1].to_string())
+        .await
+        .expect("proxy");
+    link.set_fault(fault);
+    let through = link.endpoint().trim_start_matches("http://").to_owned();
+    let lists = vec![
+        format!("n0={}@r1,n1={through}@r1", addresses[0]),
+        format!("n0={}@r1,n1={}@r1", addresses[0], addresses[1]),
+    ];
+    let racks = vec!["r1".to_owned(); 2];
+    let (rack, took) = tokio::task::spawn_blocking(move || {
+        let rack =
+            Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, &[]).expect("rack");
+        let started = Instant::now();
+        let read = std::fs::read(rack.daemon(0).mount.join(MODEL));
+        let took = started.elapsed();
+        let expected = content(seed(MODEL, 0), 0, size as usize);
+        match read {
+            Ok(bytes) => assert!(bytes == expected, "wrong bytes"),
+            Err(error) => panic!("the read failed after {took:?}: {error}; log:\n{}", rack.log(0)),
+        }
+        (rack, took)
+    })
+    .await
+    .expect("join");
+    report_failures(&rack, &[0]);
+    eprintln!("{fault:?}: read {} MiB in {took:?}", size / MIB);
+    assert!(!link.requests().is_empty(), "n0 never asked n1");
+    assert!(peer_requests(&rack, 0, "timeout") >= 1.0);
+    let hedged = hedged_blocks(&rack, 0);
+    assert!(hedged >= 1.0, "no block of the slow member's runs was hedged");
+    let n1 = member_entry(&rack, 0, "n1");
+    assert!(
+        n1["failures"].as_u64() >= Some(1),
+        "no strike against the slow member: {n1}"
+    );
 }
 
 /// Blocks member `i` took from the origin because an owner was late, by its metrics.

@@ -50,6 +50,7 @@
 //! insecure = false           # serve and ask without a key (a closed network only)
 //! first_byte_timeout = "500ms"
 //! stall_timeout = "3s"
+//! min_rate = "16MiB"         # bytes a second a peer's block must at least come at
 //! tls_cert = "/etc/larder/peer.crt"  # the listener speaks TLS (with tls_key)
 //! tls_key = "/etc/larder/peer.key"
 //! tls_ca = "/etc/larder/peer-ca.crt" # asks members over TLS, checking this CA
@@ -405,6 +406,14 @@ pub struct PeerConfig {
     /// candidate or the origin. Default 3s.
     #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
+    /// The least rate, in bytes a second, at which a peer's block must come: each block of an
+    /// answer (its header, group values and bytes) must have arrived within `stall_timeout`
+    /// plus its size at this rate, counted from the end of the frame before it, or that block
+    /// comes from the origin and the member gets a strike (three in a row open its circuit). A
+    /// member that trickles its bytes would otherwise keep every gap under `stall_timeout`
+    /// and hold its askers' reads forever. Set it below what the origin gives one stream.
+    /// `0` turns the floor off. Default 16MiB.
+    pub min_rate: ByteSize,
     /// This node's certificate chain (PEM) for the peer listener: with it (and `tls_key`) the
     /// listener speaks TLS only. Default none.
     pub tls_cert: Option<PathBuf>,
@@ -432,6 +441,7 @@ impl Default for PeerConfig {
             insecure: false,
             first_byte_timeout: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(3),
+            min_rate: ByteSize::mib(16),
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
@@ -894,6 +904,7 @@ mod tests {
         insecure = true
         first_byte_timeout = "250ms"
         stall_timeout = "1s"
+        min_rate = "8MiB"
         tls_cert = "/etc/larder/peer.crt"
         tls_key = "/etc/larder/peer.key"
         tls_ca = "/etc/larder/ca.crt"
@@ -945,6 +956,7 @@ mod tests {
         assert_eq!(config.peer.listen, None);
         assert_eq!(config.peer.first_byte_timeout, Duration::from_millis(500));
         assert_eq!(config.peer.stall_timeout, Duration::from_secs(3));
+        assert_eq!(config.peer.min_rate, ByteSize::mib(16));
         assert_eq!(config.peer.tls_name, "larder-peer");
         assert_eq!(config.warm.plan, None);
         assert_eq!(config.warm.check_interval, Duration::from_secs(60));
@@ -1066,6 +1078,7 @@ mod tests {
                 insecure: true,
                 first_byte_timeout: Duration::from_millis(250),
                 stall_timeout: Duration::from_secs(1),
+                min_rate: ByteSize::mib(8),
                 tls_cert: Some(PathBuf::from("/etc/larder/peer.crt")),
                 tls_key: Some(PathBuf::from("/etc/larder/peer.key")),
                 tls_ca: Some(PathBuf::from("/etc/larder/ca.crt")),

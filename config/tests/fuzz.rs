@@ -41,6 +41,7 @@ const KEYS: &[(&str, &str)] = &[
     ("peer", "insecure"),
     ("peer", "first_byte_timeout"),
     ("peer", "stall_timeout"),
+    ("peer", "min_rate"),
     ("peer", "tls_cert"),
     ("peer", "tls_key"),
     ("peer", "tls_ca"),
