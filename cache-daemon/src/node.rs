@@ -82,7 +82,8 @@ impl Node {
                 rack: config.peer.rack.clone(),
             });
             members.spawn_dns(background, stop.clone(), hello.clone());
-            members.spawn_hellos(background, stop.clone(), hello);
+            members.spawn_hellos(background, stop.clone(), hello.clone());
+            members.spawn_probes(background, stop.clone(), hello, config.peer.probe_interval);
         }
         let cache = Cache::new(
             store,

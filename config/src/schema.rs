@@ -51,6 +51,7 @@
 //! first_byte_timeout = "500ms"
 //! stall_timeout = "3s"
 //! min_rate = "16MiB"         # bytes a second a peer's block must at least come at
+//! probe_interval = "10s"     # an idle node says hello to each member this often
 //! tls_cert = "/etc/larder/peer.crt"  # the listener speaks TLS (with tls_key)
 //! tls_key = "/etc/larder/peer.key"
 //! tls_ca = "/etc/larder/peer-ca.crt" # asks members over TLS, checking this CA
@@ -414,6 +415,11 @@ pub struct PeerConfig {
     /// and hold its askers' reads forever. Set it below what the origin gives one stream.
     /// `0` turns the floor off. Default 16MiB.
     pub min_rate: ByteSize,
+    /// How often each member not heard from meanwhile is sent an authenticated hello, so that
+    /// a member that stopped is marked down, and one that is back comes back up, even on a
+    /// node no read goes through. `0s` turns the probes off. Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
     /// This node's certificate chain (PEM) for the peer listener: with it (and `tls_key`) the
     /// listener speaks TLS only. Default none.
     pub tls_cert: Option<PathBuf>,
@@ -442,6 +448,7 @@ impl Default for PeerConfig {
             first_byte_timeout: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(3),
             min_rate: ByteSize::mib(16),
+            probe_interval: Duration::from_secs(10),
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
@@ -661,8 +668,9 @@ pub struct PeerMember {
     pub rack: String,
 }
 
-/// Whether `text` may be a node id or rack label: `A-Z a-z 0-9 . _ -`, at most 128.
-pub(crate) fn is_peer_label(text: &str) -> bool {
+/// Whether `text` may be a node id or rack label: `A-Z a-z 0-9 . _ -`, at most 128. What a
+/// member says of itself over the network is held to the same rule.
+pub fn is_peer_label(text: &str) -> bool {
     text.len() <= 128
         && text
             .bytes()
@@ -905,6 +913,7 @@ mod tests {
         first_byte_timeout = "250ms"
         stall_timeout = "1s"
         min_rate = "8MiB"
+        probe_interval = "30s"
         tls_cert = "/etc/larder/peer.crt"
         tls_key = "/etc/larder/peer.key"
         tls_ca = "/etc/larder/ca.crt"
@@ -957,6 +966,7 @@ mod tests {
         assert_eq!(config.peer.first_byte_timeout, Duration::from_millis(500));
         assert_eq!(config.peer.stall_timeout, Duration::from_secs(3));
         assert_eq!(config.peer.min_rate, ByteSize::mib(16));
+        assert_eq!(config.peer.probe_interval, Duration::from_secs(10));
         assert_eq!(config.peer.tls_name, "larder-peer");
         assert_eq!(config.warm.plan, None);
         assert_eq!(config.warm.check_interval, Duration::from_secs(60));
@@ -1079,6 +1089,7 @@ mod tests {
                 first_byte_timeout: Duration::from_millis(250),
                 stall_timeout: Duration::from_secs(1),
                 min_rate: ByteSize::mib(8),
+                probe_interval: Duration::from_secs(30),
                 tls_cert: Some(PathBuf::from("/etc/larder/peer.crt")),
                 tls_key: Some(PathBuf::from("/etc/larder/peer.key")),
                 tls_ca: Some(PathBuf::from("/etc/larder/ca.crt")),

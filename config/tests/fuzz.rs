@@ -42,6 +42,7 @@ const KEYS: &[(&str, &str)] = &[
     ("peer", "first_byte_timeout"),
     ("peer", "stall_timeout"),
     ("peer", "min_rate"),
+    ("peer", "probe_interval"),
     ("peer", "tls_cert"),
     ("peer", "tls_key"),
     ("peer", "tls_ca"),

@@ -15,7 +15,7 @@ use hyper::body::Frame;
 use larder_block_tree::{GROUP, Tree};
 use larder_peer_proto::auth::{ClusterKey, Verifier};
 use larder_peer_proto::server::{authenticate, frame};
-use larder_peer_proto::wire::RunRequest;
+use larder_peer_proto::wire::{RUN_PATH, RunRequest};
 use tokio::task::JoinHandle;
 
 use crate::server::serve_on_loopback;
@@ -68,7 +68,10 @@ impl FakePeer {
         let late = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let recorded = late.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            counted.fetch_add(1, Ordering::Relaxed);
+            // Run requests only: the asker's hellos (its probes) say nothing of a run.
+            if request.uri().path() == RUN_PATH {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
             let (verifier, key, late) = (verifier.clone(), key.clone(), recorded.clone());
             async move { Ok::<_, Infallible>(answer(&verifier, &key, misbehaviour, &late, &request).await) }
         });
@@ -86,7 +89,7 @@ impl FakePeer {
         self.late.lock().clone()
     }
 
-    /// Run requests it was sent.
+    /// Run requests it was sent (hellos aside).
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
