@@ -82,7 +82,8 @@ impl Node {
                 rack: config.peer.rack.clone(),
             });
             members.spawn_dns(background, stop.clone(), hello.clone());
-            members.spawn_hellos(background, stop.clone(), hello);
+            members.spawn_hellos(background, stop.clone(), hello.clone());
+            members.spawn_probes(background, stop.clone(), hello, config.peer.probe_interval);
         }
         let cache = Cache::new(
             store,
@@ -177,6 +178,7 @@ impl Peers {
             node.clone(),
             config.first_byte_timeout,
             config.stall_timeout,
+            config.min_rate.as_u64(),
         );
         if let Some(ca) = &config.tls_ca {
             client = client.with_tls(Connector::new(ca, &config.tls_name)?);

@@ -17,6 +17,7 @@ use larder_tests::{
     Bucket, Fault, RecordingProxy, content, free_port, seed, upload, upload_in_parts, upload_parts,
 };
 use object_store::ObjectStoreExt;
+use test_case::test_case;
 
 const MIB: u64 = 1 << 20;
 const BIN: &str = env!("CARGO_BIN_EXE_larder");
@@ -438,6 +439,136 @@ async fn a_late_owner_costs_one_block_from_the_origin_not_its_run() {
     assert!(hedged >= 1.0, "no block was taken from the origin");
 }
 
+/// Member `i`'s status entry for member `id`.
+fn member_entry(rack: &Rack, i: usize, id: &str) -> serde_json::Value {
+    let status = rack.daemon(i).status();
+    let members = status["peers"]["members"].as_array().cloned().unwrap_or_default();
+    members
+        .into_iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("no member {id} in {status}"))
+}
+
+/// A member whose answers pass their first 100 KB and then trickle (1 B/s), or each come at a
+/// steady 100 KB/s (a fault proxy between the members, as a congested or failing link would
+/// be): the asker takes each of its blocks from the origin once it is slower than the rate
+/// floor, holds it against the member until its circuit opens, and the read succeeds. Before,
+/// every byte moved the stall deadline on: the reader got ETIMEDOUT after 70 s (119 s at
+/// 100 KB/s) and no block was hedged.
+#[test_case(Fault::Trickle { after: 100_000, per_second: 1 } ; "trickle after 100 KB")]
+#[test_case(Fault::Trickle { after: 0, per_second: 100_000 } ; "a steady 100 KB per second")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_slower_than_the_rate_floor_is_hedged_and_the_read_succeeds(fault: Fault) {
+    // Eight parts: n1 owns some of them but for one chance in 256.
+    let size = 128 * MIB;
+    let (_server, proxy) = origin(size).await;
+    let addresses: Vec<SocketAddr> = (0..2)
+        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
+        .collect();
+    // n0 reaches n1 through the slow link; n1 reaches n0 directly.
+    let link = RecordingProxy::start_to(&addresses[1].to_string())
+        .await
+        .expect("proxy");
+    link.set_fault(fault);
+    let through = link.endpoint().trim_start_matches("http://").to_owned();
+    let lists = vec![
+        format!("n0={}@r1,n1={through}@r1", addresses[0]),
+        format!("n0={}@r1,n1={}@r1", addresses[0], addresses[1]),
+    ];
+    let racks = vec!["r1".to_owned(); 2];
+    let (rack, took) = tokio::task::spawn_blocking(move || {
+        let rack =
+            Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, &[]).expect("rack");
+        let started = Instant::now();
+        let read = std::fs::read(rack.daemon(0).mount.join(MODEL));
+        let took = started.elapsed();
+        let expected = content(seed(MODEL, 0), 0, size as usize);
+        match read {
+            Ok(bytes) => assert!(bytes == expected, "wrong bytes"),
+            Err(error) => panic!("the read failed after {took:?}: {error}; log:\n{}", rack.log(0)),
+        }
+        (rack, took)
+    })
+    .await
+    .expect("join");
+    report_failures(&rack, &[0]);
+    eprintln!("{fault:?}: read {} MiB in {took:?}", size / MIB);
+    assert!(!link.requests().is_empty(), "n0 never asked n1");
+    assert!(peer_requests(&rack, 0, "timeout") >= 1.0);
+    let hedged = hedged_blocks(&rack, 0);
+    assert!(hedged >= 1.0, "no block of the slow member's runs was hedged");
+    let n1 = member_entry(&rack, 0, "n1");
+    assert!(
+        n1["failures"].as_u64() >= Some(1),
+        "no strike against the slow member: {n1}"
+    );
+}
+
+/// Waits up to `within` for member `i` to say member `id` is `state`; how long that took.
+fn wait_for_state(rack: &Rack, i: usize, id: &str, state: &str, within: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let now = rack.member_state(i, id);
+        if now == format!("\"{state}\"") {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "n{i} still says {id} is {now} after {within:?}, not {state}; log:\n{}",
+            rack.log(i)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// On a node no read goes through, a member that stops answering is marked down within a
+/// bounded time, and comes back up once it answers again: members are probed while idle (an
+/// authenticated hello every `peer.probe_interval`, default 10s). Before, only traffic moved
+/// a member's state: an idle node never said a member was up, and kept a dead one up for
+/// ever, so `LarderRackMembersDown` resolved while the member was still dead.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_node_probes_its_members_so_a_dead_one_is_down_and_a_live_one_up() {
+    let (_server, proxy) = origin(MIB).await;
+    let addresses: Vec<SocketAddr> = (0..2)
+        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
+        .collect();
+    // n0 reaches n1 through a proxy that can make n1 look dead.
+    let link = RecordingProxy::start_to(&addresses[1].to_string())
+        .await
+        .expect("proxy");
+    let through = link.endpoint().trim_start_matches("http://").to_owned();
+    let lists = vec![
+        format!("n0={}@r1,n1={through}@r1", addresses[0]),
+        format!("n0={}@r1,n1={}@r1", addresses[0], addresses[1]),
+    ];
+    let racks = vec!["r1".to_owned(); 2];
+    let rack = tokio::task::spawn_blocking(move || {
+        Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, &[]).expect("rack")
+    })
+    .await
+    .expect("join");
+    let bound = Duration::from_secs(40);
+    let (rack, link) = tokio::task::spawn_blocking(move || {
+        let up = wait_for_state(&rack, 0, "n1", "up", bound);
+        link.set_fault(Fault::CloseConnections);
+        let down = wait_for_state(&rack, 0, "n1", "down", bound);
+        link.set_fault(Fault::PassThrough);
+        let back = wait_for_state(&rack, 0, "n1", "up", bound);
+        eprintln!("n1 up after {up:?}, down {down:?} after it stopped answering, up {back:?} after it answered again");
+        (rack, link)
+    })
+    .await
+    .expect("join");
+    // No read went through n0: what reached n1 was probes, at most one each interval (and the
+    // few of the start).
+    let hellos = link.requests().len();
+    assert!(hellos < 20, "{hellos} requests to n1 from an idle node");
+    assert_eq!(
+        peer_requests(&rack, 0, "hit") + peer_requests(&rack, 0, "filled"),
+        0.0
+    );
+}
+
 /// Blocks member `i` took from the origin because an owner was late, by its metrics.
 fn hedged_blocks(rack: &Rack, i: usize) -> f64 {
     rack.metric(i, "larder_peer_hedged_blocks_total")
@@ -606,21 +737,44 @@ fn exchange(address: SocketAddr, request: &[u8]) -> String {
     let _ = stream.write_all(request);
     let mut answer = Vec::new();
     let mut buf = [0; 4096];
-    let complete = |answer: &[u8]| {
-        let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
-            return false;
-        };
-        let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
-        let length = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length: ")?.trim().parse::<usize>().ok())
-            .unwrap_or(0);
-        answer.len() >= end + 4 + length
-    };
     while !complete(&answer) {
         match stream.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Whether `answer` holds a whole HTTP answer: its head, and its body as far as its
+/// `content-length` says.
+fn complete(answer: &[u8]) -> bool {
+    let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: ")?.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    answer.len() >= end + 4 + length
+}
+
+/// The answer to `request`, sent as is to `address` from a connection bound to `source` (the
+/// address a member is listed at, or another).
+async fn exchange_from(source: Ipv4Addr, address: SocketAddr, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(SocketAddr::from((source, 0))).expect("bind");
+    let mut stream = socket.connect(address).await.expect("connect");
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    let mut buf = [0; 4096];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !complete(&answer) {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) | Err(_) => break,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
         }
     }
     String::from_utf8_lossy(&answer).into_owned()
@@ -731,6 +885,70 @@ async fn unauthenticated_replayed_and_abusive_requests_are_refused_and_the_membe
     })
     .await
     .expect("join");
+}
+
+/// A member's rack is taken only from the member itself: a hello signed as n1 (anyone with the
+/// key can sign so) from an address that is not n1's listed one does not move n1 to another
+/// rack; a rack label the config would refuse (a line break, 6,000 bytes) is refused from
+/// anyone; and each change of n1's rack is logged. Before, n0 took `rack=r9` for n1 from
+/// any address, kept it, and said nothing, and a line break reached `larder status`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_members_rack_is_taken_only_from_its_own_address_checked_and_logged() {
+    let (_server, proxy) = origin(MIB).await;
+    // n1 is listed without a rack, at an address nobody listens on: its rack is not known.
+    let n1 = SocketAddr::from((member_ip(1), free_port(member_ip(1)).expect("port")));
+    let others = [format!("n1={n1}")];
+    let rack = tokio::task::spawn_blocking(move || {
+        Rack::start(Path::new(BIN), &proxy, 1, &[], &others).expect("rack")
+    })
+    .await
+    .expect("join");
+    let key = ClusterKey::from_secret(SECRET.as_bytes()).expect("key");
+    let address = rack.addresses[0];
+    let mut nonce = 0;
+    let mut hello = |rack_label: &str| {
+        nonce += 1;
+        let path = larder_peer_proto::wire::hello_path(rack_label);
+        signed(&key, &path, "n1", "n0", now_ms(), [nonce; 16])
+    };
+    let status = |answer: &str| answer.lines().next().unwrap_or_default().to_owned();
+    let n1_rack = || {
+        member_entry(&rack, 0, "n1")["rack"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+
+    // Signed as n1, from another address than n1's.
+    let forged = exchange_from(Ipv4Addr::LOCALHOST, address, &hello("r9")).await;
+    eprintln!("forged hello: {}", status(&forged));
+    assert_eq!(n1_rack(), "", "a hello from another address moved n1 to its rack");
+    // Labels the config refuses, even from n1's own address.
+    for bad in ["r1\nr2", &"x".repeat(6000)] {
+        let answer = exchange_from(member_ip(1), address, &hello(bad)).await;
+        assert!(
+            status(&answer).contains(" 400 "),
+            "rack {:?}: {answer}",
+            &bad[..bad.len().min(8)]
+        );
+        assert_eq!(n1_rack(), "", "a bad label became n1's rack");
+    }
+    // From n1's listed address: taken, and each change logged.
+    for label in ["r2", "r3"] {
+        let answer = exchange_from(member_ip(1), address, &hello(label)).await;
+        assert!(status(&answer).contains(" 200 "), "{answer}");
+        assert_eq!(n1_rack(), label);
+    }
+    let log = rack.log(0);
+    let changes: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("rack") && l.contains("n1"))
+        .collect();
+    assert!(
+        changes.iter().any(|l| l.contains("r2"))
+            && changes.iter().any(|l| l.contains("r2") && l.contains("r3")),
+        "the changes of n1's rack were not logged: {changes:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

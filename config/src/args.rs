@@ -251,6 +251,10 @@ flags! {
             => peer.first_byte_timeout, duration::parse;
         /// How long a peer's answer may stall before the rest goes elsewhere, e.g. "3s"
         peer_stall_timeout: "LARDER_PEER_STALL_TIMEOUT", "DURATION" => peer.stall_timeout, duration::parse;
+        /// The least rate (bytes a second) a peer's block must come at, e.g. "16MiB"; 0 is off
+        peer_min_rate: "LARDER_PEER_MIN_RATE", "SIZE" => peer.min_rate, parse_size;
+        /// How often an idle node says hello to each member, e.g. "10s"; "0s" is off
+        peer_probe_interval: "LARDER_PEER_PROBE_INTERVAL", "DURATION" => peer.probe_interval, duration::parse;
         /// This node's certificate chain (PEM): the peer listener speaks TLS only
         peer_tls_cert: "LARDER_PEER_TLS_CERT", "PATH" => peer.tls_cert, some(parse_path);
         /// The private key (PEM) of the peer certificate
@@ -798,6 +802,8 @@ mod tests {
             ("peer-insecure", "LARDER_PEER_INSECURE"),
             ("peer-first-byte-timeout", "LARDER_PEER_FIRST_BYTE_TIMEOUT"),
             ("peer-stall-timeout", "LARDER_PEER_STALL_TIMEOUT"),
+            ("peer-min-rate", "LARDER_PEER_MIN_RATE"),
+            ("peer-probe-interval", "LARDER_PEER_PROBE_INTERVAL"),
             ("peer-tls-cert", "LARDER_PEER_TLS_CERT"),
             ("peer-tls-key", "LARDER_PEER_TLS_KEY"),
             ("peer-tls-ca", "LARDER_PEER_TLS_CA"),

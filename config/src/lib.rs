@@ -24,5 +24,5 @@ pub use redact::{Redacted, SourceUrl, hide_credentials, hide_secret};
 pub use schema::{
     CacheConfig, Config, ControlConfig, DEFAULT_CA_FILE, DEFAULT_CONTROL_SOCKET, DEFAULT_TOKEN_FILE,
     IoEngineKind, MetricsConfig, MountConfig, OriginConfig, PeerConfig, PeerMember, RegistryConfig,
-    RegistryUpstream, SourceConfig, WarmConfig,
+    RegistryUpstream, SourceConfig, WarmConfig, is_peer_label,
 };

@@ -52,6 +52,8 @@
 //! insecure = false           # serve and ask without a key (a closed network only)
 //! first_byte_timeout = "500ms"
 //! stall_timeout = "3s"
+//! min_rate = "16MiB"         # bytes a second a peer's block must at least come at
+//! probe_interval = "10s"     # an idle node says hello to each member this often
 //! tls_cert = "/etc/larder/peer.crt"  # the listener speaks TLS (with tls_key)
 //! tls_key = "/etc/larder/peer.key"
 //! tls_ca = "/etc/larder/peer-ca.crt" # asks members over TLS, checking this CA
@@ -421,6 +423,19 @@ pub struct PeerConfig {
     /// candidate or the origin. Default 3s.
     #[serde(with = "humantime_serde")]
     pub stall_timeout: Duration,
+    /// The least rate, in bytes a second, at which a peer's block must come: each block of an
+    /// answer (its header, group values and bytes) must have arrived within `stall_timeout`
+    /// plus its size at this rate, counted from the end of the frame before it, or that block
+    /// comes from the origin and the member gets a strike (three in a row open its circuit). A
+    /// member that trickles its bytes would otherwise keep every gap under `stall_timeout`
+    /// and hold its askers' reads forever. Set it below what the origin gives one stream.
+    /// `0` turns the floor off. Default 16MiB.
+    pub min_rate: ByteSize,
+    /// How often each member not heard from meanwhile is sent an authenticated hello, so that
+    /// a member that stopped is marked down, and one that is back comes back up, even on a
+    /// node no read goes through. `0s` turns the probes off. Default 10s.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
     /// This node's certificate chain (PEM) for the peer listener: with it (and `tls_key`) the
     /// listener speaks TLS only. Default none.
     pub tls_cert: Option<PathBuf>,
@@ -448,6 +463,8 @@ impl Default for PeerConfig {
             insecure: false,
             first_byte_timeout: Duration::from_millis(500),
             stall_timeout: Duration::from_secs(3),
+            min_rate: ByteSize::mib(16),
+            probe_interval: Duration::from_secs(10),
             tls_cert: None,
             tls_key: None,
             tls_ca: None,
@@ -667,8 +684,9 @@ pub struct PeerMember {
     pub rack: String,
 }
 
-/// Whether `text` may be a node id or rack label: `A-Z a-z 0-9 . _ -`, at most 128.
-pub(crate) fn is_peer_label(text: &str) -> bool {
+/// Whether `text` may be a node id or rack label: `A-Z a-z 0-9 . _ -`, at most 128. What a
+/// member says of itself over the network is held to the same rule.
+pub fn is_peer_label(text: &str) -> bool {
     text.len() <= 128
         && text
             .bytes()
@@ -914,6 +932,8 @@ mod tests {
         insecure = true
         first_byte_timeout = "250ms"
         stall_timeout = "1s"
+        min_rate = "8MiB"
+        probe_interval = "30s"
         tls_cert = "/etc/larder/peer.crt"
         tls_key = "/etc/larder/peer.key"
         tls_ca = "/etc/larder/ca.crt"
@@ -965,6 +985,8 @@ mod tests {
         assert_eq!(config.peer.listen, None);
         assert_eq!(config.peer.first_byte_timeout, Duration::from_millis(500));
         assert_eq!(config.peer.stall_timeout, Duration::from_secs(3));
+        assert_eq!(config.peer.min_rate, ByteSize::mib(16));
+        assert_eq!(config.peer.probe_interval, Duration::from_secs(10));
         assert_eq!(config.peer.tls_name, "larder-peer");
         assert_eq!(config.warm.plan, None);
         assert_eq!(config.warm.check_interval, Duration::from_secs(60));
@@ -1098,6 +1120,8 @@ mod tests {
                 insecure: true,
                 first_byte_timeout: Duration::from_millis(250),
                 stall_timeout: Duration::from_secs(1),
+                min_rate: ByteSize::mib(8),
+                probe_interval: Duration::from_secs(30),
                 tls_cert: Some(PathBuf::from("/etc/larder/peer.crt")),
                 tls_key: Some(PathBuf::from("/etc/larder/peer.key")),
                 tls_ca: Some(PathBuf::from("/etc/larder/ca.crt")),

@@ -41,6 +41,8 @@ const KEYS: &[(&str, &str)] = &[
     ("peer", "insecure"),
     ("peer", "first_byte_timeout"),
     ("peer", "stall_timeout"),
+    ("peer", "min_rate"),
+    ("peer", "probe_interval"),
     ("peer", "tls_cert"),
     ("peer", "tls_key"),
     ("peer", "tls_ca"),

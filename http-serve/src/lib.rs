@@ -85,7 +85,8 @@ pub struct Limits {
     pub fresh_grace: Duration,
 }
 
-/// Who a connection comes from, for the per-client limit.
+/// Who a connection comes from, for the per-client limit; each request carries it in its
+/// extensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Client {
     /// A TCP peer, by IP address.
@@ -291,7 +292,7 @@ pub async fn serve<L: Listener, S: Service>(
                 () = admitted.evict.cancelled() => return,
                 () = cancel.cancelled() => return,
             };
-            connection(io, service, limits, admitted, cancel).await;
+            connection(io, client, service, limits, admitted, cancel).await;
         });
     }
     tracker.close();
@@ -353,6 +354,7 @@ where
 /// One connection, until it ends, is evicted, or the server stops.
 async fn connection<I, S>(
     io: I,
+    client: Client,
     service: Arc<S>,
     limits: Limits,
     admitted: Admitted,
@@ -362,8 +364,9 @@ async fn connection<I, S>(
     S: Service,
 {
     let Admitted { idle, evict, .. } = admitted;
-    let hyper_service = hyper::service::service_fn(move |request: Request<Incoming>| {
+    let hyper_service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
         let (service, idle) = (service.clone(), idle.clone());
+        request.extensions_mut().insert(client);
         async move {
             // Busy until the body has been sent: a streamed answer is not an idle connection.
             let Some(busy) = Busy::new(idle) else {

@@ -1,5 +1,5 @@
 //! The asker's side: one HTTP/1.1 request per run, on a connection of its own, with deadlines
-//! on the answer's start and on every gap in its bytes.
+//! on the answer's start, on every gap in its bytes, and on each block as a whole.
 //!
 //! The deadline on the answer's start (the first-byte deadline) follows the peer's recent
 //! answers as TCP's retransmission timeout follows round trips (RFC 6298): their smoothed
@@ -8,6 +8,14 @@
 //! A node whose answers slow down or grow erratic (its CPU is saturated: a scale-up on a busy
 //! node) is given the time it has been taking, so that its runs are not fetched from the origin
 //! a second time; one that stops answering is still found out within a deadline.
+//!
+//! The gaps alone bound nothing: a peer that sends a byte a second never stalls. So each frame
+//! of an answer (a block's header, group values and bytes, or a keepalive) must also have
+//! arrived within the stall deadline plus its size at the rate floor (`peer.min_rate`),
+//! counted from the end of the frame before it. A block that comes slower is late as a stalled
+//! one is ([`PeerError::Timeout`]): the caller takes it from the origin and holds it against
+//! the peer. Keepalives restart the count, as an owner waiting for its own origin is no slower
+//! than that origin.
 //!
 //! [`Client::fetch_run`] checks each block's tag (with a key), that the blocks come in order
 //! with the lengths the run implies, that their group values merge to the tagged hash, and
@@ -148,24 +156,30 @@ pub struct Client {
     node: String,
     first_byte_timeout: Duration,
     stall_timeout: Duration,
+    /// Bytes a second each block must at least come at (0: no floor).
+    min_rate: u64,
     tls: Option<Connector>,
     /// Each peer's answer-head latency, by address.
     heads: Arc<Mutex<HashMap<String, HeadLatency>>>,
 }
 
 impl Client {
-    /// A client for node `node`, signing with `key` (none: a cluster run without keys).
+    /// A client for node `node`, signing with `key` (none: a cluster run without keys), with
+    /// the deadlines of the module's doc: `min_rate` is the rate floor in bytes a second (0:
+    /// none).
     pub fn new(
         key: Option<ClusterKey>,
         node: String,
         first_byte_timeout: Duration,
         stall_timeout: Duration,
+        min_rate: u64,
     ) -> Self {
         Self {
             key,
             node,
             first_byte_timeout,
             stall_timeout,
+            min_rate,
             tls: None,
             heads: Arc::default(),
         }
@@ -184,6 +198,15 @@ impl Client {
             self.first_byte_timeout,
             self.stall_timeout.max(self.first_byte_timeout),
         )
+    }
+
+    /// The longest a frame of `len` bytes (plus its header) may take to arrive: the stall
+    /// deadline, plus `len` at the rate floor. `None` without a floor.
+    fn frame_time(&self, len: usize) -> Option<Duration> {
+        (self.min_rate > 0).then(|| {
+            let at_floor = Duration::from_secs_f64(len as f64 / self.min_rate as f64);
+            self.stall_timeout.saturating_add(at_floor)
+        })
     }
 
     /// Notes an answer head from `address` that took `took`.
@@ -238,11 +261,13 @@ impl Client {
             pending: BytesMut::new(),
             deadline: Instant::now() + self.stall_timeout,
             stall: self.stall_timeout,
+            frame_deadline: None,
         };
         let mut index = request.first;
         let mut waited = 0;
         while index < request.first + request.count {
             let want = request.block_len(index) as usize;
+            answer.frame_deadline = self.frame_time(want).map(|time| Instant::now() + time);
             let bad = |reason: String| PeerError::BadData { index, reason };
             let mut head = [0; FRAME_HEADER_LEN];
             head.copy_from_slice(&answer.take(FRAME_HEADER_LEN).await?);
@@ -399,13 +424,16 @@ where
     Ok(sender)
 }
 
-/// An answer's body as it is read: bytes come within the stall deadline of the last ones.
+/// An answer's body as it is read: bytes come within the stall deadline of the last ones, and
+/// the frame being read by its own deadline.
 struct Answer {
     body: Incoming,
     /// Bytes received and not yet used.
     pending: BytesMut,
     deadline: Instant,
     stall: Duration,
+    /// When the frame being read must have arrived whole (the rate floor), if there is one.
+    frame_deadline: Option<Instant>,
 }
 
 impl Answer {
@@ -438,13 +466,19 @@ impl Answer {
         Ok(())
     }
 
-    /// The body's next bytes, waiting at most until the deadline, which then moves a stall
-    /// deadline past now.
+    /// The body's next bytes, waiting at most until the stall deadline, which then moves a
+    /// stall deadline past now, or the frame's deadline, which does not move.
     async fn next(&mut self) -> Result<Bytes, PeerError> {
         loop {
-            let frame = timeout_at(self.deadline, self.body.frame())
+            let (until, late) = match self.frame_deadline {
+                Some(frame) if frame < self.deadline => {
+                    (frame, "the block came slower than the rate floor (peer.min_rate)")
+                }
+                _ => (self.deadline, "the answer stalled past the stall deadline"),
+            };
+            let frame = timeout_at(until, self.body.frame())
                 .await
-                .map_err(|_| PeerError::Timeout("the answer stalled past the stall deadline"))?;
+                .map_err(|_| PeerError::Timeout(late))?;
             match frame {
                 None => return Err(PeerError::Broken("the answer ended before the run did".into())),
                 Some(Err(error)) => return Err(PeerError::Broken(error.to_string())),
@@ -463,12 +497,94 @@ impl Answer {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
     use super::*;
+    use crate::wire::VersionTag;
+
+    /// A peer on a loopback port that answers one run request with the head of its first
+    /// block of `block` bytes (zeros), the block's first `sent` bytes, and then one byte every
+    /// `every`, for ever: it never stalls, and never finishes.
+    async fn trickling_peer(block: usize, sent: usize, every: Duration) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                let mut byte = [0];
+                stream.read_exact(&mut byte).await.unwrap();
+                head.push(byte[0]);
+            }
+            let bytes = vec![0; block];
+            let tree = larder_block_tree::Tree::of(&bytes);
+            let frame = crate::server::frame(None, &[0; 16], 0, block as u32, tree.root);
+            let start = [&frame.encode()[..], tree.groups.as_flattened(), &bytes[..sent]].concat();
+            let chunk = |data: &[u8]| [format!("{:x}\r\n", data.len()).as_bytes(), data, b"\r\n"].concat();
+            let answer = [
+                &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"[..],
+                &chunk(&start),
+            ]
+            .concat();
+            stream.write_all(&answer).await.unwrap();
+            loop {
+                tokio::time::sleep(every).await;
+                if stream.write_all(&chunk(&[0])).await.is_err() {
+                    return;
+                }
+            }
+        });
+        address
+    }
+
+    /// A peer whose answer trickles (a byte every 100 ms, well within the stall deadline) is
+    /// late once its block has taken the stall deadline plus its size at the rate floor; before
+    /// the floor, every byte moved the stall deadline on and the fetch never ended.
+    #[tokio::test]
+    async fn a_peer_that_trickles_its_block_is_late_by_the_rate_floor() {
+        let block = 64 << 10;
+        let address = trickling_peer(block, 1000, Duration::from_millis(100)).await;
+        let stall = Duration::from_millis(500);
+        let client = Client::new(None, "n0".into(), Duration::from_millis(500), stall, 1 << 20);
+        let request = RunRequest {
+            object: [0; 32],
+            source: "models".into(),
+            key: "k".into(),
+            version: VersionTag::Unversioned,
+            size: 2 * block as u64,
+            block_size: block as u64,
+            first: 0,
+            count: 2,
+            relay: false,
+        };
+        let started = std::time::Instant::now();
+        let fetch = client.fetch_run::<Vec<u8>, String>(&address, "n1", &request, |_, _, _| Ok(()));
+        let result = tokio::time::timeout(Duration::from_secs(10), fetch).await;
+        let took = started.elapsed();
+        let Ok(result) = result else {
+            panic!("a trickling peer still held the fetch after {took:?}");
+        };
+        assert!(
+            matches!(result, Err(PeerError::Timeout(why)) if why.contains("rate floor")),
+            "{result:?}"
+        );
+        eprintln!("the trickling peer was late after {took:?}");
+    }
+
+    impl BlockBuf for Vec<u8> {
+        fn with_room(len: usize) -> Self {
+            Vec::with_capacity(len)
+        }
+
+        fn extend_from_slice(&mut self, bytes: &[u8]) {
+            Vec::extend_from_slice(self, bytes);
+        }
+    }
 
     #[test]
     fn the_first_byte_deadline_follows_a_peers_answers_within_bounds() {
         let (floor, stall) = (Duration::from_millis(500), Duration::from_secs(3));
-        let client = Client::new(None, "n0".into(), floor, stall);
+        let client = Client::new(None, "n0".into(), floor, stall, 0);
         let ms = Duration::from_millis;
         // Nothing known, and steady fast answers: the configured deadline.
         assert_eq!(client.first_byte_deadline("a:1"), floor);
@@ -495,5 +611,16 @@ mod tests {
             client.answered("a:1", ms(5));
         }
         assert_eq!(client.first_byte_deadline("a:1"), floor);
+    }
+
+    #[test]
+    fn a_block_may_take_the_stall_deadline_plus_its_size_at_the_rate_floor() {
+        let stall = Duration::from_secs(3);
+        let floor = Client::new(None, "n0".into(), stall, stall, 1 << 20);
+        assert_eq!(floor.frame_time(4 << 20), Some(stall + Duration::from_secs(4)));
+        assert_eq!(floor.frame_time(0), Some(stall));
+        // No floor: no deadline but the stall deadline (before, a floor of 0 panicked).
+        let none = Client::new(None, "n0".into(), stall, stall, 0);
+        assert_eq!(none.frame_time(4 << 20), None);
     }
 }

@@ -9,6 +9,10 @@
 //! node's rack asked (`relay`), else from its origin, never from another peer. A block it
 //! cannot get ends the answer early; the asker takes the rest from elsewhere.
 //!
+//! A hello says the asker's rack: the members take it as that member's rack only when the
+//! hello comes from the IP address the member is listed at (see [`crate::members`]); a rack
+//! the config would refuse as a label gets 400.
+//!
 //! Bounds, besides the listener's own ([`LIMITS`]): at most [`RUNS_PER_PEER`] answers in
 //! flight per asking node and [`RUNS_IN_FLIGHT`] in all (then 503 at once), and each answer is
 //! cut off after [`ANSWER_DEADLINE`] however slowly its asker reads.
@@ -21,6 +25,7 @@ use bytes::Bytes;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use larder_block_tree::Tree;
+use larder_config::is_peer_label;
 use larder_http::{self as http, Body, Limits};
 use larder_object::ObjectVersion;
 use larder_origin::Origin;
@@ -33,7 +38,7 @@ use larder_stats::{PeerStats, add};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
-use crate::members::Membership;
+use crate::members::{Membership, RackRefused, SaidBy};
 
 /// The peer listener's connection bounds.
 pub const LIMITS: Limits = Limits {
@@ -157,8 +162,16 @@ impl PeerListener {
         match request.uri().path() {
             HELLO_PATH => {
                 let rack = request.uri().query().and_then(hello_rack);
-                if let (Some(members), Some(rack)) = (&self.members, rack) {
-                    members.said_rack(&sender.node, &rack);
+                if rack.as_deref().is_some_and(|rack| !is_peer_label(rack)) {
+                    add(&self.stats.peer_served_refused, 1);
+                    return http::error(StatusCode::BAD_REQUEST, &RackRefused::BadLabel.to_string());
+                }
+                let from = request.extensions().get::<http::Client>();
+                if let (Some(members), Some(rack), Some(&http::Client::Ip(from))) =
+                    (&self.members, rack, from)
+                    && let Err(refused) = members.said_rack(&sender.node, &rack, SaidBy::Hello(from))
+                {
+                    tracing::debug!(%refused, "the rack a hello gave was not taken");
                 }
                 match serde_json::to_vec(&self.hello) {
                     Ok(body) => http::full(StatusCode::OK, "application/json", body),

@@ -13,6 +13,13 @@
 //! rack is known it ranks as a member of another rack: it is still asked, but only for the runs
 //! no member of this node's rack is ranked before it, and the status says why.
 //!
+//! A member's rack is taken only from the member itself: from its answer to a hello this node
+//! sent to its address, or from its own hello when that comes from the IP address it is listed
+//! at ([`Membership::said_rack`]). Anyone holding the cluster key can sign a hello as any
+//! member, so a hello from elsewhere cannot move a member to another rack. Ids and racks that
+//! members say must be labels the config would take ([`larder_config::is_peer_label`]), and
+//! every change of a member's rack is logged.
+//!
 //! [`Membership::owners`] ranks the members for a run by rendezvous hashing, this node's rack
 //! first ([`larder_peer_proto::owner::candidates`]); every node with the same members ranks
 //! them the same way. A per-member circuit breaker leaves out a member that just failed: for
@@ -23,10 +30,17 @@
 //! runs, or every asker would take them to the origin for the whole backoff. A member whose
 //! blocks the origin check proved wrong is left out for [`MAX_BACKOFF`] at once.
 //!
+//! Traffic alone would leave a member's state as the last request found it: an idle node would
+//! keep a member that stopped `up` for ever. So every `peer.probe_interval` each member not
+//! heard from meanwhile is sent a hello ([`Membership::spawn_probes`]): one that does not answer
+//! is left out as after a failure, and one that answers is `up`, its circuit closed if it was
+//! opened only because the member could not be reached (a circuit opened for slow or wrong
+//! answers stays open for its backoff: a hello proves nothing about those).
+//!
 //! Time is tokio's clock, so tests can pause and advance it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +48,7 @@ use futures::future::BoxFuture;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig};
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::{Resolver, TokioResolver};
-use larder_config::PeerConfig;
+use larder_config::{PeerConfig, is_peer_label};
 pub use larder_control_api::{MemberHealth, MemberState, RackBytes};
 use larder_peer_proto::client::PeerError;
 use larder_peer_proto::owner::{self, Member, RunId};
@@ -148,6 +162,11 @@ struct Entry {
     unheard: Option<String>,
     /// Failures since the last success.
     failures: u32,
+    /// Its circuit is open because it could not be reached (no connection, or no answer to a
+    /// probe): a probe it answers closes it.
+    unreachable: bool,
+    /// When a request or probe to it last ended, either way.
+    heard: Option<Instant>,
     /// Slow answers in a row, towards [`SLOW_STRIKES`].
     strikes: u32,
     /// Left out of [`Membership::owners`] until then.
@@ -176,6 +195,43 @@ impl Entry {
     fn is_open(&self, now: Instant) -> bool {
         self.open_until.is_some_and(|until| until > now)
     }
+
+    /// The rack in use, as the log shows it.
+    fn shown_rack(&self) -> String {
+        match self.place() {
+            Some((_, Some(rack))) => show_rack(rack).to_owned(),
+            _ => "unknown".to_owned(),
+        }
+    }
+}
+
+/// Where a member said its rack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaidBy {
+    /// Its answer to a hello this node sent to its address.
+    Answer,
+    /// Its own hello to this node, on a connection from this IP address.
+    Hello(IpAddr),
+}
+
+/// Why what a member said of its rack was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RackRefused {
+    /// Not a label the config would take.
+    #[error("a rack label must be at most 128 characters of A-Z a-z 0-9 . _ -")]
+    BadLabel,
+    /// The hello did not come from the IP address the member is listed at (or the member is
+    /// listed by a host name, which is not resolved for this): anyone with the key can sign
+    /// as any member.
+    #[error("a hello as member {member} came from {from}, not from its address {listed}")]
+    NotItsAddress {
+        /// The member it was signed as.
+        member: String,
+        /// Where it came from.
+        from: IpAddr,
+        /// Where the member is listed.
+        listed: String,
+    },
 }
 
 impl Membership {
@@ -273,13 +329,30 @@ impl Membership {
             .collect()
     }
 
+    /// A request to member `id` failed with `error`: its circuit opens at once when it could
+    /// not be reached or misbehaved, after [`SLOW_STRIKES`] in a row when it was only slow (a
+    /// timeout, an answer that broke off), never when it only declined.
+    pub fn request_failed(&self, id: &str, error: &PeerError) {
+        match error {
+            PeerError::Declined(_) => {}
+            PeerError::Timeout(_) | PeerError::Broken(_) => self.slow(id),
+            PeerError::Connect { .. } => self.unreachable(id),
+            PeerError::Unauthorized(_) | PeerError::BadTag(_) | PeerError::BadData { .. } => {
+                self.failed(id);
+            }
+        }
+    }
+
     /// A request to member `id` failed: it is left out of [`Membership::owners`] for a while,
     /// twice as long as last time if it failed last time too.
     pub fn failed(&self, id: &str) {
-        self.leave_out(id, |failures| {
-            let doublings = (failures - 1).min(16);
-            FIRST_BACKOFF.saturating_mul(1 << doublings).min(MAX_BACKOFF)
-        });
+        self.leave_out(id, false, doubling);
+    }
+
+    /// Member `id` could not be reached: left out as by [`Membership::failed`], until then or
+    /// until it answers a probe.
+    fn unreachable(&self, id: &str) {
+        self.leave_out(id, true, doubling);
     }
 
     /// A request to member `id` timed out or its answer broke off: after [`SLOW_STRIKES`] in a
@@ -291,6 +364,7 @@ impl Membership {
                 return;
             };
             entry.up = false;
+            entry.heard = Some(Instant::now());
             entry.strikes += 1;
             if entry.strikes < SLOW_STRIKES {
                 tracing::debug!(member = id, strikes = entry.strikes, "peer slow; its runs stay");
@@ -304,20 +378,25 @@ impl Membership {
     /// origin: it is left out for [`MAX_BACKOFF`] at once. Its answers succeed in transit, so
     /// the doubling of [`Membership::failed`] would start again at [`FIRST_BACKOFF`] each time.
     pub fn sent_wrong_blocks(&self, id: &str) {
-        self.leave_out(id, |_| MAX_BACKOFF);
+        self.leave_out(id, false, |_| MAX_BACKOFF);
     }
 
-    /// Counts a failure of member `id` and opens its circuit for `backoff(failures in a row)`.
-    fn leave_out(&self, id: &str, backoff: impl FnOnce(u32) -> Duration) {
+    /// Counts a failure of member `id` and opens its circuit for `backoff(failures in a row)`;
+    /// `unreachable`: because it could not be reached.
+    fn leave_out(&self, id: &str, unreachable: bool, backoff: impl FnOnce(u32) -> Duration) {
+        let now = Instant::now();
         let mut state = self.inner.state.lock();
         let Some(entry) = state.members.get_mut(id) else {
             return;
         };
+        // A member already out for a misdeed stays out for it, whatever else fails.
+        entry.unreachable = unreachable && (entry.unreachable || !entry.is_open(now));
         entry.failures = entry.failures.saturating_add(1);
         entry.strikes = 0;
         let backoff = backoff(entry.failures);
-        entry.open_until = Some(Instant::now() + backoff);
+        entry.open_until = Some(now + backoff);
         entry.up = false;
+        entry.heard = Some(now);
         tracing::debug!(member = id, failures = entry.failures, backoff = ?backoff, "peer left out after a failure");
     }
 
@@ -325,10 +404,7 @@ impl Membership {
     pub fn succeeded(&self, id: &str) {
         let mut state = self.inner.state.lock();
         if let Some(entry) = state.members.get_mut(id) {
-            entry.failures = 0;
-            entry.strikes = 0;
-            entry.open_until = None;
-            entry.up = true;
+            close(entry);
         }
     }
 
@@ -491,6 +567,16 @@ impl Membership {
         .await;
         known.silent.retain(|a| addresses.contains(a));
         for (address, answer) in answers {
+            // What a member says of itself is held to the config's rule for labels.
+            let answer = answer.and_then(|said| {
+                if is_peer_label(&said.node) && is_peer_label(&said.rack) {
+                    Ok(said)
+                } else {
+                    Err(PeerError::Broken(
+                        "its id or rack is not a label the config would take".to_owned(),
+                    ))
+                }
+            });
             match answer {
                 Ok(Said { node: id, rack }) => {
                     known.silent.remove(address);
@@ -516,10 +602,12 @@ impl Membership {
             return;
         }
         let entry = state.members.entry(id.clone()).or_default();
-        if entry.place().is_none() {
-            tracing::info!(member = %id, %rack, %address, "a peer joined");
+        let before = entry.place().is_some().then(|| entry.shown_rack());
+        entry.discovered = Some((address.clone(), rack));
+        match before {
+            None => tracing::info!(member = %id, rack = %entry.shown_rack(), %address, "a peer joined"),
+            Some(before) => log_rack_change(&id, &before, entry),
         }
-        entry.discovered = Some((address, rack));
     }
 
     /// `address`, which DNS had given for member `id`, is gone.
@@ -540,18 +628,37 @@ impl Membership {
 }
 
 impl Membership {
-    /// Member `id` said it is in `rack` (its own hello to this node, authenticated): where the
-    /// list gave no rack for it, it is ranked in that rack from now on.
-    pub fn said_rack(&self, id: &str, rack: &str) {
+    /// Member `id` said it is in `rack`, as `by` says (an authenticated hello either way):
+    /// where the list gave no rack for it, it is ranked in that rack from now on. Taken only if
+    /// `rack` is a label the config would take and, from the member's own hello, if that came
+    /// from the IP address the member is listed at. A change of its rack is logged.
+    pub fn said_rack(&self, id: &str, rack: &str, by: SaidBy) -> Result<(), RackRefused> {
+        if !is_peer_label(rack) {
+            return Err(RackRefused::BadLabel);
+        }
         let mut state = self.inner.state.lock();
         let Some(entry) = state.members.get_mut(id) else {
-            return;
+            return Ok(());
         };
-        if entry.rack_unknown() {
-            tracing::info!(member = id, rack = %show_rack(rack), "learned the rack of a member listed without one");
+        if let SaidBy::Hello(from) = by {
+            let listed = entry
+                .place()
+                .map(|(address, _)| address.to_owned())
+                .unwrap_or_default();
+            let its_own = listed.parse::<SocketAddr>().is_ok_and(|a| a.ip() == from);
+            if !its_own {
+                return Err(RackRefused::NotItsAddress {
+                    member: id.to_owned(),
+                    from,
+                    listed,
+                });
+            }
         }
+        let before = entry.shown_rack();
         entry.said_rack = Some(rack.to_owned());
         entry.unheard = None;
+        log_rack_change(id, &before, entry);
+        Ok(())
     }
 
     /// The members listed without a rack that have not said theirs: id and address.
@@ -595,7 +702,12 @@ impl Membership {
             .await;
             for (id, address, answer) in answers {
                 match answer {
-                    Ok(Said { node: said_id, rack }) if said_id == *id => self.said_rack(id, &rack),
+                    Ok(Said { node: said_id, rack }) if said_id == *id => {
+                        if let Err(refused) = self.said_rack(id, &rack, SaidBy::Answer) {
+                            let warn = tries >= HELLO_WARN_AFTER && warned.insert(id.clone());
+                            self.unheard_from(id, address, refused.to_string(), warn);
+                        }
+                    }
                     Ok(Said { node: said_id, .. }) => self.unheard_from(
                         id,
                         address,
@@ -614,6 +726,100 @@ impl Membership {
                 HELLO_SLOW_RETRY
             };
             tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Says hello to every member not heard from lately, every `interval`, on a task of
+    /// `tasks` until `stop` (see the module's doc): at most one hello a member an interval.
+    /// Nothing when `interval` is zero.
+    pub fn spawn_probes(
+        &self,
+        tasks: &TaskTracker,
+        stop: CancellationToken,
+        hello: Arc<dyn Hello>,
+        interval: Duration,
+    ) {
+        if interval.is_zero() {
+            return;
+        }
+        let membership = self.clone();
+        tasks.spawn(async move {
+            stop.run_until_cancelled(membership.probe(hello, interval)).await;
+        });
+    }
+
+    /// The probe task: wait, say hello to the members not heard from, note the answers.
+    async fn probe(self, hello: Arc<dyn Hello>, interval: Duration) {
+        // Not at once: at start the members may not listen yet, and nothing is known anyway.
+        let mut tick = tokio::time::interval_at(Instant::now() + interval, interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let quiet = self.quiet(interval / 2);
+            let hello = hello.as_ref();
+            let answers = futures::future::join_all(
+                quiet
+                    .iter()
+                    .map(|(id, address)| async move { (id, ask(hello, address, id).await) }),
+            )
+            .await;
+            for (id, answer) in answers {
+                match answer {
+                    // A member that declines a hello (another release) is alive all the same.
+                    Ok(Said { node, .. }) if node == *id => self.answered_probe(id),
+                    Err(PeerError::Declined(_)) => self.answered_probe(id),
+                    Ok(said) => self.missed_probe(id, &format!("its address answers as {:?}", said.node)),
+                    Err(error) => self.missed_probe(id, &error.to_string()),
+                }
+            }
+        }
+    }
+
+    /// The members not heard from for `quiet` or longer: id and address.
+    fn quiet(&self, quiet: Duration) -> Vec<(String, String)> {
+        let now = Instant::now();
+        let state = self.inner.state.lock();
+        state
+            .members
+            .iter()
+            .filter(|(_, entry)| entry.heard.is_none_or(|heard| now.duration_since(heard) >= quiet))
+            .filter_map(|(id, entry)| Some((id.clone(), entry.place()?.0.to_owned())))
+            .collect()
+    }
+
+    /// Member `id` answered a probe: it is up, back in if it was out only for not answering.
+    fn answered_probe(&self, id: &str) {
+        let now = Instant::now();
+        let mut state = self.inner.state.lock();
+        let Some(entry) = state.members.get_mut(id) else {
+            return;
+        };
+        entry.heard = Some(now);
+        if !entry.is_open(now) {
+            entry.up = true;
+        } else if entry.unreachable {
+            tracing::info!(member = id, "a member that did not answer answers again");
+            close(entry);
+        }
+    }
+
+    /// Member `id` did not answer a probe, for `why`: it is left out as after a failure, until
+    /// it answers one.
+    fn missed_probe(&self, id: &str, why: &str) {
+        let was_out = {
+            let state = self.inner.state.lock();
+            state
+                .members
+                .get(id)
+                .is_some_and(|entry| entry.is_open(Instant::now()))
+        };
+        self.unreachable(id);
+        if !was_out {
+            tracing::warn!(
+                member = id,
+                error = why,
+                "a member did not answer a probe: left out until it answers one"
+            );
         }
     }
 
@@ -640,12 +846,37 @@ impl Membership {
     }
 }
 
+/// The backoff after `failures` in a row: [`FIRST_BACKOFF`], doubled for each failure before
+/// the last, at most [`MAX_BACKOFF`].
+fn doubling(failures: u32) -> Duration {
+    let doublings = (failures - 1).min(16);
+    FIRST_BACKOFF.saturating_mul(1 << doublings).min(MAX_BACKOFF)
+}
+
+/// Closes `entry`'s circuit: it is up, its failures forgotten.
+fn close(entry: &mut Entry) {
+    entry.failures = 0;
+    entry.strikes = 0;
+    entry.open_until = None;
+    entry.unreachable = false;
+    entry.up = true;
+    entry.heard = Some(Instant::now());
+}
+
 /// Asks the peer at `address` (expected to be member `to`, empty: not known) who it is,
 /// within [`HELLO_TIMEOUT`].
 async fn ask(hello: &dyn Hello, address: &str, to: &str) -> Result<Said, PeerError> {
     tokio::time::timeout(HELLO_TIMEOUT, hello.hello(address, to))
         .await
         .unwrap_or(Err(PeerError::Timeout("no answer in time")))
+}
+
+/// Logs that member `id`'s rack is no longer `before`, if it is not.
+fn log_rack_change(id: &str, before: &str, entry: &Entry) {
+    let now = entry.shown_rack();
+    if now != before {
+        tracing::info!(member = id, from = %before, to = %now, "a member's rack changed");
+    }
 }
 
 /// A rack label as the log and status show it: `-` for none.
@@ -961,7 +1192,8 @@ mod tests {
             String::new(),
         );
         // b's own hello tells a its rack (here none: a node started without --rack).
-        node.said_rack("b", "");
+        let b_address = "127.0.0.1".parse().unwrap();
+        node.said_rack("b", "", SaidBy::Hello(b_address)).unwrap();
         let b = node.states().into_iter().find(|m| m.id == "b").unwrap();
         assert_eq!((b.rack.as_str(), b.note), ("", None));
         // c's address answers as another member: c stays unknown, and the status says why.
@@ -981,6 +1213,89 @@ mod tests {
                 .contains("meant for c, not x"),
             "{c:?}"
         );
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
+    }
+
+    /// Anyone with the key can sign a hello as b: b's rack is taken from b's own address only,
+    /// or from b's answer to this node's hello; never a label the config would refuse.
+    #[test]
+    fn a_members_rack_is_taken_only_from_itself_and_only_as_a_label() {
+        let node = Membership::new(
+            &config(&["b=127.0.0.2:7002", "c=c.example:7003"]),
+            "a".into(),
+            "r1".into(),
+        );
+        let rack = |id: &str| node.states().into_iter().find(|m| m.id == id).unwrap().rack;
+        let (b_ip, elsewhere) = ("127.0.0.2".parse().unwrap(), "127.0.0.9".parse().unwrap());
+        assert!(matches!(
+            node.said_rack("b", "r9", SaidBy::Hello(elsewhere)),
+            Err(RackRefused::NotItsAddress { .. })
+        ));
+        assert_eq!(rack("b"), "");
+        for bad in ["r1\nr2", &"x".repeat(6000), "r 1"] {
+            assert_eq!(
+                node.said_rack("b", bad, SaidBy::Hello(b_ip)),
+                Err(RackRefused::BadLabel)
+            );
+            assert_eq!(
+                node.said_rack("b", bad, SaidBy::Answer),
+                Err(RackRefused::BadLabel)
+            );
+        }
+        assert_eq!(rack("b"), "");
+        node.said_rack("b", "r2", SaidBy::Hello(b_ip)).unwrap();
+        assert_eq!(rack("b"), "r2");
+        node.said_rack("b", "r3", SaidBy::Answer).unwrap();
+        assert_eq!(rack("b"), "r3");
+        // A member listed by a host name: its own hellos cannot be told from others'.
+        assert!(node.said_rack("c", "r2", SaidBy::Hello(b_ip)).is_err());
+        node.said_rack("c", "r2", SaidBy::Answer).unwrap();
+        assert_eq!(rack("c"), "r2");
+    }
+
+    /// An idle node (no request to anyone) probes its members: a member that stops answering
+    /// is down within an interval or so, and up again once it answers; a member left out for
+    /// slow answers stays out for its backoff even though it answers hellos.
+    #[tokio::test(start_paused = true)]
+    async fn idle_members_are_probed_so_a_dead_one_goes_down_and_comes_back_up() {
+        let node = Membership::new(&config(&FOUR), "a".into(), "r1".into());
+        let state = |id: &str| node.states().into_iter().find(|m| m.id == id).unwrap().state;
+        let racks = Arc::new(Racks::default());
+        for (i, id) in ["b", "c", "d"].iter().enumerate() {
+            let rack = if i == 0 { "r1" } else { "r2" };
+            racks
+                .up
+                .lock()
+                .insert(format!("127.0.0.{}:7001", i + 2), ((*id).into(), rack.into()));
+        }
+        let interval = Duration::from_secs(10);
+        let (tasks, stop) = (TaskTracker::new(), CancellationToken::new());
+        node.spawn_probes(&tasks, stop.clone(), racks.clone(), interval);
+        assert_eq!(state("b"), MemberHealth::Unknown);
+        tokio::time::sleep(interval + Duration::from_millis(100)).await;
+        assert_eq!((state("b"), state("c")), (MemberHealth::Up, MemberHealth::Up));
+
+        // b stops: down after the next probe, and it stays down while it does not answer.
+        let b = racks.up.lock().remove("127.0.0.2:7001").unwrap();
+        tokio::time::sleep(interval).await;
+        assert_eq!(state("b"), MemberHealth::Down);
+        for _ in 0..20 {
+            tokio::time::sleep(interval).await;
+            assert_eq!(state("b"), MemberHealth::Down);
+        }
+        // b is back: up at the next probe, not after its backoff (120 s by now).
+        racks.up.lock().insert("127.0.0.2:7001".into(), b);
+        tokio::time::sleep(interval).await;
+        assert_eq!(state("b"), MemberHealth::Up);
+
+        // c is slow three times in a row: out for its backoff, whatever its hellos say.
+        for _ in 0..SLOW_STRIKES {
+            node.slow("c");
+        }
+        tokio::time::sleep(FIRST_BACKOFF - Duration::from_secs(1)).await;
+        assert_eq!(state("c"), MemberHealth::Down);
         stop.cancel();
         tasks.close();
         tasks.wait().await;

@@ -44,9 +44,8 @@ impl PeerSource {
         }
     }
 
-    /// Counts a failed request by its result, and opens the member's circuit: at once when it
-    /// is unreachable or misbehaved, after a few in a row when it was only slow (a timeout, an
-    /// answer that broke off), never when it only declined.
+    /// Counts a failed request by its result, and holds it against the member
+    /// ([`Membership::request_failed`]).
     fn failed(&self, member: &str, error: &PeerError) {
         let stats = &self.stats;
         let counter = match error {
@@ -57,11 +56,7 @@ impl PeerSource {
             PeerError::BadData { .. } => &stats.peer_requests_bad_data,
         };
         add(counter, 1);
-        match error {
-            PeerError::Declined(_) => {}
-            PeerError::Timeout(_) | PeerError::Broken(_) => self.members.slow(member),
-            _ => self.members.failed(member),
-        }
+        self.members.request_failed(member, error);
         match error {
             PeerError::Unauthorized(_) | PeerError::BadTag(_) | PeerError::BadData { .. } => {
                 tracing::warn!(peer = member, %error, "rack peer failed; its runs go elsewhere for a while");

@@ -15,7 +15,7 @@ use hyper::body::Frame;
 use larder_block_tree::{GROUP, Tree};
 use larder_peer_proto::auth::{ClusterKey, Verifier};
 use larder_peer_proto::server::{authenticate, frame};
-use larder_peer_proto::wire::RunRequest;
+use larder_peer_proto::wire::{RUN_PATH, RunRequest};
 use tokio::task::JoinHandle;
 
 use crate::server::serve_on_loopback;
@@ -68,7 +68,10 @@ impl FakePeer {
         let late = Arc::new(parking_lot::Mutex::new(Vec::new()));
         let recorded = late.clone();
         let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-            counted.fetch_add(1, Ordering::Relaxed);
+            // Run requests only: the asker's hellos (its probes) say nothing of a run.
+            if request.uri().path() == RUN_PATH {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
             let (verifier, key, late) = (verifier.clone(), key.clone(), recorded.clone());
             async move { Ok::<_, Infallible>(answer(&verifier, &key, misbehaviour, &late, &request).await) }
         });
@@ -86,7 +89,7 @@ impl FakePeer {
         self.late.lock().clone()
     }
 
-    /// Run requests it was sent.
+    /// Run requests it was sent (hellos aside).
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
     }
@@ -146,13 +149,13 @@ async fn answer<B>(
                 tokio::time::sleep(delay).await;
             }
             let seed = crate::seed(&run.key, 0);
-            blocks(key, &sender.nonce, &run, |offset, len| {
+            blocks(key, &sender.nonce, &run, move |offset, len| {
                 crate::content(seed, offset, len)
             })
         }
         Misbehaviour::ForgeCrc64Nvme => {
             let seed = crate::seed(&run.key, 0);
-            blocks(key, &sender.nonce, &run, |offset, len| {
+            blocks(key, &sender.nonce, &run, move |offset, len| {
                 let mut bytes = crate::content(seed, offset, len);
                 forge_crc64nvme(&mut bytes);
                 bytes
@@ -185,19 +188,39 @@ fn framed(key: &ClusterKey, nonce: &[u8; 16], index: u32, bytes: &[u8]) -> Vec<u
 }
 
 /// An answer of every block of `run`, each block's bytes from `bytes(offset, len)`, with their
-/// group values, BLAKE3 and tags.
+/// group values, BLAKE3 and tags. The head goes at once and each block is made as the body is
+/// read, as a member streams its blocks: made whole first, a run of 4 MiB blocks took a loaded
+/// machine past the asker's first-byte deadline, and the member was never heard at all.
 fn blocks(
     key: &ClusterKey,
     nonce: &[u8; 16],
     run: &RunRequest,
-    bytes: impl Fn(u64, usize) -> Vec<u8>,
+    bytes: impl Fn(u64, usize) -> Vec<u8> + Clone + Send + Sync + 'static,
 ) -> hyper::Response<Body> {
-    let mut body = Vec::new();
-    for index in run.first..run.first + run.count {
-        let bytes = bytes(u64::from(index) * run.block_size, run.block_len(index) as usize);
-        body.extend_from_slice(&framed(key, nonce, index, &bytes));
-    }
-    hyper::Response::new(Full::new(Bytes::from(body)).boxed())
+    hyper::Response::new(StreamBody::new(block_frames(key.clone(), *nonce, run.clone(), bytes)).boxed())
+}
+
+/// The frames of [`blocks`], each made on the blocking pool when the body asks for it; one
+/// that cannot be made ends the answer early, as a member's failure would.
+fn block_frames(
+    key: ClusterKey,
+    nonce: [u8; 16],
+    run: RunRequest,
+    bytes: impl Fn(u64, usize) -> Vec<u8> + Clone + Send + Sync + 'static,
+) -> impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+    use futures::StreamExt;
+    futures::stream::iter(run.first..run.first + run.count)
+        .then(move |index| {
+            let (key, run, bytes) = (key.clone(), run.clone(), bytes.clone());
+            let made = tokio::task::spawn_blocking(move || {
+                let offset = u64::from(index) * run.block_size;
+                framed(&key, &nonce, index, &bytes(offset, run.block_len(index) as usize))
+            });
+            async move { made.await.ok() }
+        })
+        .take_while(|made| std::future::ready(made.is_some()))
+        .filter_map(std::future::ready)
+        .map(|made| Ok(Frame::data(Bytes::from(made))))
 }
 
 /// Flips the first byte of `block` and rewrites bytes 8..16 so that its CRC-64/NVME is what it

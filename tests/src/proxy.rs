@@ -40,6 +40,15 @@ pub enum Fault {
     /// Response bodies leave the proxy at most this many bytes a second, all responses together
     /// (one shared link).
     Bandwidth(u64),
+    /// Pass each response's first `after` body bytes, then trickle the rest at `per_second`
+    /// bytes a second in pieces of a tenth of that (at least a byte): the answer never stalls
+    /// for long, and never ends in any useful time.
+    Trickle {
+        /// Body bytes of each response passed at once.
+        after: u64,
+        /// The rate after them.
+        per_second: u64,
+    },
     /// Send response headers, then no byte of the body until the fault is switched to another
     /// (forever, if it never is).
     StallAfterHeaders,
@@ -131,6 +140,7 @@ impl RecordingProxy {
                 sent,
                 ended,
                 cut: false,
+                rest: Bytes::new(),
             };
             async move {
                 let fault = *body.faults.borrow();
@@ -257,6 +267,8 @@ struct FaultyBody {
     ended: Arc<AtomicBool>,
     /// [`Fault::ResetAfter`] was reached: the connection is cut before the next chunk.
     cut: bool,
+    /// Bytes of the last chunk [`Fault::Trickle`] holds back, passed before the next chunk.
+    rest: Bytes,
 }
 
 impl FaultyBody {
@@ -269,6 +281,13 @@ impl FaultyBody {
                     body.sent.load(Ordering::Relaxed)
                 );
                 return Some((Err(error.into()), None));
+            }
+            if !body.rest.is_empty() {
+                let rest = std::mem::take(&mut body.rest);
+                return match body.pass(rest).await {
+                    Ok(data) => Some((Ok(Frame::data(data)), Some((body, upstream)))),
+                    Err(error) => Some((Err(error), None)),
+                };
             }
             let frame = match upstream.frame().await? {
                 Ok(frame) => frame,
@@ -312,6 +331,15 @@ impl FaultyBody {
                     *link
                 };
                 tokio::time::sleep_until(free_at).await;
+            }
+            Fault::Trickle { after, per_second } if end > after => {
+                let piece = (per_second / 10).max(1);
+                let now = if start < after { after - start } else { piece };
+                self.rest = data.split_off((now as usize).min(data.len()));
+                if start >= after {
+                    tokio::time::sleep(Duration::from_secs_f64(piece as f64 / per_second.max(1) as f64))
+                        .await;
+                }
             }
             Fault::ResetAfter(at) if end > at => {
                 data.truncate(at.saturating_sub(start) as usize);

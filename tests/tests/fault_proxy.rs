@@ -66,6 +66,32 @@ async fn each_fault_of_the_proxy_switches_at_run_time() {
         started.elapsed()
     );
 
+    // The first 100,000 bytes at once, then a thousand a second: never more than that.
+    proxy.set_fault(Fault::Trickle {
+        after: 100_000,
+        per_second: 1_000,
+    });
+    let before = proxy.body_bytes();
+    let trickled = tokio::spawn(get());
+    let started = Instant::now();
+    while proxy.body_bytes() - before < 100_000 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the first bytes did not pass"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (passed_at, passed) = (Instant::now(), proxy.body_bytes() - before);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let trickled_bytes = proxy.body_bytes() - before - passed;
+    let most = 100 + (passed_at.elapsed().as_secs_f64() * 1_000.0) as u64;
+    assert!(
+        trickled_bytes > 0 && trickled_bytes <= most,
+        "{trickled_bytes} bytes trickled"
+    );
+    assert!(!trickled.is_finished(), "the trickled answer ended");
+    trickled.abort();
+
     proxy.set_fault(Fault::CloseConnections);
     let (asked, sent) = (proxy.requests().len(), proxy.body_bytes());
     get().await.expect_err("no answer");
