@@ -51,7 +51,7 @@ pub(crate) const KNOWN_SECRET_MIN_LEN: usize = 4;
 
 /// Hides `secret` in everything [`Redacted`] shows from now on, wherever it appears and
 /// whatever quotes it (a server that echoes a request in its error, a library's debug line),
-/// and its percent-decoded form. Values shorter than [`KNOWN_SECRET_MIN_LEN`] are not taken.
+/// and its percent-decoded form. Values shorter than four bytes are not taken.
 pub fn hide_secret(secret: &str) {
     let decoded = percent_decoded(secret);
     let mut known = KNOWN.write().unwrap_or_else(std::sync::PoisonError::into_inner);
