@@ -156,19 +156,6 @@ async fn a_prefetch_whose_blocks_cannot_be_kept_fails_naming_why() {
     });
 }
 
-/// Runs `command` with `args`, which must succeed.
-fn run(command: &str, args: &[&str]) {
-    let output = std::process::Command::new(command)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{command}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// The cache on XFS, which shuts down on a fatal error (`xfs_io -x -c "shutdown -f"`, as XFS
 /// does itself): every call on it fails with EIO, the lookup of the cache dir's lock included.
 /// That is a failing disk, not a lost dir: status says CACHE DISK FAILING (not CACHE DIR
@@ -185,9 +172,9 @@ async fn a_file_system_shut_down_under_the_cache_is_a_failing_disk_not_a_lost_di
     std::fs::File::create(&image)
         .and_then(|f| f.set_len(320 << 20))
         .expect("image");
-    run("mkfs.xfs", &["-q", image.to_str().expect("path")]);
+    larder_tests::run("mkfs.xfs", &["-q", image.to_str().expect("path")]).expect("mkfs.xfs");
     std::fs::create_dir_all(&cache).expect("mount point");
-    run(
+    larder_tests::run(
         "mount",
         &[
             "-o",
@@ -195,7 +182,8 @@ async fn a_file_system_shut_down_under_the_cache_is_a_failing_disk_not_a_lost_di
             image.to_str().expect("path"),
             cache.to_str().expect("path"),
         ],
-    );
+    )
+    .expect("mount");
     struct Unmount(std::path::PathBuf);
     impl Drop for Unmount {
         fn drop(&mut self) {
@@ -219,10 +207,11 @@ async fn a_file_system_shut_down_under_the_cache_is_a_failing_disk_not_a_lost_di
     .expect("daemon");
     tokio::task::block_in_place(|| {
         prefetch(&daemon, CACHED);
-        run(
+        larder_tests::run(
             "xfs_io",
             &["-x", "-c", "shutdown -f", cache.to_str().expect("path")],
-        );
+        )
+        .expect("xfs_io");
         drop_page_cache();
         read_checked(&daemon, CACHED);
         read_checked(&daemon, COLD);

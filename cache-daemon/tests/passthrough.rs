@@ -301,20 +301,21 @@ impl LoopExt4 {
         std::fs::File::create(image)
             .and_then(|f| f.set_len(size))
             .expect("image");
-        run("mkfs.ext4", &["-q".as_ref(), image.as_os_str()]);
+        larder_tests::run("mkfs.ext4", &["-q".as_ref(), image.as_os_str()]).expect("mkfs.ext4");
         std::fs::create_dir_all(at).expect("mount point");
         let options = ["-o".as_ref(), "loop,errors=remount-ro".as_ref()];
-        run(
+        larder_tests::run(
             "mount",
             &[&options[..], &[image.as_os_str(), at.as_os_str()]].concat(),
-        );
+        )
+        .expect("mount");
         Self { at: at.to_owned() }
     }
 
     /// Aborts the file system's journal, as ext4 does on a disk error: it goes read-only.
     fn abort(&self) {
         let options = ["-o".as_ref(), "remount,abort".as_ref()];
-        run("mount", &[&options[..], &[self.at.as_os_str()]].concat());
+        larder_tests::run("mount", &[&options[..], &[self.at.as_os_str()]].concat()).expect("remount");
     }
 }
 
@@ -327,16 +328,32 @@ impl Drop for LoopExt4 {
     }
 }
 
-/// Runs `command` with `args`, which must succeed.
-fn run(command: &str, args: &[&std::ffi::OsStr]) {
-    let output = std::process::Command::new(command)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{command}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
+/// A loopback address for the metrics listener, on a port free now.
+fn metrics_address() -> String {
+    format!(
+        "127.0.0.1:{}",
+        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
+    )
+}
+
+/// Reads `key` cold (`size` bytes, the first file the daemon caches), waits for all its
+/// blocks to be written, and reads it again: through passthrough, the daemon's first.
+fn read_then_pass_through(daemon: &DaemonProcess, key: &str, size: usize) {
+    read_checked(daemon, key, size);
+    let blocks = size.div_ceil(4 * MIB) as u64;
+    let written = std::time::Instant::now();
+    while daemon.status()["blocks"].as_u64() < Some(blocks) {
+        assert!(
+            written.elapsed().as_secs() < 30,
+            "the blocks of {key} were never all written"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    read_checked(daemon, key, size);
+    assert_eq!(
+        passthrough_opens(daemon),
+        1,
+        "the complete file was not passed through"
     );
 }
 
@@ -357,28 +374,11 @@ async fn a_failing_cache_disk_stops_passthrough_and_makes_the_daemon_not_ready()
         &dir.path().join("cache"),
         512 << 20,
     );
-    let metrics = format!(
-        "127.0.0.1:{}",
-        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
-    );
+    let metrics = metrics_address();
     let args = ["--metrics-listen", &metrics];
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir.path(), &args).expect("daemon");
     let daemon = tokio::task::spawn_blocking(move || {
-        read_checked(&daemon, CACHED, cached);
-        let written = std::time::Instant::now();
-        while daemon.status()["blocks"].as_u64() < Some(16) {
-            assert!(
-                written.elapsed().as_secs() < 30,
-                "the cached file's blocks were never all written"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        read_checked(&daemon, CACHED, cached);
-        assert_eq!(
-            passthrough_opens(&daemon),
-            1,
-            "the complete file was not passed through"
-        );
+        read_then_pass_through(&daemon, CACHED, cached);
 
         // The disk fails while a cold file is read: its blocks' writes fail.
         std::thread::scope(|scope| {
@@ -443,28 +443,11 @@ async fn passed_through_on_a_faulty_disk(
 ) -> (DaemonProcess, FaultyDisk, String, S3Server) {
     let server = server(&[(MODEL, 64 * MIB)]).await;
     let disk = FaultyDisk::mount(dir, &dir.join("cache"), 512 << 20).expect("faulty disk");
-    let metrics = format!(
-        "127.0.0.1:{}",
-        larder_tests::free_port(std::net::Ipv4Addr::LOCALHOST).expect("port")
-    );
+    let metrics = metrics_address();
     let args = [&["--metrics-listen", &metrics][..], extra].concat();
     let daemon = DaemonProcess::start(Path::new(BIN), &server, dir, &args).expect("daemon");
     let daemon = tokio::task::spawn_blocking(move || {
-        read_checked(&daemon, MODEL, 64 * MIB);
-        let written = std::time::Instant::now();
-        while daemon.status()["blocks"].as_u64() < Some(16) {
-            assert!(
-                written.elapsed().as_secs() < 30,
-                "the blocks were never all written"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        read_checked(&daemon, MODEL, 64 * MIB);
-        assert_eq!(
-            passthrough_opens(&daemon),
-            1,
-            "the complete file was not passed through"
-        );
+        read_then_pass_through(&daemon, MODEL, 64 * MIB);
         daemon
     })
     .await

@@ -462,23 +462,11 @@ async fn a_member_slower_than_the_rate_floor_is_hedged_and_the_read_succeeds(fau
     // Eight parts: n1 owns some of them but for one chance in 256.
     let size = 128 * MIB;
     let (_server, proxy) = origin(size).await;
-    let addresses: Vec<SocketAddr> = (0..2)
-        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
-        .collect();
     // n0 reaches n1 through the slow link; n1 reaches n0 directly.
-    let link = RecordingProxy::start_to(&addresses[1].to_string())
-        .await
-        .expect("proxy");
+    let (link, start) = two_members_one_behind_a_proxy(proxy).await;
     link.set_fault(fault);
-    let through = link.endpoint().trim_start_matches("http://").to_owned();
-    let lists = vec![
-        format!("n0={}@r1,n1={through}@r1", addresses[0]),
-        format!("n0={}@r1,n1={}@r1", addresses[0], addresses[1]),
-    ];
-    let racks = vec!["r1".to_owned(); 2];
     let (rack, took) = tokio::task::spawn_blocking(move || {
-        let rack =
-            Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, &[]).expect("rack");
+        let (rack, _origin) = start();
         let started = Instant::now();
         let read = std::fs::read(rack.daemon(0).mount.join(MODEL));
         let took = started.elapsed();
@@ -502,6 +490,36 @@ async fn a_member_slower_than_the_rate_floor_is_hedged_and_the_read_succeeds(fau
         n1["failures"].as_u64() >= Some(1),
         "no strike against the slow member: {n1}"
     );
+}
+
+/// Two members of rack r1 over the origin behind `proxy`, n0 reaching n1 through a proxy of
+/// its own (returned, to slow or cut that link) and n1 reaching n0 directly; the rack is
+/// started by the function returned (it blocks: call it off the runtime), which hands back
+/// the origin's proxy with it.
+async fn two_members_one_behind_a_proxy(
+    proxy: RecordingProxy,
+) -> (
+    RecordingProxy,
+    impl FnOnce() -> (Rack, RecordingProxy) + Send + 'static,
+) {
+    let addresses: Vec<SocketAddr> = (0..2)
+        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
+        .collect();
+    let link = RecordingProxy::start_to(&addresses[1].to_string())
+        .await
+        .expect("proxy");
+    let through = link.endpoint().trim_start_matches("http://").to_owned();
+    let lists = vec![
+        format!("n0={}@r1,n1={through}@r1", addresses[0]),
+        format!("n0={}@r1,n1={}@r1", addresses[0], addresses[1]),
+    ];
+    let racks = vec!["r1".to_owned(); 2];
+    let start = move || {
+        let rack =
+            Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, &[]).expect("rack");
+        (rack, proxy)
+    };
+    (link, start)
 }
 
 /// Waits up to `within` for member `i` to say member `id` is `state`; how long that took.
@@ -529,24 +547,9 @@ fn wait_for_state(rack: &Rack, i: usize, id: &str, state: &str, within: Duration
 #[tokio::test(flavor = "multi_thread")]
 async fn an_idle_node_probes_its_members_so_a_dead_one_is_down_and_a_live_one_up() {
     let (_server, proxy) = origin(MIB).await;
-    let addresses: Vec<SocketAddr> = (0..2)
-        .map(|i| SocketAddr::from((member_ip(i), free_port(member_ip(i)).expect("port"))))
-        .collect();
     // n0 reaches n1 through a proxy that can make n1 look dead.
-    let link = RecordingProxy::start_to(&addresses[1].to_string())
-        .await
-        .expect("proxy");
-    let through = link.endpoint().trim_start_matches("http://").to_owned();
-    let lists = vec![
-        format!("n0={}@r1,n1={through}@r1", addresses[0]),
-        format!("n0={}@r1,n1={}@r1", addresses[0], addresses[1]),
-    ];
-    let racks = vec!["r1".to_owned(); 2];
-    let rack = tokio::task::spawn_blocking(move || {
-        Rack::start_with_lists(Path::new(BIN), &proxy, addresses, racks, lists, &[]).expect("rack")
-    })
-    .await
-    .expect("join");
+    let (link, start) = two_members_one_behind_a_proxy(proxy).await;
+    let (rack, _origin) = tokio::task::spawn_blocking(start).await.expect("join");
     let bound = Duration::from_secs(40);
     let (rack, link) = tokio::task::spawn_blocking(move || {
         let up = wait_for_state(&rack, 0, "n1", "up", bound);

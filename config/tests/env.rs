@@ -59,7 +59,7 @@ fn the_environment_sits_between_the_file_and_the_flags_and_is_named_in_errors() 
     let err = args(&[]).load().expect_err("bad scheme");
     assert!(
         err.to_string()
-            .starts_with("invalid LARDER_SOURCES = \"gopher://x\""),
+            .starts_with("invalid LARDER_SOURCES = \"b=gopher://x\""),
         "{err}"
     );
 }

@@ -138,7 +138,7 @@ fn variables_are_validated_by_name_and_list_variables_merge_with_their_flags() {
     // A bad entry is named by where it came from, flags or not.
     set("LARDER_SOURCES", "e=ftp://x");
     let err = args(&flags).expect("flags").load().expect_err("ftp").to_string();
-    assert!(err.starts_with("invalid LARDER_SOURCES = \"ftp://x\""), "{err}");
+    assert!(err.starts_with("invalid LARDER_SOURCES = \"e=ftp://x\""), "{err}");
     set("LARDER_SOURCE_METADATA_TTL", "zz=5m");
     set("LARDER_SOURCES", "b=s3://env-b");
     let err = args(&flags)

@@ -19,6 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail, ensure};
+
+use crate::run;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, INodeNo, LockOwner, MountOption,
     OpenFlags, ReplyAttr, ReplyData, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
@@ -280,18 +282,4 @@ fn physical_extents(file: &Path) -> anyhow::Result<Vec<(u64, u64, u64)>> {
         extents.push((logical * 4096, physical * 4096, len * 4096));
     }
     Ok(extents)
-}
-
-/// Runs `command`, which must succeed; its standard output.
-fn run(command: &str, args: &[&OsStr]) -> anyhow::Result<String> {
-    let output = Command::new(command)
-        .args(args)
-        .output()
-        .with_context(|| format!("run {command}"))?;
-    ensure!(
-        output.status.success(),
-        "{command} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }

@@ -161,6 +161,21 @@ pub fn content(seed: u64, offset: u64, len: usize) -> Vec<u8> {
     out
 }
 
+/// Runs `command` with `args`, which must succeed: its standard output, or an error with its
+/// standard error.
+pub fn run<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(command: &str, args: &[S]) -> anyhow::Result<String> {
+    let output = std::process::Command::new(command)
+        .args(args)
+        .output()
+        .map_err(|e| anyhow::anyhow!("run {command}: {e}"))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{command} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
