@@ -455,6 +455,23 @@ async fn passed_through_on_a_faulty_disk(
     (daemon, disk, metrics, server)
 }
 
+/// Fails the disk's reads of bytes `range` of the one cached file's data file, drops the page
+/// cache, and waits (30 s at most) until the daemon says its disk fails.
+fn fail_until_found(daemon: &DaemonProcess, disk: &FaultyDisk, range: std::ops::Range<u64>) {
+    disk.fail_reads_of(&data_file(&daemon.cache), range)
+        .expect("fail reads");
+    drop_page_cache();
+    let found = std::time::Instant::now();
+    while daemon.status().get("cache_disk_failing").is_none() {
+        assert!(
+            found.elapsed().as_secs() < 30,
+            "the disk error under the passed-through file was not found in 30 s ({} reads failed)",
+            disk.failed_reads()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// A 64 MiB file cached, verified and passed through, on a disk whose reads of the file's
 /// blocks from 32 MiB on then fail (a real EIO from the block layer under ext4), with the
 /// default config: reads through passthrough fail as the disk does, but the scrub finds the
@@ -467,20 +484,7 @@ async fn a_disk_error_under_a_passed_through_file_is_found_and_the_file_reads_ri
     let dir = tempfile::tempdir().expect("tempdir");
     let (daemon, disk, metrics, _server) = passed_through_on_a_faulty_disk(dir.path(), &[]).await;
     let (daemon, disk) = tokio::task::spawn_blocking(move || {
-        let data = data_file(&daemon.cache);
-        disk.fail_reads_of(&data, 32 * MIB as u64..64 * MIB as u64)
-            .expect("fail reads");
-        drop_page_cache();
-        let found = std::time::Instant::now();
-        while daemon.status().get("cache_disk_failing").is_none() {
-            assert!(
-                found.elapsed().as_secs() < 30,
-                "the disk error under the passed-through file was not found in 30 s \
-                 ({} reads failed)",
-                disk.failed_reads()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        fail_until_found(&daemon, &disk, 32 * MIB as u64..64 * MIB as u64);
         (daemon, disk)
     })
     .await
@@ -524,17 +528,7 @@ async fn a_healed_disk_makes_the_daemon_ready_again_without_a_write() {
     let extra = ["--disk-recheck", "2s"];
     let (daemon, disk, metrics, _server) = passed_through_on_a_faulty_disk(dir.path(), &extra).await;
     let daemon = tokio::task::spawn_blocking(move || {
-        disk.fail_reads_of(&data_file(&daemon.cache), 0..64 * MIB as u64)
-            .expect("fail reads");
-        drop_page_cache();
-        let found = std::time::Instant::now();
-        while daemon.status().get("cache_disk_failing").is_none() {
-            assert!(
-                found.elapsed().as_secs() < 30,
-                "the disk error was not found in 30 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        fail_until_found(&daemon, &disk, 0..64 * MIB as u64);
         disk.heal();
         // A read of the file fetches the dropped blocks again; their writes succeed and end
         // the failing state by themselves: wait for the probe without any read.
