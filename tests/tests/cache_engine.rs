@@ -1420,3 +1420,67 @@ async fn every_waiter_of_an_unstored_block_is_told_why() {
         assert!(text.contains("min_free_fraction"), "{text}");
     }
 }
+
+/// Jobs and readers at once on one object, on a healthy cache: four jobs fill every block (in
+/// different orders) while four readers read ranges of it, over a slow origin. Every job's
+/// fill of every block ends stored (never "not stored" with nothing wrong), every byte read
+/// is right, and the store holds each block once, its bytes in use what the blocks take.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_jobs_and_readers_of_one_object_store_every_block() {
+    const KEY: &str = "m/busy.bin";
+    const SIZE: u64 = 24 * MIB + 5;
+    let server = server_with(&[(KEY, SIZE)]).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
+    cache.faults.set_plan(FaultPlan {
+        get_delay: Duration::from_millis(20),
+        ..FaultPlan::default()
+    });
+    let object = cache.open_object(KEY).await.expect("open");
+    let blocks = SIZE.div_ceil(MIB) as u32;
+    let jobs = (0..4u32).map(|job| {
+        let (cache, object) = (&cache, &object);
+        async move {
+            for step in 0..blocks {
+                // Each job walks the blocks from its own starting point.
+                let index = (step + job * blocks / 4) % blocks;
+                if let Err(error) = cache.cache.fill(object, index).await {
+                    panic!("job {job}: block {index}: {error}");
+                }
+            }
+        }
+    });
+    let readers = (0..4u64).map(|reader| {
+        let (cache, object) = (&cache, &object);
+        async move {
+            for step in 0..16u64 {
+                let offset = (reader * 7 + step * 13) * 97 * 1024 % SIZE;
+                let len = (3 * MIB).min(SIZE - offset) as usize;
+                let bytes = cache.read(object, offset, len).await.expect("read");
+                assert!(
+                    bytes == expected(KEY, offset, len),
+                    "reader {reader}: bytes at {offset}"
+                );
+            }
+        }
+    });
+    tokio::join!(
+        futures::future::join_all(jobs),
+        futures::future::join_all(readers)
+    );
+    let store = cache.cache.store();
+    for index in 0..blocks {
+        assert!(
+            store.contains(object.id(), index),
+            "block {index} is not in the store"
+        );
+    }
+    let usage = store.usage();
+    assert_eq!(usage.blocks, blocks as usize);
+    let last = SIZE - u64::from(blocks - 1) * MIB;
+    assert_eq!(
+        usage.used,
+        u64::from(blocks - 1) * MIB + last.div_ceil(4096) * 4096
+    );
+    assert_eq!(usage.reserved, 0, "a reservation outlived its write");
+}
