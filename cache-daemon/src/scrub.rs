@@ -48,7 +48,7 @@ async fn scrub_pass(store: &BlockStore, rate: u64) -> bool {
     while let Some((id, blocks)) = store.scrub_next(&mut pass) {
         for index in blocks {
             let bytes = match store.scrub_block(id, index).await {
-                Scrubbed::Sound(bytes) | Scrubbed::Dropped(bytes, _) => bytes,
+                Scrubbed::Sound(bytes) | Scrubbed::Dropped(bytes) => bytes,
                 Scrubbed::Gone => continue,
             };
             read_any = true;

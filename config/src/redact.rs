@@ -96,10 +96,11 @@ pub(crate) fn hide_url_secrets(url: &str) {
     }
 }
 
+/// `text` with its `%XX` escapes decoded (what a server sees of a URL's part).
 fn percent_decoded(text: &str) -> String {
-    url::form_urlencoded::parse(format!("x={}", text.replace('+', "%2B")).as_bytes())
-        .next()
-        .map_or_else(|| text.to_owned(), |(_, value)| value.into_owned())
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// `text` with every known secret (see [`hide_secret`]) replaced by `***`.

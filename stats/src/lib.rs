@@ -85,8 +85,6 @@ counters! {
         evicted_blocks,
         /// Bytes evicted to make room.
         evicted_bytes,
-        /// Blocks the scrub read back.
-        scrubbed_blocks,
         /// Bytes the scrub read back and found sound.
         scrubbed_bytes,
         /// Blocks the scrub dropped because their read failed with an I/O error.

@@ -204,9 +204,7 @@ impl BlockStore {
                 false,
             ));
         }
-        let buf = self.read_data(&files, id, index, 0..block_len).await?;
-        let block = VerifiedBlock::verify(Arc::new(buf), meta.hash)
-            .map_err(|_| corrupt("not what its record's BLAKE3 names"))?;
+        let block = self.read_whole(&files, id, index, block_len, meta.hash).await?;
         // A part asked for without values: store them for the next such read.
         if partial {
             let (tree, slot) = (block.tree().clone(), self.values_slot(index));
@@ -219,8 +217,25 @@ impl BlockStore {
         Ok((block.bytes().slice(range), true))
     }
 
+    /// Block `index` (`len` bytes) read whole from the data file and checked against `hash`.
+    pub(crate) async fn read_whole(
+        &self,
+        files: &ObjectFiles,
+        id: ObjectId,
+        index: u32,
+        len: usize,
+        hash: [u8; 32],
+    ) -> Result<VerifiedBlock, StoreError> {
+        let buf = self.read_data(files, id, index, 0..len).await?;
+        VerifiedBlock::verify(Arc::new(buf), hash).map_err(|_| StoreError::Corrupt {
+            id,
+            index,
+            reason: "not what its record's BLAKE3 names",
+        })
+    }
+
     /// Bytes `range` of block `index` from the data file, all of them or an error.
-    pub(crate) async fn read_data(
+    async fn read_data(
         &self,
         files: &ObjectFiles,
         id: ObjectId,

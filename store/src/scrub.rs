@@ -12,12 +12,11 @@
 //! open now first in every pass.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use larder_object::ObjectId;
 use larder_stats::add;
 
-use crate::{BlockStore, StoreError, VerifiedBlock};
+use crate::{BlockStore, StoreError};
 
 /// What the scrub of one block found.
 #[derive(Debug)]
@@ -26,8 +25,9 @@ pub enum Scrubbed {
     Sound(u64),
     /// Gone (evicted or replaced) before or while it was read: nothing to say.
     Gone,
-    /// The read (of this many bytes) failed or the bytes did not check: the block was dropped.
-    Dropped(u64, StoreError),
+    /// The read (of this many bytes) failed or the bytes did not check: the block was dropped
+    /// (the store logged why).
+    Dropped(u64),
 }
 
 /// One pass of the scrub: the objects visited so far.
@@ -69,18 +69,9 @@ impl BlockStore {
         let opened = self.object_files(id, &cell, None).await;
         let len = self.block_len(size, index) as usize;
         let checked = match opened {
-            Ok(files) => self.read_data(&files, id, index, 0..len).await.and_then(|buf| {
-                VerifiedBlock::verify(Arc::new(buf), meta.hash)
-                    .map(drop)
-                    .map_err(|_| StoreError::Corrupt {
-                        id,
-                        index,
-                        reason: "not what its record's BLAKE3 names",
-                    })
-            }),
+            Ok(files) => self.read_whole(&files, id, index, len, meta.hash).await.map(drop),
             Err(error) => Err(error),
         };
-        add(&self.stats.scrubbed_blocks, 1);
         match checked {
             Ok(()) => {
                 add(&self.stats.scrubbed_bytes, len as u64);
@@ -96,7 +87,7 @@ impl BlockStore {
                 tracing::warn!(%error, "the scrub dropped a block; it is fetched again when read");
                 self.disk_failed(&error);
                 self.remove_block(id, index, meta.generation).await;
-                Scrubbed::Dropped(len as u64, error)
+                Scrubbed::Dropped(len as u64)
             }
         }
     }
