@@ -193,7 +193,7 @@ mod tests {
         }
         for error in [
             ReadError::Abandoned,
-            ReadError::NotStored(Arc::new(larder_read_path::Unstored::Evicted)),
+            ReadError::NotStored(Arc::new(larder_read_path::Unstored::Lost)),
         ] {
             let text = error.to_string();
             let mapped = of_read(error);

@@ -746,6 +746,7 @@ impl Jobs {
 #[cfg(test)]
 mod tests {
     use larder_read_path::Unstored;
+    use larder_store::Removal;
 
     use super::*;
 
@@ -771,7 +772,7 @@ mod tests {
     #[test]
     fn the_origin_checks_verdict_replaces_a_fills_error_only_when_it_dropped_blocks() {
         let job = job();
-        let gone = ReadError::NotStored(Arc::new(Unstored::Evicted));
+        let gone = ReadError::NotStored(Arc::new(Unstored::Removed(Removal::EvictedForCapacity)));
         job.error("a", read_cause(&gone), &gone);
         job.error("b", read_cause(&gone), &gone);
         job.check_failed("a", &OriginCheckError::Dropped);

@@ -46,7 +46,7 @@ use larder_config::{ByteSize, OriginConfig};
 use larder_object::{ObjectId, ObjectVersion};
 use larder_origin::{Origin, OriginError};
 use larder_stats::{ReadLatencies, ReadStats, Stats, add};
-use larder_store::{BlockStore, Hit, Lookup, StoreError, Written};
+use larder_store::{BlockStore, Hit, Lookup, Removal, StoreError, Written};
 use tokio::runtime::Handle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tokio_util::task::TaskTracker;
@@ -90,9 +90,13 @@ pub enum Unstored {
     /// Its write failed: no space that is not pinned, the cache dir gone, or a disk error.
     #[error(transparent)]
     Write(StoreError),
-    /// It was written, and taken out again before its waiter looked.
-    #[error("it was taken out of the cache (evicted, or dropped by a check) as soon as it was written")]
-    Evicted,
+    /// It was written, and taken out again before its waiter looked, for the reason the store
+    /// recorded.
+    #[error("it was taken out of the cache as soon as it was written: {0}")]
+    Removed(Removal),
+    /// It was written (or found present), and is gone with no removal the store remembers.
+    #[error("it was not in the cache once written, and the cache recorded no removal of it")]
+    Lost,
 }
 
 /// What a cache fetches ahead of its readers is at most its capacity divided by this (and at
@@ -496,10 +500,11 @@ impl Cache {
                 return Ok(Some((block.bytes, block.hash)));
             }
             if !self.fills().in_flight(key) {
-                let why = self.fills().unstored(key);
-                return Err(ReadError::NotStored(
-                    why.unwrap_or_else(|| Arc::new(Unstored::Evicted)),
-                ));
+                let why = self.fills().unstored(key).unwrap_or_else(|| {
+                    let removed = inner.store.removed_lately(object.id, index);
+                    Arc::new(removed.map_or(Unstored::Lost, Unstored::Removed))
+                });
+                return Err(ReadError::NotStored(why));
             }
             written.await;
         }

@@ -15,7 +15,7 @@ use tokio::sync::OnceCell;
 use crate::files::{ObjectFiles, open_object_files};
 use crate::format::Entry;
 use crate::held_dir::Names;
-use crate::index::State;
+use crate::index::{Removal, State};
 use crate::{BlockStore, StoreError, blocking, io_error};
 
 /// A block chosen for eviction, to be recorded removed and punched outside the lock.
@@ -47,8 +47,9 @@ impl BlockStore {
             (keep + state.reserved + alloc).saturating_sub(available)
         });
         let mut need = over_capacity.max(over_free_space);
+        let for_free_space = over_free_space > over_capacity;
         if need > state.policy.bytes() {
-            let reason = if over_free_space > over_capacity {
+            let reason = if for_free_space {
                 "the cache file system has less free space than cache.min_free_fraction keeps, \
                  and evicting every unpinned block would not make enough"
             } else {
@@ -91,6 +92,12 @@ impl BlockStore {
                 state.objects.remove(&victim.id);
                 victim.delete_object = true;
             }
+            let why = if for_free_space {
+                Removal::EvictedForFreeSpace
+            } else {
+                Removal::EvictedForCapacity
+            };
+            state.removed.note((victim.id, victim.index), why);
             victims.push(victim);
         }
         state.reserved += alloc;
@@ -133,9 +140,9 @@ impl BlockStore {
         }
     }
 
-    /// Drops one block (found corrupt, or failing the origin check), if it is still the
-    /// generation that was read.
-    pub(crate) async fn remove_block(&self, id: ObjectId, index: u32, generation: u64) {
+    /// Drops one block (found corrupt, or failing the origin check) for reason `why`, if it is
+    /// still the generation that was read.
+    pub(crate) async fn remove_block(&self, id: ObjectId, index: u32, generation: u64, why: Removal) {
         let victim = {
             let mut guard = self.state.lock();
             let state = &mut *guard;
@@ -157,6 +164,7 @@ impl BlockStore {
                 state.pinned_bytes -= freed;
             }
             state.policy.remove(&(id, index));
+            state.removed.note((id, index), why);
             Victim {
                 id,
                 index,
@@ -183,7 +191,8 @@ impl BlockStore {
                 .collect()
         };
         for (index, generation) in blocks {
-            self.remove_block(id, index, generation).await;
+            self.remove_block(id, index, generation, Removal::DigestMismatch)
+                .await;
         }
     }
 }

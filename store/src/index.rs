@@ -2,7 +2,7 @@
 //! blocks with their hash, generation and checks; its pin, leases and writers), the eviction
 //! policy, the totals kept as they change, and the questions callers ask of it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use larder_object::ObjectId;
@@ -122,6 +122,64 @@ pub(crate) struct State {
     pub(crate) disk_failing: Option<String>,
     /// When the disk last failed an operation (see [`BlockStore::recheck_disk`]).
     pub(crate) disk_failed_at: Option<std::time::Instant>,
+    /// For [`BlockStore::removed_lately`].
+    pub(crate) removed: Removals,
+}
+
+/// How many removals [`State::removed`] keeps: enough to cover the few milliseconds between a
+/// block's write and its waiter's look, even while a full cache evicts a block per write.
+const REMOVALS_KEPT: usize = 1024;
+
+/// Why a block was taken out of the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Removal {
+    /// Evicted to make room within the cache's capacity.
+    #[error("evicted to make room within the cache's capacity")]
+    EvictedForCapacity,
+    /// Evicted to keep the free space `cache.min_free_fraction` asks of the file system.
+    #[error("evicted to keep the free space cache.min_free_fraction asks of the cache's file system")]
+    EvictedForFreeSpace,
+    /// Read back with a disk error.
+    #[error("dropped after the disk failed to read it back")]
+    DiskError,
+    /// Read back short or not matching its recorded BLAKE3.
+    #[error("dropped after it was read back corrupt")]
+    Corrupt,
+    /// Supplied by a rack member and not the origin's bytes (the origin check).
+    #[error("dropped by the origin check: a rack member's block that is not the origin's")]
+    OriginMismatch,
+    /// Its object's content failed the digest that names it.
+    #[error("dropped with its object, whose content failed the digest that names it")]
+    DigestMismatch,
+}
+
+impl Removal {
+    /// Why a block read back with `error` is dropped.
+    pub(crate) fn of(error: &crate::StoreError) -> Self {
+        match error {
+            crate::StoreError::Corrupt { .. } => Self::Corrupt,
+            _ => Self::DiskError,
+        }
+    }
+}
+
+/// The last [`REMOVALS_KEPT`] blocks taken out of the store, and why.
+#[derive(Debug, Default)]
+pub(crate) struct Removals(VecDeque<(BlockKey, Removal)>);
+
+impl Removals {
+    /// Notes that `key` was taken out for reason `why`.
+    pub(crate) fn note(&mut self, key: BlockKey, why: Removal) {
+        if self.0.len() == REMOVALS_KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back((key, why));
+    }
+
+    /// Why `key` was last taken out, if that is among the removals kept.
+    fn of(&self, key: BlockKey) -> Option<Removal> {
+        self.0.iter().rev().find(|(k, _)| *k == key).map(|&(_, why)| why)
+    }
 }
 
 impl State {
@@ -139,11 +197,18 @@ impl State {
             dir_lost: false,
             disk_failing: None,
             disk_failed_at: None,
+            removed: Removals::default(),
         }
     }
 }
 
 impl BlockStore {
+    /// Why block `index` of `id` was last taken out of the store, if it was among the last
+    /// removals: for a waiter that finds a block gone right after its write.
+    pub fn removed_lately(&self, id: ObjectId, index: u32) -> Option<Removal> {
+        self.state.lock().removed.of((id, index))
+    }
+
     /// Whether block `index` of `id` is present.
     pub fn contains(&self, id: ObjectId, index: u32) -> bool {
         self.state

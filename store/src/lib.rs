@@ -74,7 +74,7 @@ pub use files::object_paths;
 use held_dir::HeldDir;
 pub use hold::{BlockHold, Lease};
 use index::State;
-pub use index::Usage;
+pub use index::{Removal, Usage};
 pub use read::READ_NOW_MAX;
 pub use scrub::{ScrubPass, Scrubbed};
 pub use unsettled::UnsettledBlock;

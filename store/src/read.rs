@@ -14,7 +14,7 @@ use crate::files::ObjectFiles;
 use crate::held_dir::Names;
 use crate::index::{BlockMeta, used};
 use crate::values::{values_read, write_values};
-use crate::{BlockStore, Hit, Lookup, StoreError, VerifiedBlock, Written, blocking, io_error};
+use crate::{BlockStore, Hit, Lookup, Removal, StoreError, VerifiedBlock, Written, blocking, io_error};
 
 /// The largest read [`BlockStore::read_now`] serves on the calling thread: a few groups, read
 /// and checked in tens of microseconds.
@@ -65,7 +65,8 @@ impl BlockStore {
             Ok(read) => read,
             Err(error) => {
                 self.disk_failed(&error);
-                self.remove_block(id, index, meta.generation).await;
+                self.remove_block(id, index, meta.generation, Removal::of(&error))
+                    .await;
                 return Err(error);
             }
         };

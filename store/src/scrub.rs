@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use larder_object::ObjectId;
 use larder_stats::add;
 
-use crate::{BlockStore, StoreError};
+use crate::{BlockStore, Removal, StoreError};
 
 /// What the scrub of one block found.
 #[derive(Debug)]
@@ -86,7 +86,8 @@ impl BlockStore {
                 }
                 tracing::warn!(%error, "the scrub dropped a block; it is fetched again when read");
                 self.disk_failed(&error);
-                self.remove_block(id, index, meta.generation).await;
+                self.remove_block(id, index, meta.generation, Removal::of(&error))
+                    .await;
                 Scrubbed::Dropped(len as u64)
             }
         }

@@ -10,7 +10,7 @@ use larder_object::ObjectId;
 use crate::files::open_object_files;
 use crate::format::Entry;
 use crate::held_dir::Names;
-use crate::{BlockStore, blocking, io_error};
+use crate::{BlockStore, Removal, blocking, io_error};
 
 /// A block written awaiting a check from outside the store (see [`BlockStore::unsettled`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +95,8 @@ impl BlockStore {
     /// Drops `blocks` of `id` (those still in place) from the store: their check failed.
     pub async fn drop_unsettled(&self, id: ObjectId, blocks: &[UnsettledBlock]) {
         for block in blocks {
-            self.remove_block(id, block.index, block.generation).await;
+            self.remove_block(id, block.index, block.generation, Removal::OriginMismatch)
+                .await;
         }
     }
 }

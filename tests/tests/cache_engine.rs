@@ -15,7 +15,7 @@ use larder_engine::fault::{Fault, Op};
 use larder_fuse_mount::{FileTree, FsError, ROOT_INO};
 use larder_origin::{Origin, OriginError, PAGE_KEYS};
 use larder_read_path::{OpenObject, ReadError, Reader};
-use larder_store::{Lookup, VALUES_EXTENSION};
+use larder_store::{Lookup, Removal, VALUES_EXTENSION};
 use larder_tests::fixture::{self, CacheFixture, allocated_bytes, files_with_extension, test_config};
 use larder_tests::{FaultPlan, S3Server, content, free_port, seed};
 use proptest::prelude::*;
@@ -435,6 +435,10 @@ async fn corrupted_truncated_and_swapped_files_are_refetched(engine: IoEngineKin
         vec![vec![0, 1, 0, 0], vec![0, 0, 1, 1], vec![1; 4], vec![1; 4]]
     );
     assert_eq!(fx.stats.snapshot().lookup_corrupt, 1 + 2 + 4 + 4);
+    // The store says why each went, for a waiter that finds its block gone.
+    let store = fx.cache.store();
+    assert_eq!(store.removed_lately(opened[0].id(), 1), Some(Removal::Corrupt));
+    assert_eq!(store.removed_lately(opened[0].id(), 0), None);
 
     // Repaired: a third run serves everything from disk.
     let fx = fx.restart().await.expect("restart");
@@ -984,6 +988,11 @@ async fn pinned_objects_are_not_evicted() {
     }
     assert!(fx.stats.snapshot().evicted_blocks >= 8);
     assert_eq!(fx.cache.store().usage().pinned_bytes, 4 * MIB);
+    let first_unpinned = fx.open_object(keys[1]).await.expect("open").id();
+    assert_eq!(
+        fx.cache.store().removed_lately(first_unpinned, 0),
+        Some(Removal::EvictedForCapacity)
+    );
 
     // With the whole capacity pinned, new blocks are served but not stored.
     let second = fx.open_object(keys[1]).await.expect("open");
