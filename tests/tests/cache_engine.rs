@@ -1363,6 +1363,27 @@ async fn two_nodes_of_a_rack_read_a_model_that_the_origin_sends_once() {
     let key = "llama/model.safetensors";
     let size = 32 * MIB + 5;
     let server = server_with(&[(key, size)]).await;
+    let (nodes, _dirs) = rack_of_two(&server).await;
+    for fx in &nodes {
+        let file = fx.open_file(key).await.expect("open");
+        assert!(file.read_all().await.expect("read") == expected(key, 0, size as usize));
+    }
+    let from_origin: u64 = server
+        .ranged_gets()
+        .iter()
+        .filter_map(|get| {
+            let (first, last) = get.range.as_deref()?.strip_prefix("bytes=")?.split_once('-')?;
+            Some(last.parse::<u64>().ok()? + 1 - first.parse::<u64>().ok()?)
+        })
+        .sum();
+    assert_eq!(from_origin, size, "the origin's bytes for a model of {size}");
+    let from_peers: u64 = nodes.iter().map(|fx| fx.stats.snapshot().served_peer_bytes).sum();
+    assert!(from_peers > 0, "no node read a byte from the other");
+}
+
+/// Two nodes of rack `r1` over `server`, each listing the other as users write members
+/// (`ID=HOST:PORT@RACK`), and their cache dirs.
+async fn rack_of_two(server: &Arc<S3Server>) -> (Vec<CacheFixture>, [TempDir; 2]) {
     let ports = [0, 1].map(|_| free_port(Ipv4Addr::LOCALHOST).expect("port"));
     let dirs = [0, 1].map(|_| tempfile::tempdir().expect("tempdir"));
     let mut nodes = Vec::new();
@@ -1379,21 +1400,7 @@ async fn two_nodes_of_a_rack_read_a_model_that_the_origin_sends_once() {
         fx.serve_peers().await.expect("peer listener");
         nodes.push(fx);
     }
-    for fx in &nodes {
-        let file = fx.open_file(key).await.expect("open");
-        assert!(file.read_all().await.expect("read") == expected(key, 0, size as usize));
-    }
-    let from_origin: u64 = server
-        .ranged_gets()
-        .iter()
-        .filter_map(|get| {
-            let (first, last) = get.range.as_deref()?.strip_prefix("bytes=")?.split_once('-')?;
-            Some(last.parse::<u64>().ok()? + 1 - first.parse::<u64>().ok()?)
-        })
-        .sum();
-    assert_eq!(from_origin, size, "the origin's bytes for a model of {size}");
-    let from_peers: u64 = nodes.iter().map(|fx| fx.stats.snapshot().served_peer_bytes).sum();
-    assert!(from_peers > 0, "no node read a byte from the other");
+    (nodes, dirs)
 }
 
 /// Two jobs wait for one block whose cache write fails (no room: the file system keeps more
@@ -1436,15 +1443,45 @@ async fn every_waiter_of_an_unstored_block_is_told_why() {
 /// is right, and the store holds each block once, its bytes in use what the blocks take.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_jobs_and_readers_of_one_object_store_every_block() {
-    const KEY: &str = "m/busy.bin";
-    const SIZE: u64 = 24 * MIB + 5;
-    let server = server_with(&[(KEY, SIZE)]).await;
+    let server = server_with(&[(BUSY_KEY, BUSY_SIZE)]).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = fixture(&server, &dir, MIB, IoEngineKind::Uring).await;
     cache.faults.set_plan(FaultPlan {
         get_delay: Duration::from_millis(20),
         ..FaultPlan::default()
     });
+    jobs_and_readers_store_every_block(&cache).await;
+}
+
+/// The same on two nodes of a rack at once: each block is filled from the origin by its
+/// run's owner and from that owner by the other node, while both nodes' jobs and readers
+/// wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_jobs_and_readers_on_two_rack_nodes_store_every_block() {
+    let server = server_with(&[(BUSY_KEY, BUSY_SIZE)]).await;
+    let (nodes, _dirs) = rack_of_two(&server).await;
+    for fx in &nodes {
+        fx.faults.set_plan(FaultPlan {
+            get_delay: Duration::from_millis(20),
+            ..FaultPlan::default()
+        });
+    }
+    tokio::join!(
+        jobs_and_readers_store_every_block(&nodes[0]),
+        jobs_and_readers_store_every_block(&nodes[1])
+    );
+    let from_peers: u64 = nodes.iter().map(|fx| fx.stats.snapshot().served_peer_bytes).sum();
+    assert!(from_peers > 0, "no node read a byte from the other");
+}
+
+const BUSY_KEY: &str = "m/busy.bin";
+const BUSY_SIZE: u64 = 24 * MIB + 5;
+
+/// Four jobs fill every block of [`BUSY_KEY`] (each from its own starting point) while four
+/// readers read ranges of it; then every block is in the store once, with nothing reserved.
+async fn jobs_and_readers_store_every_block(cache: &CacheFixture) {
+    const KEY: &str = BUSY_KEY;
+    const SIZE: u64 = BUSY_SIZE;
     let object = cache.open_object(KEY).await.expect("open");
     let blocks = SIZE.div_ceil(MIB) as u32;
     let jobs = (0..4u32).map(|job| {
