@@ -616,7 +616,13 @@ impl FileTree for Namespace {
             .flatten();
         let (backing, lease) = leased.unzip();
         let size = version.size;
-        let reader = Arc::new(Reader::new(self.cache.clone(), OpenObject::new(origin, version)));
+        let object = OpenObject::new(origin, version);
+        // A file passed through is read by the kernel alone: there is nothing to load ahead.
+        let load = backing
+            .is_none()
+            .then(|| self.cache.model_load(&object, &node.path))
+            .flatten();
+        let reader = Arc::new(Reader::new(self.cache.clone(), object).loading(load));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let handle = Handle {
             reader,

@@ -2,10 +2,9 @@
 //! errno and the cause; a denied origin is named in one warning. The log is captured by a
 //! subscriber of this test binary (its own process, so the capture is global).
 
-use std::fmt::Write as _;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
 
 use larder_cache_daemon::namespace::{ConfiguredSource, Namespace};
 use larder_config::IoEngineKind;
@@ -14,64 +13,8 @@ use larder_fuse_mount::MountOptions;
 use larder_origin::Origin;
 use larder_stats::OriginStats;
 use larder_tests::fixture::{CacheFixture, test_config};
+use larder_tests::logs::{capture, events_containing};
 use larder_tests::{FaultPlan, S3Server, content, s3_client_with_secret, seed};
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-
-/// One captured event: its level and every field, message included, as `name=value` text.
-#[derive(Debug, Clone)]
-struct Event {
-    level: tracing::Level,
-    text: String,
-}
-
-struct Capture(Arc<Mutex<Vec<Event>>>);
-
-struct Fields(String);
-
-impl Visit for Fields {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        let _ = write!(self.0, " {}={value:?}", field.name());
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        let _ = write!(self.0, " {}={value}", field.name());
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let mut fields = Fields(String::new());
-        event.record(&mut fields);
-        let captured = Event {
-            level: *event.metadata().level(),
-            text: fields.0,
-        };
-        self.0.lock().expect("log").push(captured);
-    }
-}
-
-/// Every event of the process at any level, from the first call on.
-fn log() -> Arc<Mutex<Vec<Event>>> {
-    static LOG: OnceLock<Arc<Mutex<Vec<Event>>>> = OnceLock::new();
-    LOG.get_or_init(|| {
-        let events = Arc::new(Mutex::new(Vec::new()));
-        let subscriber = tracing_subscriber::registry().with(Capture(events.clone()));
-        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
-        events
-    })
-    .clone()
-}
-
-fn events_containing(needle: &str) -> Vec<Event> {
-    log()
-        .lock()
-        .expect("log")
-        .iter()
-        .filter(|event| event.text.contains(needle))
-        .cloned()
-        .collect()
-}
 
 /// A page-aligned buffer for O_DIRECT reads.
 #[repr(align(4096))]
@@ -82,7 +25,7 @@ struct Page([u8; 4096]);
 /// chain; nothing below it logs the same error again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_read_is_logged_once_with_its_cause() {
-    let log = log();
+    capture();
     let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
     let key = "llama/failing.bin";
     server.put(key, seed(key, 0), 3 << 20).await.expect("put");
@@ -161,12 +104,9 @@ async fn a_failed_read_is_logged_once_with_its_cause() {
     }
     assert!(event.text.contains(" ino="), "{event:?}");
     // Every failed request of the mount was logged with its cause.
-    let failed: Vec<_> = log
-        .lock()
-        .expect("log")
-        .iter()
-        .filter(|e| e.text.contains("message=request failed") && e.text.contains("op=read"))
-        .cloned()
+    let failed: Vec<_> = events_containing("message=request failed")
+        .into_iter()
+        .filter(|e| e.text.contains("op=read"))
         .collect();
     assert_eq!(failed.len(), 1, "{failed:#?}");
 }
@@ -175,7 +115,7 @@ async fn a_failed_read_is_logged_once_with_its_cause() {
 /// requests it denies, and never the secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_origin_is_named_in_one_warning() {
-    log();
+    capture();
     let server = S3Server::start("larder-test").await.expect("s3 server");
     server.put("a.bin", seed("a.bin", 0), 1024).await.expect("put");
     let secret = "not-the-secret-0123456789";
@@ -209,7 +149,7 @@ async fn a_denied_origin_is_named_in_one_warning() {
 /// get the origin's bytes, and each failure is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_disk_that_fails_every_write_is_said_once_not_per_block() {
-    log();
+    capture();
     let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
     let key = "llama/unwritable.bin";
     let size = 32 << 20;

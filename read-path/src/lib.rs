@@ -29,6 +29,7 @@
 
 pub mod budget;
 pub mod fill;
+pub mod model;
 mod origin_check;
 pub mod readahead;
 mod reader;
@@ -207,6 +208,8 @@ struct Inner {
     sharing: Sharing,
     /// Origin checks of objects completed with blocks from peers ([`origin_check`]).
     checks: OriginChecks,
+    /// Safetensors files being loaded ([`model`]).
+    models: model::Models,
 }
 
 impl Cache {
@@ -249,6 +252,7 @@ impl Cache {
                 fills: Fills::new(peer_source.into_iter().chain([Arc::new(origin) as _]).collect()),
                 sharing: Sharing::new(),
                 checks: OriginChecks::new(members),
+                models: model::Models::default(),
             }),
         }
     }
@@ -359,10 +363,17 @@ impl Cache {
             return;
         }
         let block_size = self.inner.store.block_size();
-        let last = ((end - 1) / block_size) as u32;
-        let mut index = (range.start / block_size) as u32;
+        let blocks = (range.start / block_size) as u32..((end - 1) / block_size) as u32 + 1;
+        self.prefetch_blocks(object, blocks);
+    }
+
+    /// Starts fills for the missing blocks of `blocks`, as far as they fit the memory budget;
+    /// the first block not started for want of room (`blocks.end` when all were).
+    fn prefetch_blocks(&self, object: &Arc<OpenObject>, blocks: Range<u32>) -> u32 {
+        let block_size = self.inner.store.block_size();
+        let mut index = blocks.start;
         let mut inflight = self.fills().lock();
-        while index <= last {
+        while index < blocks.end {
             if inflight.contains_key(&(object.id, index))
                 || self.inner.store.contains(object.id, index)
                 || self.fills().failed_lately((object.id, index)).is_some()
@@ -371,13 +382,17 @@ impl Cache {
                 continue;
             }
             let Some(charge) = self.inner.budget.try_charge(block_size) else {
-                add(&self.inner.stats.readahead_held_back, u64::from(last + 1 - index));
-                return;
+                add(
+                    &self.inner.stats.readahead_held_back,
+                    u64::from(blocks.end - index),
+                );
+                return index;
             };
             let started = self.start_fill(object, index, &mut inflight, FillFor::Node, Some(charge));
             add(&self.inner.stats.readahead_blocks, started.len() as u64);
             index = started.end;
         }
+        blocks.end
     }
 
     /// Keeps `block`, fetched ahead of any reader, for the reader to come, within half the

@@ -15,6 +15,7 @@ use larder_store::Fetched;
 use parking_lot::Mutex;
 
 use super::fill::FillFor;
+use super::model::ModelLoad;
 use super::readahead::{Readahead, Step};
 use super::{Block, Cache, OpenObject, ReadError, SharedBlock, Source};
 
@@ -47,6 +48,8 @@ pub struct Reader {
     /// for this open (see [`Span::assemble`]).
     opened: u64,
     state: Mutex<ReaderState>,
+    /// The model load the reader takes part in, for a safetensors file ([`crate::model`]).
+    load: Option<Arc<ModelLoad>>,
 }
 
 #[derive(Debug)]
@@ -78,7 +81,14 @@ impl Reader {
                 blocks: BTreeMap::new(),
                 on_disk: BTreeMap::new(),
             }),
+            load: None,
         }
+    }
+
+    /// The reader, taking part in `load`: its reads tell the load how far the readers got.
+    pub fn loading(mut self, load: Option<Arc<ModelLoad>>) -> Self {
+        self.load = load;
+        self
     }
 
     /// Reads up to `len` bytes at `offset` of the pinned version; short only at its end.
@@ -87,6 +97,9 @@ impl Reader {
         let Some(span) = Span::new(&self.object, block_size, offset, len) else {
             return Ok(Bytes::new());
         };
+        if let Some(load) = &self.load {
+            load.note_read(span.blocks());
+        }
         let wanted = self.plan(&span);
         let result = futures::future::try_join_all(wanted).await;
         if result.is_err() {
@@ -129,6 +142,9 @@ impl Reader {
             }
         };
         let bytes = span.assemble(&[block], self.cache.stats(), self.opened);
+        if let Some(load) = &self.load {
+            load.note_read(span.blocks());
+        }
         let step = self.step(&mut self.state.lock(), &span);
         self.act(&step);
         Some(bytes)

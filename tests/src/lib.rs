@@ -34,6 +34,7 @@ pub mod fixture;
 pub mod gcs;
 mod http1;
 pub mod kube;
+pub mod logs;
 pub mod oci;
 mod ports;
 mod proxy;

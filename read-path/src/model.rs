@@ -1,0 +1,466 @@
+//! Model-aware reading of safetensors files.
+//!
+//! A safetensors file is an 8-byte little-endian header length, a JSON header naming each
+//! tensor's dtype, shape and byte extent in the data region after it, and the data region.
+//! Loaders do not read it front to back: vLLM's iterator takes tensors in key order, through
+//! mmap faults of a few pages; tensor-parallel ranks each take a slice of every tensor; so
+//! the sequential detector sees short runs with jumps between them. Yet every loader reads
+//! (nearly) every byte of the data region. So while a `.safetensors` file is open, a
+//! [`ModelLoad`] shared by every handle of the object fetches its data region in file order,
+//! at most a readahead window ahead of what the readers have read so far (counted in distinct
+//! blocks, whatever their order): ranks reading disjoint slices share each block's one fetch,
+//! and a loader that skips tensors costs at most one window of blocks it never reads.
+//!
+//! The header is input from the bucket, not trusted: a length past the object or over
+//! [`MAX_HEADER`], a header that is not JSON of tensors, or extents out of range, overlapping
+//! or not the size their dtype and shape make, and the file is read as a plain file (with the
+//! sequential detector only) and one warning names it. Nothing is allocated or fetched from
+//! what a header claims before it is checked against the object's size.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+
+use larder_object::ObjectId;
+use parking_lot::Mutex;
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use super::fill::FillFor;
+use super::{Cache, OpenObject, ReadError};
+
+/// The largest header read: the safetensors library itself refuses headers over 100 MB, and
+/// a model of 10,000 tensors has a header of about 1 MiB.
+pub const MAX_HEADER: u64 = 16 << 20;
+
+/// Objects whose header was refused that are remembered (so as to warn once and not read the
+/// header again at each open); past this many the memory starts over.
+const REFUSED_KEPT: usize = 4096;
+
+/// Whether a file of this name is read as a safetensors model.
+pub fn is_model_file(name: &str) -> bool {
+    name.ends_with(".safetensors")
+}
+
+/// What a checked header says of its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Where the data region starts: 8 bytes and the header.
+    pub data_start: u64,
+    /// The tensors' extents in the file, in file order.
+    pub tensors: Vec<Range<u64>>,
+}
+
+/// Why a file named `.safetensors` is read as a plain file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotAModel {
+    /// Too short to hold the header's length.
+    #[error("it is {0} bytes, too short for a safetensors header")]
+    Short(u64),
+    /// The header's length is more than is read.
+    #[error("its header length is {0} bytes, over the {MAX_HEADER} bytes read")]
+    HeaderTooLarge(u64),
+    /// The header's length goes past the end of the file.
+    #[error("its header length is {len} bytes, past the end of the {size}-byte file")]
+    HeaderPastEnd {
+        /// The header's length.
+        len: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// The header is not a JSON object of tensors.
+    #[error("its header is not a JSON object of tensors: {0}")]
+    NotJson(String),
+    /// A tensor's extent is wrong.
+    #[error("tensor {name:?}: {what}")]
+    BadTensor {
+        /// The tensor.
+        name: String,
+        /// What is wrong with it.
+        what: String,
+    },
+}
+
+/// One tensor's entry in the header.
+#[derive(Debug, Deserialize)]
+struct TensorEntry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: (u64, u64),
+}
+
+/// The header's length from the file's first 8 bytes, checked against the file's `size`.
+pub fn header_len(first: [u8; 8], size: u64) -> Result<u64, NotAModel> {
+    let len = u64::from_le_bytes(first);
+    if len > MAX_HEADER {
+        return Err(NotAModel::HeaderTooLarge(len));
+    }
+    if 8 + len > size {
+        return Err(NotAModel::HeaderPastEnd { len, size });
+    }
+    Ok(len)
+}
+
+/// Checks `header` (the JSON after the length) of a file of `size` bytes and gives the
+/// tensors' extents.
+pub fn parse_header(header: &[u8], size: u64) -> Result<Layout, NotAModel> {
+    let data_start = 8 + header.len() as u64;
+    let entries: HashMap<String, serde_json::Value> =
+        serde_json::from_slice(header).map_err(|e| NotAModel::NotJson(e.to_string()))?;
+    let mut tensors = Vec::with_capacity(entries.len());
+    for (name, value) in entries {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |what: String| NotAModel::BadTensor {
+            name: name.clone(),
+            what,
+        };
+        let entry = TensorEntry::deserialize(&value).map_err(|e| bad(e.to_string()))?;
+        let (begin, end) = entry.data_offsets;
+        if begin > end || end > size - data_start {
+            return Err(bad(format!(
+                "its data offsets {begin}..{end} are outside the {}-byte data region",
+                size - data_start
+            )));
+        }
+        if let Some(width) = dtype_width(&entry.dtype) {
+            let expected = entry
+                .shape
+                .iter()
+                .try_fold(width, |bytes, &dim| bytes.checked_mul(dim));
+            let Some(expected) = expected else {
+                return Err(bad(format!(
+                    "its shape {:?} is larger than any file",
+                    entry.shape
+                )));
+            };
+            if expected != end - begin {
+                return Err(bad(format!(
+                    "its data offsets hold {} bytes, its dtype {} and shape {:?} make {expected}",
+                    end - begin,
+                    entry.dtype,
+                    entry.shape
+                )));
+            }
+        }
+        tensors.push((name, data_start + begin..data_start + end));
+    }
+    tensors.sort_by_key(|(_, extent)| (extent.start, extent.end));
+    for pair in tensors.windows(2) {
+        let ((first, a), (second, b)) = (&pair[0], &pair[1]);
+        if a.end > b.start {
+            return Err(NotAModel::BadTensor {
+                name: second.clone(),
+                what: format!("its bytes overlap those of tensor {first:?}"),
+            });
+        }
+    }
+    Ok(Layout {
+        data_start,
+        tensors: tensors.into_iter().map(|(_, extent)| extent).collect(),
+    })
+}
+
+/// The bytes of one element of `dtype`, where it is a dtype the format names.
+fn dtype_width(dtype: &str) -> Option<u64> {
+    Some(match dtype {
+        "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
+        "U16" | "I16" | "F16" | "BF16" => 2,
+        "U32" | "I32" | "F32" => 4,
+        "U64" | "I64" | "F64" => 8,
+        _ => return None,
+    })
+}
+
+/// Reads and checks the header of `object` through `cache`.
+async fn read_layout(cache: &Cache, object: &Arc<OpenObject>) -> Result<Result<Layout, NotAModel>, ReadError> {
+    let size = object.version.size;
+    if size < 8 {
+        return Ok(Err(NotAModel::Short(size)));
+    }
+    let first = read_bytes(cache, object, 0..8).await?;
+    let first: [u8; 8] = first[..].try_into().map_err(|_| ReadError::Abandoned)?;
+    let len = match header_len(first, size) {
+        Ok(len) => len,
+        Err(not) => return Ok(Err(not)),
+    };
+    let header = read_bytes(cache, object, 8..8 + len).await?;
+    Ok(parse_header(&header, size))
+}
+
+/// Bytes `range` of `object` (within it), block by block: the daemon's own read, not a
+/// reader's, so not counted as bytes served.
+async fn read_bytes(cache: &Cache, object: &Arc<OpenObject>, range: Range<u64>) -> Result<Vec<u8>, ReadError> {
+    let block_size = cache.store().block_size();
+    let mut out = Vec::with_capacity((range.end - range.start) as usize);
+    let mut offset = range.start;
+    while offset < range.end {
+        let index = (offset / block_size) as u32;
+        let start = cache.block_start(index);
+        let part = (offset - start) as usize..((range.end - start).min(block_size)) as usize;
+        let block = cache.block(object, index, Some(part), FillFor::Node).await?;
+        // A fill gives the whole block, a lookup the part: `start` says which.
+        let from = (offset - block.start) as usize;
+        let to = ((range.end - block.start) as usize).min(block.bytes.len());
+        if from >= to {
+            return Err(ReadError::Abandoned);
+        }
+        out.extend_from_slice(&block.bytes[from..to]);
+        offset += (to - from) as u64;
+    }
+    Ok(out)
+}
+
+/// The model loads of a cache: one per open safetensors object, and the objects whose header
+/// was refused.
+#[derive(Debug, Default)]
+pub(crate) struct Models {
+    loads: Mutex<HashMap<ObjectId, Weak<ModelLoad>>>,
+    refused: Mutex<HashSet<ObjectId>>,
+}
+
+impl Models {
+    /// Remembers that `id`'s header was refused; whether it was not already.
+    fn refuse(&self, id: ObjectId) -> bool {
+        let mut refused = self.refused.lock();
+        if refused.len() >= REFUSED_KEPT {
+            refused.clear();
+        }
+        refused.insert(id)
+    }
+}
+
+/// The load of one safetensors object while any handle of it is open: what its readers have
+/// read, and the task fetching its data region ahead of them (stopped when the last handle
+/// goes).
+#[derive(Debug)]
+pub struct ModelLoad {
+    progress: Arc<Progress>,
+    _stop: DropGuard,
+}
+
+/// The blocks of the object its readers have read, and a wake-up when that grows.
+#[derive(Debug)]
+struct Progress {
+    read: Mutex<Vec<u64>>,
+    count: AtomicU32,
+    moved: Notify,
+}
+
+impl ModelLoad {
+    /// Notes that a reader read `blocks`.
+    pub(crate) fn note_read(&self, blocks: std::ops::RangeInclusive<u32>) {
+        let progress = &self.progress;
+        let mut added = 0;
+        {
+            let mut read = progress.read.lock();
+            for index in blocks {
+                let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
+                if let Some(word) = read.get_mut(word)
+                    && *word & bit == 0
+                {
+                    *word |= bit;
+                    added += 1;
+                }
+            }
+        }
+        if added > 0 {
+            progress.count.fetch_add(added, Ordering::Relaxed);
+            progress.moved.notify_waiters();
+        }
+    }
+}
+
+impl Cache {
+    /// The load of `object` (a file named `name`) if it is read as a safetensors model: shared
+    /// by every handle open on it, its header read and its data region fetched ahead of the
+    /// readers from the first call on. `None` for another file, or one whose header was
+    /// refused.
+    pub fn model_load(&self, object: &Arc<OpenObject>, name: &str) -> Option<Arc<ModelLoad>> {
+        let models = &self.inner.models;
+        if !is_model_file(name) || models.refused.lock().contains(&object.id) {
+            return None;
+        }
+        let mut loads = models.loads.lock();
+        if let Some(load) = loads.get(&object.id).and_then(Weak::upgrade) {
+            return Some(load);
+        }
+        loads.retain(|_, load| load.strong_count() > 0);
+        let blocks = self.block_count(object);
+        let progress = Arc::new(Progress {
+            read: Mutex::new(vec![0; blocks.div_ceil(64) as usize]),
+            count: AtomicU32::new(0),
+            moved: Notify::new(),
+        });
+        let stop = CancellationToken::new();
+        let load = Arc::new(ModelLoad {
+            progress: progress.clone(),
+            _stop: stop.clone().drop_guard(),
+        });
+        loads.insert(object.id, Arc::downgrade(&load));
+        let (cache, object, name) = (self.clone(), object.clone(), name.to_owned());
+        self.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = cache.load_ahead(&object, &name, &progress) => {}
+            }
+        });
+        Some(load)
+    }
+
+    /// The body of a model load's task: reads the header, then keeps the data region's fills
+    /// started in file order, a readahead window ahead of the blocks the readers have read.
+    async fn load_ahead(&self, object: &Arc<OpenObject>, name: &str, progress: &Progress) {
+        let layout = match read_layout(self, object).await {
+            Ok(Ok(layout)) => layout,
+            Ok(Err(not)) => {
+                if self.inner.models.refuse(object.id) {
+                    tracing::warn!(
+                        file = name,
+                        reason = %not,
+                        "a .safetensors file is not read as a model: it is read as a plain file"
+                    );
+                }
+                return;
+            }
+            // The readers meet the error themselves.
+            Err(_) => return,
+        };
+        let block_size = self.inner.store.block_size();
+        let count = self.block_count(object);
+        let first = (layout.data_start / block_size) as u32;
+        let window = (self.readahead().end / block_size).max(1) as u32;
+        tracing::debug!(
+            file = name,
+            tensors = layout.tensors.len(),
+            "loading a model ahead of its readers"
+        );
+        let mut next = first;
+        while next < count {
+            let moved = progress.moved.notified();
+            let written = self.fills().next_write_end();
+            tokio::pin!(moved, written);
+            // Registered before the look, so that progress or room made meanwhile wakes us.
+            moved.as_mut().enable();
+            written.as_mut().enable();
+            let allowed = first
+                .saturating_add(progress.count.load(Ordering::Relaxed))
+                .saturating_add(window)
+                .min(count);
+            if next < allowed {
+                next = self.prefetch_blocks(object, next..allowed);
+            }
+            if next >= count {
+                break;
+            }
+            tokio::select! {
+                () = self.stopped() => return,
+                () = moved => {}
+                () = written => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(json: &str) -> Vec<u8> {
+        json.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn a_header_gives_its_tensors_in_file_order() {
+        let json = r#"{"__metadata__":{"format":"pt"},
+            "b":{"dtype":"F16","shape":[2,3],"data_offsets":[16,28]},
+            "a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#;
+        let data_start = 8 + json.len() as u64;
+        let layout = parse_header(&header(json), data_start + 28).expect("a good header");
+        assert_eq!(layout.data_start, data_start);
+        assert_eq!(
+            layout.tensors,
+            vec![data_start..data_start + 16, data_start + 16..data_start + 28]
+        );
+    }
+
+    #[test]
+    fn a_length_over_the_limit_or_past_the_file_is_refused_before_anything_is_read() {
+        let huge = (8u64 << 30).to_le_bytes();
+        assert_eq!(header_len(huge, 1 << 40), Err(NotAModel::HeaderTooLarge(8 << 30)));
+        let past = 100u64.to_le_bytes();
+        assert_eq!(
+            header_len(past, 50),
+            Err(NotAModel::HeaderPastEnd { len: 100, size: 50 })
+        );
+        // Text named .safetensors: its first 8 bytes make a length of exabytes.
+        let text: [u8; 8] = *b"# Llama\n";
+        assert!(matches!(
+            header_len(text, 4096),
+            Err(NotAModel::HeaderTooLarge(_))
+        ));
+        assert_eq!(header_len(10u64.to_le_bytes(), 18), Ok(10));
+    }
+
+    #[test]
+    fn headers_that_are_not_json_of_tensors_are_refused() {
+        for json in [
+            "not json",
+            "[1,2]",
+            r#"{"a":{"dtype":"F16"}}"#,
+            r#"{"a":{"dtype":"F16","shape":[1],"data_offsets":[0]}}"#,
+        ] {
+            let refused = parse_header(&header(json), 1 << 20);
+            assert!(
+                matches!(refused, Err(NotAModel::NotJson(_) | NotAModel::BadTensor { .. })),
+                "{json}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn extents_out_of_range_overlapping_or_of_the_wrong_size_are_refused() {
+        let cases = [
+            // Past the data region (which is 8 bytes here).
+            (
+                r#"{"a":{"dtype":"U8","shape":[16],"data_offsets":[0,16]}}"#,
+                "outside",
+            ),
+            // Backwards.
+            (
+                r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[8,4]}}"#,
+                "outside",
+            ),
+            // Two tensors on the same bytes.
+            (
+                r#"{"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#,
+                "overlap",
+            ),
+            // Not the size its dtype and shape make.
+            (
+                r#"{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,8]}}"#,
+                "make 16",
+            ),
+            // A shape whose size is past u64 is never the extent's.
+            (
+                r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,8]}}"#,
+                "shape",
+            ),
+        ];
+        for (json, what) in cases {
+            let size = 8 + json.len() as u64 + 8;
+            let refused = parse_header(&header(json), size).expect_err(json);
+            assert!(refused.to_string().contains(what), "{json}: {refused}");
+        }
+    }
+
+    #[test]
+    fn a_dtype_the_format_does_not_name_is_taken_at_its_extent() {
+        let json = r#"{"a":{"dtype":"F4_E2M1","shape":[16],"data_offsets":[0,8]}}"#;
+        let size = 8 + json.len() as u64 + 8;
+        assert_eq!(parse_header(&header(json), size).expect("kept").tensors.len(), 1);
+    }
+}

@@ -1,0 +1,311 @@
+//! Model-aware reading of safetensors files, through the namespace the mount serves: the data
+//! region is fetched in file order ahead of loaders that read it in any order, ranks share each
+//! fetch, and a header from the bucket that does not hold up leaves the file a plain file,
+//! read byte-exact, with one warning naming it. The log is captured (this binary's own
+//! process), for that warning.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use larder_config::{ByteSize, IoEngineKind};
+use larder_tests::fixture::{CacheFixture, File, test_config};
+use larder_tests::logs::{capture, events_containing};
+use larder_tests::{S3Server, content};
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+
+const MIB: u64 = 1 << 20;
+
+/// A safetensors file of `tensors` (name, dtype, shape), laid out in the order given, with
+/// deterministic bytes: the file and each tensor's extent in it.
+fn safetensors(tensors: &[(&str, &str, &[u64])]) -> (Vec<u8>, Vec<(String, Range<u64>)>) {
+    let width = |dtype: &str| match dtype {
+        "F32" => 4,
+        "F16" | "BF16" => 2,
+        _ => 1,
+    };
+    let mut entries = serde_json::Map::new();
+    entries.insert("__metadata__".into(), serde_json::json!({ "format": "pt" }));
+    let mut offset = 0;
+    let mut extents = Vec::new();
+    for &(name, dtype, shape) in tensors {
+        let len = shape.iter().product::<u64>() * width(dtype);
+        entries.insert(
+            name.into(),
+            serde_json::json!({ "dtype": dtype, "shape": shape, "data_offsets": [offset, offset + len] }),
+        );
+        extents.push((name.to_owned(), offset..offset + len));
+        offset += len;
+    }
+    let mut header = serde_json::to_vec(&entries).expect("json");
+    // The format pads the header with spaces to 8 bytes.
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let data_start = 8 + header.len() as u64;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(&header);
+    file.extend_from_slice(&content(7, 0, offset as usize));
+    let extents = extents
+        .into_iter()
+        .map(|(name, extent)| (name, data_start + extent.start..data_start + extent.end))
+        .collect();
+    (file, extents)
+}
+
+/// A model of `layers` layers of four 1 MiB projections and a norm each, after an embedding.
+fn model(layers: usize) -> (Vec<u8>, Vec<(String, Range<u64>)>) {
+    let names: Vec<Vec<String>> = (0..layers)
+        .map(|layer| {
+            ["q_proj", "k_proj", "v_proj", "o_proj", "norm"]
+                .iter()
+                .map(|part| format!("model.layers.{layer}.{part}.weight"))
+                .collect()
+        })
+        .collect();
+    let mut tensors: Vec<(&str, &str, &[u64])> = vec![("model.embed_tokens.weight", "F16", &[1024, 512])];
+    for layer in &names {
+        for (i, name) in layer.iter().enumerate() {
+            if i == 4 {
+                tensors.push((name, "F32", &[512]));
+            } else {
+                tensors.push((name, "F16", &[512, 1024]));
+            }
+        }
+    }
+    safetensors(&tensors)
+}
+
+async fn upload(server: &S3Server, key: &str, bytes: Vec<u8>) {
+    let client = server.client().expect("client");
+    client
+        .put(&Path::from(key), PutPayload::from(bytes))
+        .await
+        .expect("put");
+}
+
+async fn fixture(server: &Arc<S3Server>, dir: &tempfile::TempDir) -> CacheFixture {
+    let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+    // A first readahead window of one block: what the sequential detector fetches ahead of a
+    // read at the start of the file is then one block, and what is fetched beyond it is the
+    // model load's.
+    config.origin.readahead_min = ByteSize(MIB);
+    CacheFixture::open(server.clone(), config).await.expect("cache")
+}
+
+/// Reads `range` of `file` in reads of `piece` bytes, as mmap faults and slices do.
+async fn read_in_pieces(file: &File, range: Range<u64>, piece: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut offset = range.start;
+    while offset < range.end {
+        let len = piece.min(range.end - offset) as usize;
+        let bytes = file.read(offset, len).await.expect("read");
+        assert_eq!(bytes.len(), len, "short read at {offset}");
+        out.extend_from_slice(&bytes);
+        offset += len as u64;
+    }
+    out
+}
+
+/// Reads the header as a loader does: the length, then the JSON.
+async fn read_header(file: &File) {
+    let len = file.read(0, 8).await.expect("read length");
+    let len = u64::from_le_bytes(len[..].try_into().expect("8 bytes"));
+    file.read(8, len as usize).await.expect("read header");
+}
+
+/// How many ranged GETs of `key` asked for each 1 MiB block of an object of `size`, and
+/// whether any asked past its end.
+fn fetches(server: &S3Server, key: &str, size: u64) -> (Vec<usize>, bool) {
+    let mut counts = vec![0; size.div_ceil(MIB) as usize];
+    let mut past_end = false;
+    for get in server.ranged_gets() {
+        if !get.path.ends_with(key) {
+            continue;
+        }
+        let range = get.range.as_deref().and_then(|r| r.strip_prefix("bytes="));
+        let Some((first, last)) = range.and_then(|r| r.split_once('-')) else {
+            continue;
+        };
+        let (first, last): (u64, u64) = (first.parse().expect("first"), last.parse().expect("last"));
+        past_end |= last >= size;
+        let blocks = (first / MIB) as usize..=((last / MIB) as usize).min(counts.len() - 1);
+        for count in &mut counts[blocks] {
+            *count += 1;
+        }
+    }
+    (counts, past_end)
+}
+
+/// A loader that reads the header, then the tensors from the last to the first (in 128 KiB
+/// pieces, as mmap faults come): once it has read the header and the last tensor, the blocks
+/// a window ahead of it in file order are fetched without any read of them, and in the end every
+/// byte is right and every block was fetched once. Before model-aware reading, only the
+/// blocks the reads asked for (and one block of readahead at the start) were fetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_read_backwards_is_fetched_in_file_order_ahead_of_its_reader_once() {
+    let key = "llama/model.safetensors";
+    let (bytes, tensors) = model(5);
+    let size = bytes.len() as u64;
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    upload(&server, key, bytes.clone()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir).await;
+    let object = fx.open_object(key).await.expect("open");
+    let file = fx.open_file(key).await.expect("open");
+
+    read_header(&file).await;
+    let (_, last) = tensors.last().expect("tensors");
+    let got = read_in_pieces(&file, last.clone(), 128 * 1024).await;
+    assert!(
+        got == bytes[last.start as usize..last.end as usize],
+        "last tensor"
+    );
+    // The memory budget is 16 blocks, so the window is 8: blocks 0-10 come without a read.
+    let ahead = 0..10;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ahead
+        .clone()
+        .all(|index| fx.cache.store().contains(object.id(), index))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "blocks {ahead:?} not fetched ahead of the reader: fetched {:?}",
+            fetches(&server, key, size).0
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    for (name, extent) in tensors.iter().rev() {
+        let got = read_in_pieces(&file, extent.clone(), 128 * 1024).await;
+        assert!(got == bytes[extent.start as usize..extent.end as usize], "{name}");
+    }
+    let (counts, past_end) = fetches(&server, key, size);
+    assert!(counts.iter().all(|&n| n == 1), "fetches per block: {counts:?}");
+    assert!(!past_end);
+}
+
+/// Two tensor-parallel ranks, each a handle of its own, read their halves of every tensor at
+/// once in key order (which is not file order): every byte is right and every block is
+/// fetched once for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensor_parallel_ranks_share_each_fetch() {
+    let key = "llama/tp.safetensors";
+    let (bytes, mut tensors) = model(4);
+    let size = bytes.len() as u64;
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    upload(&server, key, bytes.clone()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir).await;
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let ranks = (0..2u64).map(|rank| {
+        let (fx, tensors, bytes) = (&fx, &tensors, &bytes);
+        async move {
+            let file = fx.open_file(key).await.expect("open");
+            read_header(&file).await;
+            for (name, extent) in tensors {
+                let half = (extent.end - extent.start) / 2;
+                let slice = extent.start + rank * half..extent.start + (rank + 1) * half;
+                let got = read_in_pieces(&file, slice.clone(), 64 * 1024).await;
+                assert!(
+                    got == bytes[slice.start as usize..slice.end as usize],
+                    "rank {rank}: {name}"
+                );
+            }
+        }
+    });
+    futures::future::join_all(ranks).await;
+    let (counts, past_end) = fetches(&server, key, size);
+    assert!(counts.iter().all(|&n| n == 1), "fetches per block: {counts:?}");
+    assert!(!past_end);
+}
+
+/// Files named `.safetensors` whose header does not hold up: each reads byte-exact as a plain
+/// file, opened twice, with no GET past its end and one warning naming it; a good model is
+/// not warned about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_that_does_not_hold_up_leaves_a_plain_file_and_one_warning() {
+    capture();
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    let body = content(3, 0, (3 * MIB) as usize);
+    let with_header = |len: u64, header: &[u8]| {
+        let mut file = len.to_le_bytes().to_vec();
+        file.extend_from_slice(header);
+        file.extend_from_slice(&body);
+        file
+    };
+    let overlapping = br#"{"a":{"dtype":"U8","shape":[6],"data_offsets":[0,6]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#;
+    let out_of_range = br#"{"a":{"dtype":"U8","shape":[16],"data_offsets":[0,16]}}"#;
+    let size = 8 + body.len() as u64;
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "bad/past-the-end.safetensors",
+            with_header(size, b""),
+            "past the end",
+        ),
+        ("bad/gigabytes.safetensors", with_header(4 << 30, b""), "over the"),
+        (
+            "bad/not-json.safetensors",
+            with_header(16, b"not json at all!"),
+            "not a JSON",
+        ),
+        (
+            "bad/overlapping.safetensors",
+            with_header(overlapping.len() as u64, overlapping),
+            "overlap",
+        ),
+        (
+            "bad/out-of-range.safetensors",
+            {
+                let mut file = (out_of_range.len() as u64).to_le_bytes().to_vec();
+                file.extend_from_slice(out_of_range);
+                file.extend_from_slice(&[0; 8]);
+                file
+            },
+            "outside",
+        ),
+        (
+            "bad/README.safetensors",
+            b"# A model card, not a model\n".repeat(1000),
+            "over the",
+        ),
+    ];
+    for (key, bytes, _) in &cases {
+        upload(&server, key, bytes.clone()).await;
+    }
+    let (good, _) = model(1);
+    upload(&server, "good/model.safetensors", good.clone()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir).await;
+
+    for (key, bytes, reason) in &cases {
+        for _ in 0..2 {
+            let file = fx.open_file(key).await.expect("open");
+            let got = file.read_all().await.expect("read");
+            assert!(got == *bytes, "{key} does not read as itself");
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let warnings = loop {
+            let warnings: Vec<_> = events_containing(key)
+                .into_iter()
+                .filter(|event| event.level == tracing::Level::WARN)
+                .collect();
+            if !warnings.is_empty() || Instant::now() > deadline {
+                break warnings;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(warnings.len(), 1, "{key}: {warnings:?}");
+        assert!(warnings[0].text.contains(reason), "{key}: {warnings:?}");
+        let (_, past_end) = fetches(&server, key, bytes.len() as u64);
+        assert!(!past_end, "{key}: a GET past the end");
+    }
+    let file = fx.open_file("good/model.safetensors").await.expect("open");
+    assert!(file.read_all().await.expect("read") == good);
+    drop(file);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let warned = events_containing("good/model.safetensors");
+    assert!(
+        warned.iter().all(|e| e.level != tracing::Level::WARN),
+        "{warned:?}"
+    );
+}
