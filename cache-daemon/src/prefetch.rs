@@ -32,6 +32,7 @@ pub use larder_control_api::{FailureCause, JobCounts, JobReport, JobState, Objec
 use larder_object::ObjectVersion;
 use larder_origin::{Origin, OriginError};
 use larder_peers::manifest::is_seal_key;
+use larder_read_path::model::is_model_file;
 use larder_read_path::{Cache, Checked, OpenObject, OriginCheckError, ReadError};
 use larder_registry::reference::ImageRef;
 use larder_registry::{Mirror, MirrorError, node_platform};
@@ -395,22 +396,28 @@ impl Targets {
             .collect();
         // Not a prefix: then perhaps an object.
         if keys.is_empty() && unparsable_keys.is_empty() && !path.is_empty() && !is_seal_key(&path) {
-            keys.push(path);
+            keys.push(path.clone());
         }
-        // The version a HEAD gives is the one an open pins (a listing may lack the ETag or
-        // the version id), so it is the one to fill.
-        let heads = futures::stream::iter(keys)
-            .map(|key| async move { origin.head(&key).await })
-            .buffer_unordered(HEADS_IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await;
-        let mut found = Vec::with_capacity(heads.len());
-        for head in heads {
-            match head {
-                Ok(version) => found.push(version),
-                // Deleted since the listing, or never there.
-                Err(OriginError::NotFound { .. }) => {}
-                Err(error) => return Err(Box::new(error).into()),
+        let mut found = head_all(origin, keys).await?;
+        // A model's index alone: the shards it names come with it.
+        if let [index] = &found[..]
+            && index.key == path
+            && is_model_index(&path)
+        {
+            let shards = shards_of(origin, &path, target).await?;
+            let named = shards.len();
+            found.extend(head_all(origin, shards.clone()).await?);
+            if found.len() != named + 1 {
+                let missing = shards
+                    .iter()
+                    .find(|shard| !found.iter().any(|v| &v.key == *shard));
+                return Err(PrefetchError::BadTarget {
+                    target: target.to_owned(),
+                    reason: format!(
+                        "the model index names {}, which is not in source {name}",
+                        missing.map_or("a shard", String::as_str)
+                    ),
+                });
             }
         }
         if found.is_empty() && unparsable_keys.is_empty() {
@@ -464,11 +471,89 @@ impl Targets {
         }
         unparsable_keys.sort();
         unparsable_keys.dedup();
+        // In the order loaders read them: the small files (configs, a model's index) first,
+        // then the safetensors shards by name.
+        let mut objects: Vec<_> = plan.into_values().collect();
+        objects.sort_by_cached_key(|(origin, version)| {
+            (
+                is_model_file(&version.key),
+                origin.name().to_owned(),
+                version.key.clone(),
+            )
+        });
         Ok(Resolved {
-            objects: plan.into_values().collect(),
+            objects,
             unparsable_keys,
         })
     }
+}
+
+/// The current version of each of `keys` that exists, by a HEAD each: the version a HEAD
+/// gives is the one an open pins (a listing may lack the ETag or the version id), so it is the
+/// one to fill.
+async fn head_all(origin: &Origin, keys: Vec<String>) -> Result<Vec<ObjectVersion>, PrefetchError> {
+    let heads = futures::stream::iter(keys)
+        .map(|key| async move { origin.head(&key).await })
+        .buffer_unordered(HEADS_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    let mut found = Vec::with_capacity(heads.len());
+    for head in heads {
+        match head {
+            Ok(version) => found.push(version),
+            // Deleted since the listing, or never there.
+            Err(OriginError::NotFound { .. }) => {}
+            Err(error) => return Err(Box::new(error).into()),
+        }
+    }
+    Ok(found)
+}
+
+/// The largest model index read: one of 100,000 tensors is a few MiB.
+const MAX_MODEL_INDEX: u64 = 16 << 20;
+
+/// Whether `key` is a sharded safetensors model's index (`model.safetensors.index.json`).
+fn is_model_index(key: &str) -> bool {
+    key.ends_with(".safetensors.index.json")
+}
+
+/// The shards the model index at `key` names (its `weight_map`'s values), as keys beside it,
+/// in name order. `target` names the index, for errors.
+async fn shards_of(origin: &Origin, key: &str, target: &str) -> Result<Vec<String>, PrefetchError> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let bad = |reason: String| PrefetchError::BadTarget {
+        target: target.to_owned(),
+        reason,
+    };
+    let bytes = origin
+        .get_at_most(key, MAX_MODEL_INDEX)
+        .await
+        .map_err(Box::new)?
+        .ok_or_else(|| bad(format!("the model index is over {MAX_MODEL_INDEX} bytes")))?;
+    let index: Index = serde_json::from_slice(&bytes).map_err(|e| {
+        bad(format!(
+            "the model index has no weight map of tensors to files: {e}"
+        ))
+    })?;
+    let dir = key.rsplit_once('/').map(|(dir, _)| dir);
+    let mut shards: Vec<String> = index.weight_map.into_values().collect();
+    shards.sort();
+    shards.dedup();
+    shards
+        .into_iter()
+        .map(|shard| {
+            let beside = !shard.starts_with('/') && shard.split('/').all(|s| !matches!(s, "" | "." | ".."));
+            if !beside {
+                return Err(bad(format!(
+                    "the model index names {shard:?}, which is not a file beside it"
+                )));
+            }
+            Ok(dir.map_or_else(|| shard.clone(), |dir| format!("{dir}/{shard}")))
+        })
+        .collect()
 }
 
 /// What [`Jobs::check`] found of a plan.
@@ -595,6 +680,15 @@ impl Jobs {
             .into_iter()
             .map(|(origin, version)| OpenObject::new(origin, version))
             .collect();
+        // Every safetensors header first (in the first block), as a loader opens every shard
+        // before it reads one; a header's failure is the object's, said with its fill below.
+        let headers = objects
+            .iter()
+            .filter(|object| is_model_file(&object.version().key));
+        let headers =
+            futures::stream::iter(headers).for_each_concurrent(PREFETCH_PARTS as usize, |object| async {
+                let _ = self.cache.fill(object, 0).await;
+            });
         let fills = self.cache.fill_objects(
             objects.clone(),
             PREFETCH_PARTS as usize,
@@ -602,6 +696,7 @@ impl Jobs {
         );
         // An object filled with blocks from rack peers is done once its origin check passed.
         let fills = async {
+            headers.await;
             fills.await;
             for object in &objects {
                 match self.cache.origin_checked(object).await {

@@ -176,7 +176,10 @@ fn dtype_width(dtype: &str) -> Option<u64> {
 }
 
 /// Reads and checks the header of `object` through `cache`.
-async fn read_layout(cache: &Cache, object: &Arc<OpenObject>) -> Result<Result<Layout, NotAModel>, ReadError> {
+async fn read_layout(
+    cache: &Cache,
+    object: &Arc<OpenObject>,
+) -> Result<Result<Layout, NotAModel>, ReadError> {
     let size = object.version.size;
     if size < 8 {
         return Ok(Err(NotAModel::Short(size)));
@@ -193,7 +196,11 @@ async fn read_layout(cache: &Cache, object: &Arc<OpenObject>) -> Result<Result<L
 
 /// Bytes `range` of `object` (within it), block by block: the daemon's own read, not a
 /// reader's, so not counted as bytes served.
-async fn read_bytes(cache: &Cache, object: &Arc<OpenObject>, range: Range<u64>) -> Result<Vec<u8>, ReadError> {
+async fn read_bytes(
+    cache: &Cache,
+    object: &Arc<OpenObject>,
+    range: Range<u64>,
+) -> Result<Vec<u8>, ReadError> {
     let block_size = cache.store().block_size();
     let mut out = Vec::with_capacity((range.end - range.start) as usize);
     let mut offset = range.start;

@@ -8,6 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use larder_cache_daemon::prefetch::{JobReport, JobState, Jobs, PrefetchError};
 use larder_config::{ByteSize, IoEngineKind};
 use larder_tests::fixture::{CacheFixture, File, test_config};
 use larder_tests::logs::{capture, events_containing};
@@ -307,5 +308,138 @@ async fn a_header_that_does_not_hold_up_leaves_a_plain_file_and_one_warning() {
     assert!(
         warned.iter().all(|e| e.level != tracing::Level::WARN),
         "{warned:?}"
+    );
+}
+
+/// A sharded model as Hugging Face writes it under `dir`: `shards` files
+/// `model-0000K-of-0000N.safetensors` of one layer each and their `model.safetensors.index.json`,
+/// plus a `config.json`; each key and its bytes.
+fn sharded_model(dir: &str, shards: usize) -> Vec<(String, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut weight_map = serde_json::Map::new();
+    for shard in 1..=shards {
+        let name = format!("model-{shard:05}-of-{shards:05}.safetensors");
+        let (bytes, tensors) = model(1);
+        for (tensor, _) in tensors {
+            weight_map.insert(format!("{tensor}.{shard}"), name.clone().into());
+        }
+        files.push((format!("{dir}/{name}"), bytes));
+    }
+    let index = serde_json::json!({ "metadata": { "total_size": 0 }, "weight_map": weight_map });
+    files.push((
+        format!("{dir}/model.safetensors.index.json"),
+        index.to_string().into_bytes(),
+    ));
+    files.push((
+        format!("{dir}/config.json"),
+        br#"{"model_type": "llama"}"#.to_vec(),
+    ));
+    files
+}
+
+/// Runs a prefetch of `targets` on `fx` to its end.
+async fn prefetch(fx: &CacheFixture, targets: &[&str]) -> Result<JobReport, PrefetchError> {
+    let jobs = Arc::new(Jobs::new(
+        fx.cache.clone(),
+        vec![("models".into(), fx.origin.clone())],
+        fx.config.cache.dir.join("mnt"),
+        fx.stats.clone(),
+    ));
+    let targets = targets.iter().map(|t| (*t).to_owned()).collect();
+    let id = jobs.start(targets, false, None).await?.id;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let report = jobs.report(id).expect("job");
+        if report.state != JobState::Running {
+            return Ok(report);
+        }
+        assert!(Instant::now() < deadline, "{report:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `larder prefetch` of a sharded model's index alone fetches the shards it names (and not
+/// the files beside them it does not name); of the model's directory, every file. Either way
+/// the small files come first, then every shard's first part (its header), then the shards in
+/// name order, as loaders read them. Before, the index alone fetched only the index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_index_prefetched_alone_brings_its_shards_headers_first() {
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    let files = sharded_model("llama", 3);
+    for (key, bytes) in &files {
+        upload(&server, key, bytes.clone()).await;
+    }
+    upload(&server, "llama/unrelated.safetensors", model(1).0).await;
+    let shards: Vec<&str> = files
+        .iter()
+        .map(|(key, _)| key.as_str())
+        .filter(|key| key.ends_with("-of-00003.safetensors"))
+        .collect();
+
+    for (target, objects) in [
+        ("models:llama/model.safetensors.index.json", 4),
+        ("models:llama", 6),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fx = fixture(&server, &dir).await;
+        let report = prefetch(&fx, &[target]).await.expect("start");
+        assert_eq!(
+            (report.state, report.objects),
+            (JobState::Done, objects),
+            "{target}: {report:?}"
+        );
+        for shard in &shards {
+            let object = fx.open_object(shard).await.expect("open");
+            let blocks = object.version().size.div_ceil(MIB) as u32;
+            assert!(
+                (0..blocks).all(|index| fx.cache.store().contains(object.id(), index)),
+                "{target}: {shard} not all cached"
+            );
+        }
+        // The order of the origin's GETs: each shard's first part before any later part of
+        // any shard, and the later parts shard by shard.
+        let gets: Vec<(String, u64)> = fx
+            .faults
+            .gets()
+            .into_iter()
+            .filter(|get| shards.contains(&get.path.as_str()))
+            .map(|get| (get.path, get.range.map_or(0, |range| range.start)))
+            .collect();
+        let last_header = gets.iter().rposition(|(_, start)| *start == 0).expect("headers");
+        let first_body = gets.iter().position(|(_, start)| *start > 0).expect("bodies");
+        assert!(last_header < first_body, "{target}: {gets:?}");
+        let bodies: Vec<&str> = gets[first_body..].iter().map(|(key, _)| key.as_str()).collect();
+        assert!(bodies.is_sorted(), "{target}: shards out of order: {bodies:?}");
+    }
+}
+
+/// An index that names a file outside its directory, or a shard that is not there, fails
+/// the prefetch before anything is fetched, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_index_naming_what_is_not_beside_it_fails_the_prefetch_naming_it() {
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    let cases = [
+        ("escape", "../secrets/model.safetensors", "not a file beside it"),
+        (
+            "missing",
+            "model-00002-of-00002.safetensors",
+            "model-00002-of-00002.safetensors, which is not in source",
+        ),
+    ];
+    for (dir, shard, _) in cases {
+        let index = serde_json::json!({ "weight_map": { "a": shard } });
+        let key = format!("{dir}/model.safetensors.index.json");
+        upload(&server, &key, index.to_string().into_bytes()).await;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir).await;
+    for (dir, _, reason) in cases {
+        let target = format!("models:{dir}/model.safetensors.index.json");
+        let error = prefetch(&fx, &[&target]).await.expect_err("a bad index");
+        assert!(error.to_string().contains(reason), "{target}: {error}");
+    }
+    assert!(
+        fx.faults.gets().iter().all(|get| get.range.is_none()),
+        "a block was fetched"
     );
 }
