@@ -398,8 +398,12 @@ impl Cache {
     /// Keeps `block`, fetched ahead of any reader, for the reader to come, within half the
     /// memory budget (see [`Sharing::keep`]).
     fn keep(&self, key: BlockKey, block: &Block) {
-        let room = self.inner.budget.limit() / 2;
-        self.sharing().keep(key, block, room);
+        self.sharing().keep(key, block, self.keep_room());
+    }
+
+    /// The bytes of blocks kept for their reader at most: half the memory budget.
+    fn keep_room(&self) -> u64 {
+        self.inner.budget.limit() / 2
     }
 
     /// Bytes `part` (all with `None`) of block `key`, if it was kept for its reader (see

@@ -22,6 +22,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use larder_object::ObjectId;
 use parking_lot::Mutex;
 use serde::Deserialize;
@@ -246,38 +248,100 @@ impl Models {
 #[derive(Debug)]
 pub struct ModelLoad {
     progress: Arc<Progress>,
+    cache: Cache,
+    id: ObjectId,
+    block_size: u64,
+    /// [`COVERAGE_UNIT`]s in the object.
+    units: u64,
     _stop: DropGuard,
 }
 
-/// The blocks of the object its readers have read, and a wake-up when that grows.
+/// What the readers of a load have read: the blocks they touched (the load's pace), and the
+/// [`COVERAGE_UNIT`]s of bytes (a block all of whose units were read is let go from memory).
 #[derive(Debug)]
 struct Progress {
-    read: Mutex<Vec<u64>>,
+    read: Mutex<Read>,
     count: AtomicU32,
     moved: Notify,
 }
 
+#[derive(Debug)]
+struct Read {
+    /// A bit per block touched.
+    blocks: Vec<u64>,
+    /// A bit per [`COVERAGE_UNIT`] read.
+    units: Vec<u64>,
+}
+
+/// The granule in which a load tracks the bytes read: the block tree's group.
+const COVERAGE_UNIT: u64 = 16 << 10;
+
+/// Sets bit `index` of `bits`; whether it was clear.
+fn set_bit(bits: &mut [u64], index: u64) -> bool {
+    let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
+    match bits.get_mut(word) {
+        Some(word) if *word & bit == 0 => {
+            *word |= bit;
+            true
+        }
+        _ => false,
+    }
+}
+
+fn bit(bits: &[u64], index: u64) -> bool {
+    bits.get((index / 64) as usize)
+        .is_some_and(|word| word & (1u64 << (index % 64)) != 0)
+}
+
+impl Progress {
+    /// Whether a reader read any of block `index`.
+    fn was_read(&self, index: u32) -> bool {
+        bit(&self.read.lock().blocks, u64::from(index))
+    }
+}
+
 impl ModelLoad {
-    /// Notes that a reader read `blocks`.
-    pub(crate) fn note_read(&self, blocks: std::ops::RangeInclusive<u32>) {
-        let progress = &self.progress;
-        let mut added = 0;
+    /// Notes that a reader read bytes `range` of the object (within it).
+    pub(crate) fn note_read(&self, range: Range<u64>) {
+        if range.is_empty() {
+            return;
+        }
+        let (progress, block_size) = (&self.progress, self.block_size);
+        let (first, last) = (range.start / block_size, (range.end - 1) / block_size);
+        let units_per_block = block_size.div_ceil(COVERAGE_UNIT);
+        let mut touched = 0;
+        let mut done = Vec::new();
         {
             let mut read = progress.read.lock();
-            for index in blocks {
-                let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
-                if let Some(word) = read.get_mut(word)
-                    && *word & bit == 0
-                {
-                    *word |= bit;
-                    added += 1;
+            for block in first..=last {
+                touched += u32::from(set_bit(&mut read.blocks, block));
+            }
+            let mut newly = false;
+            for unit in range.start / COVERAGE_UNIT..=(range.end - 1) / COVERAGE_UNIT {
+                newly |= set_bit(&mut read.units, unit);
+            }
+            if newly {
+                for block in first..=last {
+                    let units = block * units_per_block..((block + 1) * units_per_block).min(self.units);
+                    if units.clone().all(|unit| bit(&read.units, unit)) {
+                        done.push(block as u32);
+                    }
                 }
             }
         }
-        if added > 0 {
-            progress.count.fetch_add(added, Ordering::Relaxed);
+        for block in done {
+            self.cache.sharing().release_kept((self.id, block));
+        }
+        if touched > 0 {
+            progress.count.fetch_add(touched, Ordering::Relaxed);
             progress.moved.notify_waiters();
         }
+    }
+}
+
+impl Drop for ModelLoad {
+    fn drop(&mut self) {
+        self.cache.sharing().set_loading(self.id, false);
     }
 }
 
@@ -296,15 +360,24 @@ impl Cache {
             return Some(load);
         }
         loads.retain(|_, load| load.strong_count() > 0);
-        let blocks = self.block_count(object);
+        let blocks = u64::from(self.block_count(object));
+        let units = object.version.size.div_ceil(COVERAGE_UNIT);
         let progress = Arc::new(Progress {
-            read: Mutex::new(vec![0; blocks.div_ceil(64) as usize]),
+            read: Mutex::new(Read {
+                blocks: vec![0; blocks.div_ceil(64) as usize],
+                units: vec![0; units.div_ceil(64) as usize],
+            }),
             count: AtomicU32::new(0),
             moved: Notify::new(),
         });
         let stop = CancellationToken::new();
+        self.sharing().set_loading(object.id, true);
         let load = Arc::new(ModelLoad {
             progress: progress.clone(),
+            cache: self.clone(),
+            id: object.id,
+            block_size: self.inner.store.block_size(),
+            units,
             _stop: stop.clone().drop_guard(),
         });
         loads.insert(object.id, Arc::downgrade(&load));
@@ -318,8 +391,10 @@ impl Cache {
         Some(load)
     }
 
-    /// The body of a model load's task: reads the header, then keeps the data region's fills
-    /// started in file order, a readahead window ahead of the blocks the readers have read.
+    /// The body of a model load's task: reads the header, then keeps the data region coming
+    /// in file order, a readahead window ahead of the blocks the readers have read: fills for
+    /// the blocks missing from the cache, and disk reads (checked) for those present, each
+    /// kept in memory for its reader.
     async fn load_ahead(&self, object: &Arc<OpenObject>, name: &str, progress: &Progress) {
         let layout = match read_layout(self, object).await {
             Ok(Ok(layout)) => layout,
@@ -345,8 +420,9 @@ impl Cache {
             tensors = layout.tensors.len(),
             "loading a model ahead of its readers"
         );
-        let mut next = first;
-        while next < count {
+        let (mut next_fill, mut next_read) = (first, first);
+        let mut reads = FuturesUnordered::new();
+        while next_fill < count || next_read < count || !reads.is_empty() {
             let moved = progress.moved.notified();
             let written = self.fills().next_write_end();
             tokio::pin!(moved, written);
@@ -357,20 +433,43 @@ impl Cache {
                 .saturating_add(progress.count.load(Ordering::Relaxed))
                 .saturating_add(window)
                 .min(count);
-            if next < allowed {
-                next = self.prefetch_blocks(object, next..allowed);
+            if next_fill < allowed {
+                next_fill = self.prefetch_blocks(object, next_fill..allowed);
             }
-            if next >= count {
-                break;
+            while next_read < allowed && reads.len() < DISK_READS_AHEAD {
+                let key = (object.id, next_read);
+                let wanted = self.inner.store.contains(object.id, next_read)
+                    && !progress.was_read(next_read)
+                    && !self.sharing().holds_kept(key);
+                // A block read ahead must be kept until its reader comes: else it is read
+                // again. The reads in flight will be kept too.
+                let reading = block_size * (reads.len() as u64 + 1);
+                let room = self.sharing().kept_room(reading, self.keep_room());
+                if wanted && !(room && self.room_to_hold()) {
+                    break;
+                }
+                if wanted {
+                    let index = next_read;
+                    reads.push(async move {
+                        if let Some(block) = self.lookup(object, index, None).await {
+                            self.keep((object.id, index), &block);
+                        }
+                    });
+                }
+                next_read += 1;
             }
             tokio::select! {
                 () = self.stopped() => return,
                 () = moved => {}
                 () = written => {}
+                Some(()) = reads.next() => {}
             }
         }
     }
 }
+
+/// Blocks present on disk a model load reads at once, ahead of its readers.
+const DISK_READS_AHEAD: usize = 8;
 
 #[cfg(test)]
 mod tests {

@@ -98,7 +98,7 @@ impl Reader {
             return Ok(Bytes::new());
         };
         if let Some(load) = &self.load {
-            load.note_read(span.blocks());
+            load.note_read(span.offset..span.end);
         }
         let wanted = self.plan(&span);
         let result = futures::future::try_join_all(wanted).await;
@@ -143,7 +143,7 @@ impl Reader {
         };
         let bytes = span.assemble(&[block], self.cache.stats(), self.opened);
         if let Some(load) = &self.load {
-            load.note_read(span.blocks());
+            load.note_read(span.offset..span.end);
         }
         let step = self.step(&mut self.state.lock(), &span);
         self.act(&step);
@@ -191,7 +191,9 @@ impl Reader {
                 .blocks()
                 .map(|index| match state.blocks.get(&index) {
                     Some(block) => Want::Held(block.clone()),
-                    None if !step.sequential || !cache.room_to_hold() => Want::Part {
+                    // A model load reads ahead for its readers, whole blocks kept until a
+                    // read reaches their end: a reader of it takes the parts it reads.
+                    None if self.load.is_some() || !step.sequential || !cache.room_to_hold() => Want::Part {
                         index,
                         hold: step.sequential && !state.on_disk.contains_key(&index),
                     },
@@ -200,7 +202,7 @@ impl Reader {
                 .collect();
             let last = (span.last + blocks_ahead).min(cache.block_count(&self.object) - 1);
             let ahead: Vec<u32> = (span.last + 1..=last)
-                .filter(|index| !state.blocks.contains_key(index))
+                .filter(|index| self.load.is_none() && !state.blocks.contains_key(index))
                 .take_while(|_| cache.room_to_hold())
                 .collect();
             (step, wants, ahead, left)

@@ -2,12 +2,13 @@
 //! version near the same place takes them instead of reading them again), the blocks fetched
 //! ahead of their reader and kept for it, and how many readers are in a sequential run.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, WeakShared};
+use larder_object::ObjectId;
 use parking_lot::Mutex;
 
 use super::{Block, BlockKey, ReadError, SharedBlock};
@@ -45,6 +46,9 @@ struct HeldBlocks {
 /// no room is not kept (it is the furthest ahead of its reader).
 #[derive(Debug, Default)]
 struct Kept {
+    /// Objects under a model load ([`crate::model`]): their blocks kept are let go when the
+    /// load finds every byte of them read, not when a read reaches their end.
+    loading: HashSet<ObjectId>,
     /// Each block, and when it was kept.
     blocks: HashMap<BlockKey, (Block, Instant)>,
     /// Keys in the order they were kept; entries of blocks taken since are skipped.
@@ -129,11 +133,39 @@ impl Sharing {
         let (block, _) = kept.blocks.get(&key)?;
         let len = block.bytes.len();
         let block = block.clone();
-        if part.is_none_or(|part| part.end >= len) {
+        if part.is_none_or(|part| part.end >= len) && !kept.loading.contains(&key.0) {
             kept.blocks.remove(&key);
             kept.bytes -= len as u64;
         }
         Some(block)
+    }
+
+    /// Whether object `id` is under a model load (see [`Kept::loading`]).
+    pub(crate) fn set_loading(&self, id: ObjectId, loading: bool) {
+        let mut kept = self.kept.lock();
+        if loading {
+            kept.loading.insert(id);
+        } else {
+            kept.loading.remove(&id);
+        }
+    }
+
+    /// Lets block `key` go, if it is kept: every byte of it was read.
+    pub(crate) fn release_kept(&self, key: BlockKey) {
+        let mut kept = self.kept.lock();
+        if let Some((gone, _)) = kept.blocks.remove(&key) {
+            kept.bytes -= gone.bytes.len() as u64;
+        }
+    }
+
+    /// Whether block `key` is kept for its reader.
+    pub(crate) fn holds_kept(&self, key: BlockKey) -> bool {
+        self.kept.lock().blocks.contains_key(&key)
+    }
+
+    /// Whether `len` bytes more would be kept within `room` (see [`Sharing::keep`]).
+    pub(crate) fn kept_room(&self, len: u64, room: u64) -> bool {
+        self.kept.lock().bytes + len <= room
     }
 
     /// A reader started a sequential run.
