@@ -1,9 +1,12 @@
-//! What every benchmark needs: the raw download (the limit of a cold read), page-cache drops,
-//! medians with their spread, and the description of the machine a report was made on.
+//! What every benchmark needs: the raw download (the limit of a cold read), uploads,
+//! page-cache drops, medians with their spread as a report shows them, and the date and the
+//! machine a report was made on.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use futures::StreamExt;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -57,6 +60,16 @@ pub(crate) fn process_cpu(pid: u32) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
+/// How a report's figures sum up its `rounds`: medians with their min–max, where there is
+/// a median (BENCH.md: with 2 rounds there is none).
+pub(crate) fn rounds_note(rounds: usize) -> String {
+    match rounds {
+        1 => "1 round".to_owned(),
+        2 => "2 rounds: no median, the higher of the two with the min–max".to_owned(),
+        n => format!("{n} rounds, medians (min–max)"),
+    }
+}
+
 /// Median and (min, max) of a non-empty sample.
 pub(crate) fn summary(mut values: Vec<f64>) -> (f64, f64, f64) {
     values.sort_by(f64::total_cmp);
@@ -96,6 +109,52 @@ pub(crate) async fn upload_with_retries(store: &dyn ObjectStore, key: &str, size
         eprintln!("upload of {key} failed ({error}); retrying");
     }
     Ok(())
+}
+
+/// Prints a finished report, and writes it to `out` if given.
+pub(crate) fn publish(report: &str, out: Option<&Path>) -> anyhow::Result<()> {
+    print!("{report}");
+    if let Some(out) = out {
+        std::fs::write(out, report).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// The date and time now, in UTC, for a report's header.
+pub(crate) fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%F %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// A number with as many decimals as its size deserves.
+pub(crate) fn number(x: f64) -> String {
+    if x.abs() >= 100.0 {
+        format!("{x:.0}")
+    } else if x.abs() >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// A ratio, with two decimals.
+pub(crate) fn ratio(x: f64) -> String {
+    format!("{x:.2}")
+}
+
+/// The median of `values` with its min–max, or a dash for no values.
+pub(crate) fn spread(values: Vec<f64>, show: fn(f64) -> String) -> String {
+    match values.len() {
+        0 => "—".to_owned(),
+        1 => show(values[0]),
+        _ => {
+            let (median, min, max) = summary(values);
+            format!("{} ({}–{})", show(median), show(min), show(max))
+        }
+    }
 }
 
 /// One line naming the commit, the cores, the CPU model and the kernel.

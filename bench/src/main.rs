@@ -118,16 +118,29 @@ pub(crate) struct MountArgs {
     /// Size of each of those files.
     #[arg(long, default_value = "32MiB")]
     many_size: ByteSize,
+    /// The object store read: SeaweedFS over S3, or the emulator of GCS or Azure
+    /// (`scripts/test` installs them); rclone and s3fs-fuse run over S3 only.
+    #[arg(long, value_enum, default_value = "s3")]
+    origin: mount::OriginKind,
+    #[command(flatten)]
+    systems: SystemArgs,
+    /// Where mounts, cache dirs and the local copy go (the disk under test).
+    #[arg(long, default_value = "bench/work")]
+    work_dir: PathBuf,
+    /// Write the report to this file as well as to stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// The mounts `larder-bench mount` compares, and the store they read.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SystemArgs {
     /// The `larder` binary under test.
     #[arg(long, default_value = "target/release/larder")]
     larder: PathBuf,
     /// The SeaweedFS binary (`bench/setup` installs it in bench/.venv).
     #[arg(long, default_value = "bench/.venv/bin/weed")]
     weed: PathBuf,
-    /// The object store read: SeaweedFS over S3, or the emulator of GCS or Azure
-    /// (`scripts/test` installs them); rclone and s3fs-fuse run over S3 only.
-    #[arg(long, value_enum, default_value = "s3")]
-    origin: mount::OriginKind,
     /// The rclone binary (`bench/setup` installs it in bench/.venv).
     #[arg(long, default_value = "bench/.venv/bin/rclone")]
     rclone: PathBuf,
@@ -140,12 +153,6 @@ pub(crate) struct MountArgs {
     /// Leave s3fs-fuse out (where it is not installed).
     #[arg(long)]
     no_s3fs: bool,
-    /// Where mounts, cache dirs and the local copy go (the disk under test).
-    #[arg(long, default_value = "bench/work")]
-    work_dir: PathBuf,
-    /// Write the report to this file as well as to stdout.
-    #[arg(long)]
-    out: Option<PathBuf>,
 }
 
 /// Arguments of `larder-bench fleet`.
@@ -237,8 +244,8 @@ mod tests {
         assert_eq!(args.small_size, ByteSize::kib(64));
         assert_eq!((args.rounds, args.small_files, args.readers), (5, 10_000, 16));
         assert_eq!((args.many_files, args.many_size), (64, ByteSize::mib(32)));
-        assert_eq!(args.larder, PathBuf::from("target/release/larder"));
-        assert!(!args.no_rclone && !args.no_s3fs && args.out.is_none());
+        assert_eq!(args.systems.larder, PathBuf::from("target/release/larder"));
+        assert!(!args.systems.no_rclone && !args.systems.no_s3fs && args.out.is_none());
     }
 
     #[test]
