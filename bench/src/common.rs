@@ -85,16 +85,30 @@ pub(crate) async fn raw_download(
     part: u64,
     concurrency: usize,
 ) -> anyhow::Result<Duration> {
+    raw_download_all(store, &[(key, size)], part, concurrency).await
+}
+
+/// The limit for a cold read of several objects, each `(key, size)`: ranged GETs of `part`
+/// bytes of one object after the other, `concurrency` at a time across them.
+pub(crate) async fn raw_download_all(
+    store: &Arc<dyn ObjectStore>,
+    objects: &[(&str, u64)],
+    part: u64,
+    concurrency: usize,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let path = StorePath::from(key);
-    let ranges = (0..size.div_ceil(part)).map(|i| i * part..size.min((i + 1) * part));
+    let ranges = objects.iter().flat_map(|&(key, size)| {
+        let path = StorePath::from(key);
+        (0..size.div_ceil(part)).map(move |i| (path.clone(), i * part..size.min((i + 1) * part)))
+    });
     let mut parts = futures::stream::iter(ranges)
-        .map(|r| store.get_range(&path, r))
+        .map(|(path, range)| async move { store.get_range(&path, range).await })
         .buffer_unordered(concurrency);
     let mut total = 0;
     while let Some(bytes) = parts.next().await {
         total += bytes?.len() as u64;
     }
+    let size: u64 = objects.iter().map(|&(_, size)| size).sum();
     anyhow::ensure!(total == size, "downloaded {total} of {size} bytes");
     Ok(started.elapsed())
 }
@@ -102,12 +116,52 @@ pub(crate) async fn raw_download(
 /// Uploads `size` bytes of deterministic content at `key` (seeded by the key), trying three
 /// times: the server is sometimes slow to take a large upload.
 pub(crate) async fn upload_with_retries(store: &dyn ObjectStore, key: &str, size: u64) -> anyhow::Result<()> {
-    let mut attempt = 0;
-    while let Err(error) = larder_tests::upload(store, key, larder_tests::seed(key, 0), size).await {
-        attempt += 1;
-        anyhow::ensure!(attempt < 3, "uploading {key} failed 3 times: {error}");
+    with_retries(key, || {
+        larder_tests::upload(store, key, larder_tests::seed(key, 0), size)
+    })
+    .await
+}
+
+/// Uploads the file at `path` to `key`, trying three times.
+pub(crate) async fn upload_file_with_retries(
+    store: &dyn ObjectStore,
+    key: &str,
+    path: &Path,
+) -> anyhow::Result<()> {
+    with_retries(key, || upload_file(store, key, path)).await
+}
+
+/// Runs the upload of `key` that `attempt` starts until it succeeds, three times at most.
+async fn with_retries<F: Future<Output = anyhow::Result<()>>>(
+    key: &str,
+    attempt: impl Fn() -> F,
+) -> anyhow::Result<()> {
+    let mut failed = 0;
+    while let Err(error) = attempt().await {
+        failed += 1;
+        anyhow::ensure!(failed < 3, "uploading {key} failed 3 times: {error}");
         eprintln!("upload of {key} failed ({error}); retrying");
     }
+    Ok(())
+}
+
+/// Uploads a local file in parts of 32 MiB, at most 8 of them held at once.
+async fn upload_file(store: &dyn ObjectStore, key: &str, path: &Path) -> anyhow::Result<()> {
+    use std::io::Read;
+    const PART: usize = 32 << 20;
+    let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let upload = store.put_multipart(&StorePath::from(key)).await?;
+    let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, PART);
+    let mut buf = vec![0; PART];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        writer.wait_for_capacity(8).await?;
+        writer.write(&buf[..n]);
+    }
+    writer.finish().await?;
     Ok(())
 }
 

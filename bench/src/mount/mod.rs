@@ -8,11 +8,11 @@
 //! are taken between runs minutes apart at most. One limit is measured inside Larder's run:
 //! that of the second warm read, Larder's own data file read right after it.
 
-mod measure;
-mod origin;
-mod report;
-mod run_log;
-mod systems;
+pub(crate) mod measure;
+pub(crate) mod origin;
+pub(crate) mod report;
+pub(crate) mod run_log;
+pub(crate) mod systems;
 pub(crate) mod workloads;
 
 use std::collections::BTreeMap;
