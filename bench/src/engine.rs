@@ -21,7 +21,8 @@ use object_store::path::Path as StorePath;
 
 use crate::EngineArgs;
 use crate::common::{
-    drop_page_cache, machine, peak_rss_mib, raw_download, reset_peak_rss, summary, upload_with_retries,
+    drop_page_cache, machine, peak_rss_mib, publish, raw_download, reset_peak_rss, summary,
+    upload_with_retries,
 };
 
 const BUCKET: &str = "larder-bench";
@@ -291,10 +292,7 @@ pub(crate) async fn run(args: EngineArgs) -> anyhow::Result<()> {
         });
     }
     let report = report(&args, &rounds, dropped);
-    print!("{report}");
-    if let Some(out) = &args.out {
-        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
-    }
+    publish(&report, args.out.as_deref())?;
     Ok(())
 }
 

@@ -29,7 +29,7 @@ use larder_tests::oci::{Containerd, Registry, TestImage, hosts_dir, push};
 use tokio::runtime::Handle;
 
 use crate::ImagesArgs;
-use crate::common::{drop_page_cache, machine, process_cpu, summary};
+use crate::common::{drop_page_cache, machine, process_cpu, publish, summary, utc_now};
 
 /// The registry's name in the image reference.
 const HOST: &str = "registry.bench.test";
@@ -167,10 +167,7 @@ pub(crate) fn run(args: ImagesArgs, runtime: &Handle) -> anyhow::Result<()> {
     }
 
     let report = report(&args, &rows, &prefetch_seconds, blob_bytes);
-    print!("{report}");
-    if let Some(out) = &args.out {
-        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
-    }
+    publish(&report, args.out.as_deref())?;
     Ok(())
 }
 
@@ -232,12 +229,7 @@ fn start_daemon<'a>(
 /// The report: one row per kind of pull.
 fn report(args: &ImagesArgs, rows: &[Row], prefetch: &[f64], blob_bytes: u64) -> String {
     let mut out = String::new();
-    let date = std::process::Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let date = utc_now();
     let _ = writeln!(out, "# Image pull benchmark\n");
     let _ = writeln!(out, "{date}; {}", machine());
     let _ = writeln!(

@@ -12,11 +12,15 @@
 //! `larder-bench mount` compares `larder daemon` with rclone and s3fs-fuse through real kernel
 //! mounts of the same bucket, against the same limits: cold, warm and page-cache reads, random
 //! reads, many small files, concurrent readers and many readers of many files (see `mount`).
+//!
+//! `larder-bench models` loads generated safetensors models through the same mounts with the
+//! real `safetensors` library, as inference engines load them (see `models`).
 
 mod common;
 mod engine;
 mod fleet;
 mod images;
+mod models;
 mod mount;
 mod simulate;
 
@@ -40,6 +44,9 @@ enum Command {
     Mount(MountArgs),
     /// N daemons in network namespaces read one model at once, without and with rack peers.
     Fleet(FleetArgs),
+    /// Safetensors loaders (key order, tensor-parallel ranks, load_file, a sharded model)
+    /// through Larder, rclone and s3fs-fuse, against the download and the local file.
+    Models(ModelsArgs),
     /// containerd pulls an image directly and through Larder's mirror: cold, warm, pre-pulled.
     Images(ImagesArgs),
     /// A discrete-event model of a fleet (1,000 nodes by default) scaling up one model, with the
@@ -118,16 +125,30 @@ pub(crate) struct MountArgs {
     /// Size of each of those files.
     #[arg(long, default_value = "32MiB")]
     many_size: ByteSize,
+    /// The object store read: SeaweedFS over S3, or the emulator of GCS or Azure
+    /// (`scripts/test` installs them); rclone and s3fs-fuse run over S3 only.
+    #[arg(long, value_enum, default_value = "s3")]
+    origin: mount::OriginKind,
+    #[command(flatten)]
+    systems: SystemArgs,
+    /// Where mounts, cache dirs and the local copy go (the disk under test).
+    #[arg(long, default_value = "bench/work")]
+    work_dir: PathBuf,
+    /// Write the report to this file as well as to stdout.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// The mounts compared by `larder-bench mount` and `larder-bench models`, and the store they
+/// read.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SystemArgs {
     /// The `larder` binary under test.
     #[arg(long, default_value = "target/release/larder")]
     larder: PathBuf,
     /// The SeaweedFS binary (`bench/setup` installs it in bench/.venv).
     #[arg(long, default_value = "bench/.venv/bin/weed")]
     weed: PathBuf,
-    /// The object store read: SeaweedFS over S3, or the emulator of GCS or Azure
-    /// (`scripts/test` installs them); rclone and s3fs-fuse run over S3 only.
-    #[arg(long, value_enum, default_value = "s3")]
-    origin: mount::OriginKind,
     /// The rclone binary (`bench/setup` installs it in bench/.venv).
     #[arg(long, default_value = "bench/.venv/bin/rclone")]
     rclone: PathBuf,
@@ -140,6 +161,23 @@ pub(crate) struct MountArgs {
     /// Leave s3fs-fuse out (where it is not installed).
     #[arg(long)]
     no_s3fs: bool,
+}
+
+/// Arguments of `larder-bench models`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ModelsArgs {
+    /// Size of the model: one file, and the same tensors in 8 shards.
+    #[arg(long, default_value = "2GiB")]
+    size: ByteSize,
+    /// Interleaved rounds; the report gives the median and the spread.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[command(flatten)]
+    systems: SystemArgs,
+    /// The Python that runs the loaders, with safetensors and numpy (`bench/setup` installs
+    /// them in bench/.venv).
+    #[arg(long, default_value = "bench/.venv/bin/python")]
+    python: PathBuf,
     /// Where mounts, cache dirs and the local copy go (the disk under test).
     #[arg(long, default_value = "bench/work")]
     work_dir: PathBuf,
@@ -203,6 +241,11 @@ async fn main() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || mount::run(args, &runtime)).await?
         }
+        Command::Models(args) => {
+            // Loads block on child processes; the runtime keeps serving the proxy.
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || models::run(args, &runtime)).await?
+        }
         Command::Simulate(args) => tokio::task::spawn_blocking(move || simulate::run(args)).await?,
         Command::Images(args) => {
             let runtime = tokio::runtime::Handle::current();
@@ -237,8 +280,19 @@ mod tests {
         assert_eq!(args.small_size, ByteSize::kib(64));
         assert_eq!((args.rounds, args.small_files, args.readers), (5, 10_000, 16));
         assert_eq!((args.many_files, args.many_size), (64, ByteSize::mib(32)));
-        assert_eq!(args.larder, PathBuf::from("target/release/larder"));
-        assert!(!args.no_rclone && !args.no_s3fs && args.out.is_none());
+        assert_eq!(args.systems.larder, PathBuf::from("target/release/larder"));
+        assert!(!args.systems.no_rclone && !args.systems.no_s3fs && args.out.is_none());
+    }
+
+    #[test]
+    fn models_defaults_are_a_2_gib_model_in_3_rounds() {
+        let Command::Models(args) = Cli::try_parse_from(["larder-bench", "models"]).unwrap().command else {
+            panic!("not the models command");
+        };
+        assert_eq!((args.size, args.rounds), (ByteSize::gib(2), 3));
+        assert_eq!(args.python, PathBuf::from("bench/.venv/bin/python"));
+        assert_eq!(args.systems.larder, PathBuf::from("target/release/larder"));
+        assert!(!args.systems.no_rclone && !args.systems.no_s3fs && args.out.is_none());
     }
 
     #[test]

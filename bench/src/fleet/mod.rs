@@ -22,7 +22,7 @@ use larder_tests::{Bucket, RecordingProxy};
 use tokio::runtime::Handle;
 
 use crate::FleetArgs;
-use crate::common::{drop_page_cache, machine, summary, upload_with_retries};
+use crate::common::{drop_page_cache, machine, publish, summary, upload_with_retries, utc_now};
 use crate::mount::workloads::{check_content, read_whole};
 pub(crate) use net::interrupt;
 use net::{Network, ORIGIN_IP, ORIGIN_PORT, in_netns, node_ip};
@@ -163,10 +163,7 @@ pub(crate) fn run(args: FleetArgs, runtime: &Handle) -> anyhow::Result<()> {
         rounds.push([round[0], round[1], round[2]]);
     }
     let report = render(&args, &rounds, started.elapsed());
-    print!("{report}");
-    if let Some(out) = &args.out {
-        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
-    }
+    publish(&report, args.out.as_deref())?;
     Ok(())
 }
 
@@ -311,11 +308,7 @@ fn read_all(paths: &[std::path::PathBuf], size: u64) -> anyhow::Result<(Duration
 /// of the rounds with its min–max.
 fn render(args: &FleetArgs, rounds: &[[Sample; 3]], duration: Duration) -> String {
     use std::fmt::Write;
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%F %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let date = utc_now();
     let size = args.size.as_u64() as f64;
     let rate = args.origin_rate.as_u64() as f64;
     // The origin link must carry the model once with peers or for one node, once per node

@@ -1,7 +1,50 @@
-//! What a workload cost: CPU of the reading thread and the origin requests a stretch of the
-//! proxy's log shows (a process's CPU is in `common`).
+//! What a workload cost: CPU of the reading thread, of the mount and of the object store's
+//! server, the mount's peak RSS, and the origin requests a stretch of the proxy's log shows.
 
 use larder_tests::ServedRequest;
+
+use super::Origin;
+use crate::common::{peak_rss_mib, process_cpu, reset_peak_rss};
+
+/// What a run of a workload cost, besides the readers' own CPU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cost {
+    /// CPU seconds of the mount process during the workload.
+    pub(crate) mount_cpu: Option<f64>,
+    /// CPU seconds of the object store's server during the workload: on a machine
+    /// where it shares the cores with the mount, the part of them the mount could not have.
+    pub(crate) origin_cpu: Option<f64>,
+    /// Peak RSS of the mount process during the workload (or since it started, where the
+    /// high-water mark could not be reset).
+    pub(crate) peak_rss_mib: Option<f64>,
+    pub(crate) origin: OriginUse,
+}
+
+/// Runs `work` and measures what it cost the mount process `pid` (if any), the server of
+/// `origin`, and the origin: the requests its proxy logged meanwhile, `size_of` giving the size
+/// of the object a request path names (None for listings).
+pub(crate) fn measure<T>(
+    origin: &Origin,
+    pid: Option<u32>,
+    size_of: impl Fn(&str) -> Option<u64>,
+    work: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Cost)> {
+    let from = origin.proxy.requests().len();
+    if let Some(pid) = pid {
+        reset_peak_rss(pid);
+    }
+    let cpu = pid.and_then(process_cpu);
+    let server_cpu = process_cpu(origin.pid());
+    let work = work()?;
+    let spent = |before: Option<f64>, pid: Option<u32>| Some(pid.and_then(process_cpu)? - before?);
+    let cost = Cost {
+        mount_cpu: spent(cpu, pid),
+        origin_cpu: spent(server_cpu, Some(origin.pid())),
+        peak_rss_mib: pid.and_then(peak_rss_mib),
+        origin: origin_use(&origin.proxy.requests()[from..], size_of),
+    };
+    Ok((work, cost))
+}
 
 /// CPU seconds (user + system) the calling thread has used.
 pub(crate) fn thread_cpu() -> f64 {
@@ -61,7 +104,6 @@ fn range_len(range: &str, size: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::common::{peak_rss_mib, process_cpu};
 
     fn get(path: &str, range: Option<&str>) -> ServedRequest {
         ServedRequest {

@@ -8,10 +8,11 @@
 //! are taken between runs minutes apart at most. One limit is measured inside Larder's run:
 //! that of the second warm read, Larder's own data file read right after it.
 
-mod measure;
-mod origin;
-mod report;
-mod systems;
+pub(crate) mod measure;
+pub(crate) mod origin;
+pub(crate) mod report;
+pub(crate) mod run_log;
+pub(crate) mod systems;
 pub(crate) mod workloads;
 
 use std::collections::BTreeMap;
@@ -27,12 +28,12 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::runtime::Handle;
 
 use crate::MountArgs;
-use crate::common::process_cpu;
-use crate::common::{drop_page_cache, peak_rss_mib, raw_download, reset_peak_rss};
-use measure::{OriginUse, origin_use};
+use crate::common::{drop_page_cache, publish, raw_download};
+use measure::Cost;
 use origin::Origin;
 pub(crate) use origin::OriginKind;
-use systems::{Setup, System};
+use run_log::RunLog;
+use systems::{Setup, System, WarmRun};
 use workloads::Work;
 
 const BUCKET: &str = "larder-bench";
@@ -84,15 +85,7 @@ impl Workload {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sample {
     pub(crate) work: Work,
-    /// CPU seconds of the mount process during the workload.
-    pub(crate) mount_cpu: Option<f64>,
-    /// CPU seconds of the object store's server during the workload: on a machine
-    /// where it shares the cores with the mount, the part of them the mount could not have.
-    pub(crate) origin_cpu: Option<f64>,
-    /// Peak RSS of the mount process during the workload (or since it started, where the
-    /// high-water mark could not be reset).
-    pub(crate) peak_rss_mib: Option<f64>,
-    pub(crate) origin: OriginUse,
+    pub(crate) cost: Cost,
 }
 
 /// Every figure of one round.
@@ -113,8 +106,6 @@ struct Bench<'a> {
     /// A local copy of the large file.
     local: PathBuf,
     seed: u64,
-    /// When the run started, for the progress lines.
-    started: Instant,
 }
 
 pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
@@ -128,37 +119,19 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
     let work = tempfile::Builder::new()
         .prefix("mount-")
         .tempdir_in(&args.work_dir)?;
-    let started = Instant::now();
-    let progress = |what: &str| eprintln!("[{:4.0} s] {what}", started.elapsed().as_secs_f64());
-    let origin = runtime.block_on(Origin::start(args.origin, &args.weed, BUCKET))?;
-    progress(&format!("{} is up", origin.name()));
-    // rclone and s3fs-fuse are set up for S3.
-    let s3 = origin.is_s3();
-    let systems = [
-        (System::Larder, true, &args.larder),
-        (System::Rclone, s3 && !args.no_rclone, &args.rclone),
-        (System::S3fs, s3 && !args.no_s3fs, &args.s3fs),
-    ];
-    let setups = systems
-        .into_iter()
-        .filter(|&(_, wanted, _)| wanted)
-        .map(|(system, _, binary)| {
-            let dir = work.path().join(system.name().to_lowercase());
-            Setup::new(system, binary.clone(), dir)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    for setup in &setups {
-        setup.check_installed()?;
-    }
+    let mut log = RunLog::start();
+    let origin = runtime.block_on(Origin::start(args.origin, &args.systems.weed, BUCKET))?;
+    log.progress(&format!("{} is up", origin.name()));
+    let setups = systems::setups(&args.systems, origin.is_s3(), work.path())?;
     let seed = larder_tests::seed(BIG_KEY, 0);
     runtime.block_on(upload(&args, &origin))?;
-    progress(&format!(
+    log.progress(&format!(
         "uploaded {}, {} small files and {} files of {}",
         args.size, args.small_files, args.many_files, args.many_size
     ));
     let local = work.path().join("local").join(BIG_KEY);
     write_local_copy(&local, seed, args.size.as_u64())?;
-    progress("wrote the local copy");
+    log.progress("wrote the local copy");
     let client = origin.client(BUCKET)?;
     let bench = Bench {
         args: &args,
@@ -168,37 +141,16 @@ pub(crate) fn run(args: MountArgs, runtime: &Handle) -> anyhow::Result<()> {
         setups,
         local,
         seed,
-        started,
     };
     let dropped = drop_page_cache();
-    let mut rounds = Vec::new();
-    let mut failures = Vec::new();
-    for number in 0..args.rounds {
-        eprintln!("round {}/{}", number + 1, args.rounds);
-        rounds.push(bench.round(number, &mut failures));
-    }
-    let versions = bench
-        .setups
-        .iter()
-        .map(|s| (s.system, s.version()))
-        .collect::<Vec<_>>();
+    let rounds = log.rounds(args.rounds, |number, log| bench.round(number, log));
     let report = report::render(&report::Context {
         args: &args,
         rounds: &rounds,
-        versions: &versions,
-        failures: &failures,
-        dropped,
-        duration: started.elapsed(),
-        // The daemon inherits the harness's environment, this variable with it.
-        memory_budget: std::env::var("LARDER_MEMORY_LIMIT").ok(),
-        origin: bench.origin.name(),
+        run: report::Run::new(&bench.setups, &log, dropped, bench.origin.name()),
     });
-    print!("{report}");
-    if let Some(out) = &args.out {
-        std::fs::write(out, &report).with_context(|| format!("writing {}", out.display()))?;
-    }
-    anyhow::ensure!(failures.is_empty(), "{} workload runs failed", failures.len());
-    Ok(())
+    publish(&report, args.out.as_deref())?;
+    log.finish()
 }
 
 /// The key of small file `i`.
@@ -273,57 +225,28 @@ impl Bench<'_> {
         pid: Option<u32>,
         work: impl FnOnce() -> anyhow::Result<Work>,
     ) -> anyhow::Result<Sample> {
-        let from = self.origin.proxy.requests().len();
-        if let Some(pid) = pid {
-            reset_peak_rss(pid);
-        }
-        let cpu = pid.and_then(process_cpu);
-        let origin_cpu = process_cpu(self.origin.pid());
-        let work = work()?;
-        let spent = |before: Option<f64>, pid: Option<u32>| Some(pid.and_then(process_cpu)? - before?);
-        let mount_cpu = spent(cpu, pid);
-        let origin_cpu = spent(origin_cpu, Some(self.origin.pid()));
-        let peak_rss_mib = pid.and_then(peak_rss_mib);
-        let origin = origin_use(&self.origin.proxy.requests()[from..], |path| self.size_of(path));
-        Ok(Sample {
-            work,
-            mount_cpu,
-            origin_cpu,
-            peak_rss_mib,
-            origin,
-        })
+        let (work, cost) = measure::measure(&self.origin, pid, |path| self.size_of(path), work)?;
+        Ok(Sample { work, cost })
     }
 
     /// One round: every workload, for the limit and then each system.
-    fn round(&self, number: usize, failures: &mut Vec<String>) -> Round {
+    fn round(&self, number: usize, log: &mut RunLog) -> Round {
         let mut round = Round::new();
         // `run` names whose run the outcome is, for a failure.
-        let mut record = |run: System, outcome: Outcome| match outcome {
-            Ok(samples) => {
-                for (workload, system, sample) in samples {
-                    eprintln!(
-                        "[{:4.0} s] round {}: {} {}: {:.0} {}",
-                        self.started.elapsed().as_secs_f64(),
-                        number + 1,
-                        system.name(),
-                        workload.name(),
-                        sample.throughput(workload),
-                        workload.unit()
-                    );
-                    round.insert((workload, system), sample);
-                }
-            }
-            Err(error) => {
-                let setup = self.setups.iter().find(|setup| setup.system == run);
-                let log = setup.map(Setup::log_trouble).unwrap_or_default();
-                let log: String = log.iter().map(|line| format!("\n    log: {line}")).collect();
-                eprintln!(
-                    "[{:4.0} s] round {}: {}: {error:#}{log}",
-                    self.started.elapsed().as_secs_f64(),
+        let mut record = |run: System, outcome: Outcome| {
+            for (workload, system, sample) in log
+                .outcome(number, run, &self.setups, outcome)
+                .unwrap_or_default()
+            {
+                log.progress(&format!(
+                    "round {}: {} {}: {:.0} {}",
                     number + 1,
-                    run.name()
-                );
-                failures.push(format!("round {}, {}: {error:#}{log}", number + 1, run.name()));
+                    system.name(),
+                    workload.name(),
+                    sample.throughput(workload),
+                    workload.unit()
+                ));
+                round.insert((workload, system), sample);
             }
         };
         record(System::Limit, self.limit_cold(Workload::Cold, 1));
@@ -377,16 +300,8 @@ impl Bench<'_> {
         Ok(vec![(workload, System::Limit, sample)])
     }
 
-    /// Stops nothing (every workload stops its mount), wipes the cache, drops the page cache
-    /// and starts the system: the next read is cold.
-    fn start_cold(&self, setup: &Setup) -> anyhow::Result<systems::Mounted> {
-        setup.wipe_cache()?;
-        drop_page_cache();
-        setup.start(&self.origin)
-    }
-
     fn cold(&self, setup: &Setup) -> Outcome {
-        let mount = self.start_cold(setup)?;
+        let mount = setup.start_cold(&self.origin)?;
         let path = setup.mount_dir().join(BIG_KEY);
         let sample = self.measure(mount.pid(), || workloads::sequential(&path, self.size()))?;
         workloads::check_content(&path, self.seed, self.size())?;
@@ -405,9 +320,8 @@ impl Bench<'_> {
     /// daemon reads its data file on the first warm read) reads slower buffered than one last
     /// read buffered. Its limit is Larder's data file itself, read right after it.
     fn warm(&self, setup: Option<&Setup>, seed: u64) -> Outcome {
-        let mount = setup.map(|s| s.start(&self.origin)).transpose()?;
-        let pid = mount.as_ref().and_then(|m| m.pid());
-        let system = setup.map_or(System::Limit, |s| s.system);
+        let run = WarmRun::start(setup, &self.origin)?;
+        let (pid, system) = (run.pid(), run.system);
         let path = setup.map_or(self.local.clone(), |s| s.mount_dir().join(BIG_KEY));
         let size = self.size();
         let mut samples = Vec::new();
@@ -453,9 +367,7 @@ impl Bench<'_> {
             system,
             self.measure(pid, || workloads::mapped(&path, size))?,
         ));
-        if let Some(mount) = mount {
-            mount.stop()?;
-        }
+        run.stop()?;
         Ok(samples)
     }
 
@@ -490,7 +402,7 @@ impl Bench<'_> {
     }
 
     fn small_files(&self, setup: &Setup) -> Outcome {
-        let mount = self.start_cold(setup)?;
+        let mount = setup.start_cold(&self.origin)?;
         let dir = setup.mount_dir().join(SMALL_DIR);
         let sample = self.measure(mount.pid(), || {
             workloads::small_files(
@@ -505,7 +417,7 @@ impl Bench<'_> {
     }
 
     fn readers(&self, setup: &Setup) -> Outcome {
-        let mount = self.start_cold(setup)?;
+        let mount = setup.start_cold(&self.origin)?;
         let path = setup.mount_dir().join(BIG_KEY);
         let sample = self.measure(mount.pid(), || {
             workloads::concurrent(&path, self.size(), self.args.readers)
@@ -547,7 +459,7 @@ impl Bench<'_> {
     }
 
     fn many_files(&self, setup: &Setup) -> Outcome {
-        let mount = self.start_cold(setup)?;
+        let mount = setup.start_cold(&self.origin)?;
         let paths: Vec<PathBuf> = (0..self.args.many_files)
             .map(|i| setup.mount_dir().join(many_key(i)))
             .collect();

@@ -11,7 +11,7 @@ use larder_tests::seaweed::Seaweed;
 use larder_tests::{Bucket, RecordingProxy, content, free_port, seed};
 use object_store::ObjectStore;
 
-use crate::common::upload_with_retries;
+use crate::common::{upload_file_with_retries, upload_with_retries};
 
 /// Which store `--origin` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -100,6 +100,15 @@ impl Origin {
             // Its XML API takes no uploads: one request to its JSON API.
             Server::Gcs(server) => server.put(key, &content(seed(key, 0), 0, size as usize)),
             Server::Azure(server) => upload_with_retries(server.client()?.as_ref(), key, size).await,
+        }
+    }
+
+    /// Uploads the file at `path` to `key`, not through the proxy.
+    pub(crate) async fn put_file(&self, key: &str, path: &Path) -> anyhow::Result<()> {
+        match &self.server {
+            Server::S3(server) => upload_file_with_retries(server.client()?.as_ref(), key, path).await,
+            Server::Gcs(server) => server.put(key, &std::fs::read(path)?),
+            Server::Azure(server) => upload_file_with_retries(server.client()?.as_ref(), key, path).await,
         }
     }
 

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use larder_config::OriginConfig;
 
-use super::systems::System;
+use super::run_log::RunLog;
+use super::systems::{Setup, System};
 use super::workloads::Latency;
 use super::{RANDOM_LARGE, RANDOM_SMALL, Round, Sample, Workload};
 use crate::MountArgs;
-use crate::common::{machine, summary};
+use crate::common::{machine, number, ratio, rounds_note, spread, utc_now};
 
 const GIB: f64 = (1u64 << 30) as f64;
 const MIB: f64 = (1u64 << 20) as f64;
@@ -20,8 +21,14 @@ const MIB: f64 = (1u64 << 20) as f64;
 pub(crate) struct Context<'a> {
     pub(crate) args: &'a MountArgs,
     pub(crate) rounds: &'a [Round],
+    pub(crate) run: Run<'a>,
+}
+
+/// What a report of a benchmark through mounts says of its run besides the figures.
+#[derive(Debug)]
+pub(crate) struct Run<'a> {
     /// Each mount system and its version.
-    pub(crate) versions: &'a [(System, String)],
+    pub(crate) versions: Vec<(System, String)>,
     pub(crate) failures: &'a [String],
     /// Whether the page cache could be dropped (root).
     pub(crate) dropped: bool,
@@ -29,7 +36,7 @@ pub(crate) struct Context<'a> {
     /// `LARDER_MEMORY_LIMIT` as the daemon inherited it; None for its default.
     pub(crate) memory_budget: Option<String>,
     /// The object store read.
-    pub(crate) origin: &'a str,
+    pub(crate) origin: &'static str,
 }
 
 impl Workload {
@@ -148,33 +155,6 @@ impl Sample {
     }
 }
 
-/// A number with as many decimals as its size deserves.
-fn number(x: f64) -> String {
-    if x.abs() >= 100.0 {
-        format!("{x:.0}")
-    } else if x.abs() >= 10.0 {
-        format!("{x:.1}")
-    } else {
-        format!("{x:.2}")
-    }
-}
-
-/// The median of `values` with its min–max, or a dash for no values.
-fn spread(values: Vec<f64>, show: fn(f64) -> String) -> String {
-    match values.len() {
-        0 => "—".to_owned(),
-        1 => show(values[0]),
-        _ => {
-            let (median, min, max) = summary(values);
-            format!("{} ({}–{})", show(median), show(min), show(max))
-        }
-    }
-}
-
-fn ratio(x: f64) -> String {
-    format!("{x:.2}")
-}
-
 impl Context<'_> {
     /// `figure` of `system`'s sample in each round where it has one.
     fn each(&self, workload: Workload, system: System, figure: impl Fn(&Sample) -> Option<f64>) -> Vec<f64> {
@@ -197,11 +177,11 @@ impl Context<'_> {
     }
 
     fn systems(&self) -> impl Iterator<Item = System> + '_ {
-        std::iter::once(System::Limit).chain(self.versions.iter().map(|(s, _)| *s))
+        std::iter::once(System::Limit).chain(self.run.versions.iter().map(|(s, _)| *s))
     }
 
     fn summary_table(&self, out: &mut String) {
-        let mounts: Vec<System> = self.versions.iter().map(|(s, _)| *s).collect();
+        let mounts: Vec<System> = self.run.versions.iter().map(|(s, _)| *s).collect();
         let _ = write!(out, "| workload | limit |");
         for system in &mounts {
             let _ = write!(out, " {} ÷ limit |", system.name());
@@ -239,15 +219,20 @@ impl Context<'_> {
         };
         let _ = writeln!(
             out,
-            "| system | {} |{latency_head} ÷ limit | Larder ÷ system | mount CPU s/GiB | reader CPU s/GiB | server CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |",
+            "| system | {} |{latency_head} ÷ limit | Larder ÷ system |{COST_HEAD}",
             workload.unit()
         );
-        let _ = writeln!(out, "|---|---|{latency_rule}---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|{latency_rule}---|---|{COST_RULE}");
         for system in self.systems() {
-            let throughput = self.each(workload, system, |s| Some(s.throughput(workload)));
-            if throughput.is_empty() {
+            let samples: Vec<&Sample> = self
+                .rounds
+                .iter()
+                .filter_map(|round| round.get(&(workload, system)))
+                .collect();
+            if samples.is_empty() {
                 continue;
             }
+            let throughput = samples.iter().map(|s| s.throughput(workload)).collect();
             let to_limit = if system == System::Limit {
                 "1".to_owned()
             } else {
@@ -257,12 +242,6 @@ impl Context<'_> {
                 spread(self.ratios(workload, System::Larder, system), ratio)
             } else {
                 "—".to_owned()
-            };
-            let per_gib = |f: fn(&Sample) -> Option<f64>| {
-                spread(
-                    self.each(workload, system, |s| f(s).map(|x| x / s.served_gib())),
-                    number,
-                )
             };
             let latency = if workload.timed() {
                 let percentile = |f: fn(&Latency) -> f64| {
@@ -277,73 +256,56 @@ impl Context<'_> {
             };
             let _ = writeln!(
                 out,
-                "| {} | {} |{latency} {to_limit} | {larder_to} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} |{latency} {to_limit} | {larder_to} |{}",
                 system.name(),
                 spread(throughput, number),
-                per_gib(|s| s.mount_cpu),
-                per_gib(|s| s.work.reader_cpu),
-                per_gib(|s| s.origin_cpu),
-                spread(self.each(workload, system, |s| s.peak_rss_mib), number),
-                per_gib(|s| Some(s.origin.requests as f64)),
-                per_gib(|s| Some(s.origin.bytes as f64 / GIB)),
+                cost_cells(&samples),
             );
         }
     }
 }
 
+/// The headers of the columns `cost_cells` fills, and their rule.
+pub(crate) const COST_HEAD: &str = " mount CPU s/GiB | reader CPU s/GiB | server CPU s/GiB | mount peak RSS MiB | origin requests/GiB | origin GiB/GiB |";
+pub(crate) const COST_RULE: &str = "---|---|---|---|---|---|";
+
+/// What one system's runs of a workload cost, as the cells of its row: the median (min–max)
+/// of the rounds' figures, per GiB handed to the readers but peak RSS.
+pub(crate) fn cost_cells(samples: &[&Sample]) -> String {
+    let per_gib = |f: fn(&Sample) -> Option<f64>| {
+        let values = samples.iter().filter_map(|s| Some(f(s)? / s.served_gib()));
+        spread(values.collect(), number)
+    };
+    let peak_rss = samples.iter().filter_map(|s| s.cost.peak_rss_mib).collect();
+    format!(
+        " {} | {} | {} | {} | {} | {} |",
+        per_gib(|s| s.cost.mount_cpu),
+        per_gib(|s| s.work.reader_cpu),
+        per_gib(|s| s.cost.origin_cpu),
+        spread(peak_rss, number),
+        per_gib(|s| Some(s.cost.origin.requests as f64)),
+        per_gib(|s| Some(s.cost.origin.bytes as f64 / GIB)),
+    )
+}
+
 /// The whole report.
 pub(crate) fn render(cx: &Context<'_>) -> String {
-    let date = std::process::Command::new("date")
-        .args(["-u", "+%F %H:%M UTC"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
+    let date = utc_now();
     let mut out = String::new();
     let _ = writeln!(out, "# Mount benchmark\n");
     let _ = writeln!(out, "{date}; {}", machine());
     let _ = writeln!(
         out,
-        "large file {}, {} small files of {}, {} concurrent readers, {} readers of files of {}; \
-         Larder memory budget: {}; {} rounds, medians (min–max); page cache dropped between steps: {}; \
-         whole run {:.0} s",
+        "large file {}, {} small files of {}, {} concurrent readers, {} readers of files of {}; {}",
         cx.args.size,
         cx.args.small_files,
         cx.args.small_size,
         cx.args.readers,
         cx.args.many_files,
         cx.args.many_size,
-        cx.memory_budget.as_deref().unwrap_or("default"),
-        cx.rounds.len(),
-        cx.dropped,
-        cx.duration.as_secs_f64()
+        cx.run.note(cx.rounds.len()),
     );
-    let _ = writeln!(
-        out,
-        "\nOrigin: {} on loopback, behind a recording proxy in the benchmark process that every \
-         system and the raw download go through (rclone and s3fs-fuse run over S3 only). Systems:\n",
-        cx.origin
-    );
-    for (system, version) in cx.versions {
-        let how = match system {
-            System::Limit => String::new(),
-            System::Larder => match &cx.memory_budget {
-                Some(budget) => format!(
-                    "`larder daemon`, default settings but `LARDER_MEMORY_LIMIT={budget}`, `--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`"
-                ),
-                None => {
-                    "`larder daemon`, default settings, `--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`"
-                        .to_owned()
-                }
-            },
-            System::Rclone => {
-                "`rclone mount --vfs-cache-mode full --read-only`, otherwise defaults".to_owned()
-            }
-            System::S3fs => {
-                "`s3fs -f -o ro,use_path_request_style,use_cache=DIR`, otherwise defaults".to_owned()
-            }
-        };
-        let _ = writeln!(out, "- {}: {how} ({version})", system.name());
-    }
+    cx.run.describe_systems(&mut out);
     let _ = writeln!(
         out,
         "\n## Throughput as a ratio to the limit (higher is better)\n"
@@ -360,11 +322,75 @@ pub(crate) fn render(cx: &Context<'_>) -> String {
     for workload in Workload::ALL.into_iter().filter(|w| w.measured(cx.args)) {
         cx.workload_table(workload, &mut out);
     }
-    if !cx.failures.is_empty() {
-        let _ = writeln!(out, "\n## Failed runs\n");
-        for failure in cx.failures {
-            let _ = writeln!(out, "- {}", failure.replace('\n', " "));
+    cx.run.failed_runs(&mut out);
+    out
+}
+
+impl<'a> Run<'a> {
+    /// What to say of a run of the systems `setups` with `log`, until now, with the page cache
+    /// `dropped` (or not), reading `origin`.
+    pub(crate) fn new(setups: &[Setup], log: &'a RunLog, dropped: bool, origin: &'static str) -> Self {
+        Self {
+            versions: setups.iter().map(|s| (s.system, s.version())).collect(),
+            failures: log.failures(),
+            dropped,
+            duration: log.elapsed(),
+            // The daemon inherits the harness's environment, this variable with it.
+            memory_budget: std::env::var("LARDER_MEMORY_LIMIT").ok(),
+            origin,
         }
     }
-    out
+
+    /// How the run went, for the report's header: the daemon's memory budget, the rounds
+    /// (`rounds` of them), whether the page cache could be dropped, and how long it took.
+    pub(crate) fn note(&self, rounds: usize) -> String {
+        format!(
+            "Larder memory budget: {}; {}; page cache dropped between steps: {}; whole run {:.0} s",
+            self.memory_budget.as_deref().unwrap_or("default"),
+            rounds_note(rounds),
+            self.dropped,
+            self.duration.as_secs_f64()
+        )
+    }
+
+    /// The origin and the systems compared, with their versions: a paragraph and a list.
+    pub(crate) fn describe_systems(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\nOrigin: {} on loopback, behind a recording proxy in the benchmark process that every \
+             system and the raw download go through (rclone and s3fs-fuse run over S3 only). Systems:\n",
+            self.origin
+        );
+        for (system, version) in &self.versions {
+            let how = match system {
+                System::Limit => String::new(),
+                System::Larder => match &self.memory_budget {
+                    Some(budget) => format!(
+                        "`larder daemon`, default settings but `LARDER_MEMORY_LIMIT={budget}`, `--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`"
+                    ),
+                    None => {
+                        "`larder daemon`, default settings, `--metrics-listen off`, `LARDER_MIN_FREE_FRACTION=0`"
+                            .to_owned()
+                    }
+                },
+                System::Rclone => {
+                    "`rclone mount --vfs-cache-mode full --read-only`, otherwise defaults".to_owned()
+                }
+                System::S3fs => {
+                    "`s3fs -f -o ro,use_path_request_style,use_cache=DIR`, otherwise defaults".to_owned()
+                }
+            };
+            let _ = writeln!(out, "- {}: {how} ({version})", system.name());
+        }
+    }
+
+    /// The section of the runs that failed, if any.
+    pub(crate) fn failed_runs(&self, out: &mut String) {
+        if !self.failures.is_empty() {
+            let _ = writeln!(out, "\n## Failed runs\n");
+            for failure in self.failures {
+                let _ = writeln!(out, "- {}", failure.replace('\n', " "));
+            }
+        }
+    }
 }

@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::Origin;
+use crate::SystemArgs;
+use crate::common::drop_page_cache;
 use anyhow::{Context, bail};
 use larder_tests::Bucket;
 use larder_tests::daemon::{DaemonProcess, is_mounted};
@@ -32,6 +34,26 @@ impl System {
             System::S3fs => "s3fs",
         }
     }
+}
+
+/// The systems `args` asks for, each keeping its files in a directory of its own under
+/// `dir`, each checked to run. rclone and s3fs-fuse are set up for S3: unless the store is
+/// S3 (`s3`), Larder alone.
+pub(crate) fn setups(args: &SystemArgs, s3: bool, dir: &Path) -> anyhow::Result<Vec<Setup>> {
+    let systems = [
+        (System::Larder, true, &args.larder),
+        (System::Rclone, s3 && !args.no_rclone, &args.rclone),
+        (System::S3fs, s3 && !args.no_s3fs, &args.s3fs),
+    ];
+    let setups = systems
+        .into_iter()
+        .filter(|&(_, wanted, _)| wanted)
+        .map(|(system, _, binary)| Setup::new(system, binary.clone(), dir.join(system.name().to_lowercase())))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for setup in &setups {
+        setup.check_installed()?;
+    }
+    Ok(setups)
 }
 
 /// How long a mount may take to come up or to go away.
@@ -131,13 +153,21 @@ impl Setup {
     }
 
     /// Removes the cache dir: the next start is cold.
-    pub(crate) fn wipe_cache(&self) -> anyhow::Result<()> {
+    fn wipe_cache(&self) -> anyhow::Result<()> {
         match std::fs::remove_dir_all(self.cache_dir()) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(e).with_context(|| format!("wiping {}", self.cache_dir().display()))
             }
             _ => Ok(()),
         }
+    }
+
+    /// Wipes the cache, drops the page cache and starts the system over `store`: the next
+    /// read is cold.
+    pub(crate) fn start_cold(&self, store: &Origin) -> anyhow::Result<Mounted> {
+        self.wipe_cache()?;
+        drop_page_cache();
+        self.start(store)
     }
 
     /// Larder's largest data file (`*.data` anywhere under its cache dir). The cache is wiped
@@ -309,6 +339,34 @@ fn rclone_holds(meta: &Path, key: &str, size: u64) -> bool {
                 .is_some_and(|ranges| ranges.iter().any(|r| r.pos == 0 && r.size >= size))
         })
     })
+}
+
+/// What a warm run reads through: a system restarted on the cache its cold run filled, or,
+/// for the limit, no mount at all (the local copy).
+#[derive(Debug)]
+pub(crate) struct WarmRun {
+    mount: Option<Mounted>,
+    pub(crate) system: System,
+}
+
+impl WarmRun {
+    /// Starts `setup`'s system over `store`; no setup, the limit.
+    pub(crate) fn start(setup: Option<&Setup>, store: &Origin) -> anyhow::Result<Self> {
+        Ok(Self {
+            mount: setup.map(|s| s.start(store)).transpose()?,
+            system: setup.map_or(System::Limit, |s| s.system),
+        })
+    }
+
+    /// The process serving the mount; None for the limit.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.mount.as_ref().and_then(Mounted::pid)
+    }
+
+    /// Stops the mount, if there is one.
+    pub(crate) fn stop(self) -> anyhow::Result<()> {
+        self.mount.map_or(Ok(()), Mounted::stop)
+    }
 }
 
 /// A running mount. Dropped, its process is killed and its mount detached.
