@@ -293,13 +293,6 @@ fn bit(bits: &[u64], index: u64) -> bool {
         .is_some_and(|word| word & (1u64 << (index % 64)) != 0)
 }
 
-impl Progress {
-    /// Whether a reader read any of block `index`.
-    fn was_read(&self, index: u32) -> bool {
-        bit(&self.read.lock().blocks, u64::from(index))
-    }
-}
-
 impl ModelLoad {
     /// Notes that a reader read bytes `range` of the object (within it).
     pub(crate) fn note_read(&self, range: Range<u64>) {
@@ -438,8 +431,11 @@ impl Cache {
             }
             while next_read < allowed && reads.len() < DISK_READS_AHEAD {
                 let key = (object.id, next_read);
-                let wanted = self.inner.store.contains(object.id, next_read)
-                    && !progress.was_read(next_read)
+                // Also a block a reader read in part first: checked whole, it lets the next
+                // open of the file pass through.
+                let store = &self.inner.store;
+                let wanted = store.contains(object.id, next_read)
+                    && !store.verified(object.id, next_read)
                     && !self.sharing().holds_kept(key);
                 // A block read ahead must be kept until its reader comes: else it is read
                 // again. The reads in flight will be kept too.

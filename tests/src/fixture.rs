@@ -296,6 +296,12 @@ impl File {
         self.namespace.read(self.fh, offset, len).await
     }
 
+    /// Whether the namespace offered the file for passthrough: the kernel would read the data
+    /// file itself.
+    pub fn passed_through(&self) -> bool {
+        self.backing.is_some()
+    }
+
     /// Reads `len` bytes at `offset` if they can be answered at once, as on a FUSE thread
     /// (blocks in memory, or small reads of verified blocks on disk); `None` sends the read
     /// on to [`File::read`].

@@ -85,7 +85,14 @@ async fn upload(server: &S3Server, key: &str, bytes: Vec<u8>) {
 }
 
 async fn fixture(server: &Arc<S3Server>, dir: &tempfile::TempDir) -> CacheFixture {
+    fixture_with(server, dir, false).await
+}
+
+/// [`fixture`], offering files whose every block is cached and checked for passthrough if
+/// `passthrough`.
+async fn fixture_with(server: &Arc<S3Server>, dir: &tempfile::TempDir, passthrough: bool) -> CacheFixture {
     let mut config = test_config(dir.path(), MIB, IoEngineKind::Uring, &server.url());
+    config.cache.passthrough = passthrough;
     // A first readahead window of one block: what the sequential detector fetches ahead of a
     // read at the start of the file is then one block, and what is fetched beyond it is the
     // model load's.
@@ -197,7 +204,7 @@ async fn a_model_loaded_after_a_restart_is_read_from_disk_ahead_of_its_reader() 
     let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
     upload(&server, key, bytes.clone()).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let fx = fixture(&server, &dir).await;
+    let fx = fixture_with(&server, &dir, true).await;
     let file = fx.open_file(key).await.expect("open");
     assert!(file.read_all().await.expect("cold read") == bytes);
     // Key order, as vLLM's iterator: by name, not file order.
@@ -207,6 +214,7 @@ async fn a_model_loaded_after_a_restart_is_read_from_disk_ahead_of_its_reader() 
     let fx = fx.restart().await.expect("restart");
 
     let file = fx.open_file(key).await.expect("open");
+    assert!(!file.passed_through(), "no block is checked yet after a restart");
     read_header(&file).await;
     let (_, first) = tensors.first().expect("tensors");
     let got = read_in_pieces(&file, first.clone(), 128 * 1024).await;
@@ -232,6 +240,17 @@ async fn a_model_loaded_after_a_restart_is_read_from_disk_ahead_of_its_reader() 
     // read again from disk. (Before, without the load: 1.55x.)
     let read = fx.disk.read_bytes();
     assert!(read <= size * 5 / 4, "{read} bytes read from disk for {size}");
+    // Every block was checked whole, the ones the loader read in part first too: the next
+    // open passes the file through (once the load's last checks, in flight, are done).
+    drop(file);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fx.open_file(key).await.expect("open").passed_through() {
+        assert!(
+            Instant::now() < deadline,
+            "the model is not passed through after its load"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(server.ranged_gets().len() == fetches_before_restart(&server, key));
 }
 
