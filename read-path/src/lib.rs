@@ -148,6 +148,19 @@ struct Block {
 }
 type BlockKey = (ObjectId, u32);
 
+impl Block {
+    /// Bytes `part` of this whole block.
+    fn part(&self, part: &Range<usize>) -> Self {
+        Self {
+            bytes: self.bytes.slice(part.clone()),
+            start: self.start + part.start as u64,
+            source: self.source,
+            written: self.written,
+            hash: self.hash,
+        }
+    }
+}
+
 /// A pinned object version and the origin it comes from: what a file handle holds.
 #[derive(Debug)]
 pub struct OpenObject {
@@ -415,13 +428,7 @@ impl Cache {
         add(&self.inner.stats.lookup_hit, 1);
         Some(match part {
             None => block,
-            Some(part) => Block {
-                bytes: block.bytes.slice(part.clone()),
-                start: block.start + part.start as u64,
-                source: block.source,
-                written: block.written,
-                hash: block.hash,
-            },
+            Some(part) => block.part(part),
         })
     }
 

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::fill::FillFor;
-use super::{Cache, OpenObject, ReadError};
+use super::{Block, Cache, OpenObject, ReadError};
 
 /// The largest header read: the safetensors library itself refuses headers over 100 MB, and
 /// a model of 10,000 tensors has a header of about 1 MiB.
@@ -251,13 +251,14 @@ pub struct ModelLoad {
     cache: Cache,
     id: ObjectId,
     block_size: u64,
-    /// [`COVERAGE_UNIT`]s in the object.
-    units: u64,
+    /// The object's size.
+    size: u64,
     _stop: DropGuard,
 }
 
 /// What the readers of a load have read: the blocks they touched (the load's pace), and the
-/// [`COVERAGE_UNIT`]s of bytes (a block all of whose units were read is let go from memory).
+/// bytes read of the blocks touched and not yet read whole (a block read whole is let go
+/// from memory).
 #[derive(Debug)]
 struct Progress {
     read: Mutex<Read>,
@@ -265,64 +266,64 @@ struct Progress {
     moved: Notify,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Read {
     /// A bit per block touched.
-    blocks: Vec<u64>,
-    /// A bit per [`COVERAGE_UNIT`] read.
-    units: Vec<u64>,
+    touched: Vec<u64>,
+    /// The ranges read of each block touched and not read whole: sorted, disjoint, merged.
+    partly: HashMap<u32, Vec<Range<u64>>>,
 }
 
-/// The granule in which a load tracks the bytes read: the block tree's group.
-const COVERAGE_UNIT: u64 = 16 << 10;
-
-/// Sets bit `index` of `bits`; whether it was clear.
-fn set_bit(bits: &mut [u64], index: u64) -> bool {
-    let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
-    match bits.get_mut(word) {
-        Some(word) if *word & bit == 0 => {
-            *word |= bit;
-            true
+/// Adds `range` to `ranges` (sorted, disjoint, merged where they touch).
+fn merge(ranges: &mut Vec<Range<u64>>, range: Range<u64>) {
+    let (mut start, mut end) = (range.start, range.end);
+    ranges.retain(|r| {
+        let apart = r.end < start || r.start > end;
+        if !apart {
+            start = start.min(r.start);
+            end = end.max(r.end);
         }
-        _ => false,
-    }
-}
-
-fn bit(bits: &[u64], index: u64) -> bool {
-    bits.get((index / 64) as usize)
-        .is_some_and(|word| word & (1u64 << (index % 64)) != 0)
+        apart
+    });
+    let at = ranges.partition_point(|r| r.start < start);
+    ranges.insert(at, start..end);
 }
 
 impl ModelLoad {
-    /// Notes that a reader read bytes `range` of the object (within it).
+    /// Notes that a reader was served bytes `range` of the object (within it).
     pub(crate) fn note_read(&self, range: Range<u64>) {
         if range.is_empty() {
             return;
         }
         let (progress, block_size) = (&self.progress, self.block_size);
-        let (first, last) = (range.start / block_size, (range.end - 1) / block_size);
-        let units_per_block = block_size.div_ceil(COVERAGE_UNIT);
+        let (first, last) = (
+            (range.start / block_size) as u32,
+            ((range.end - 1) / block_size) as u32,
+        );
         let mut touched = 0;
-        let mut done = Vec::new();
+        let mut whole = Vec::new();
         {
             let mut read = progress.read.lock();
             for block in first..=last {
-                touched += u32::from(set_bit(&mut read.blocks, block));
-            }
-            let mut newly = false;
-            for unit in range.start / COVERAGE_UNIT..=(range.end - 1) / COVERAGE_UNIT {
-                newly |= set_bit(&mut read.units, unit);
-            }
-            if newly {
-                for block in first..=last {
-                    let units = block * units_per_block..((block + 1) * units_per_block).min(self.units);
-                    if units.clone().all(|unit| bit(&read.units, unit)) {
-                        done.push(block as u32);
-                    }
+                let (word, bit) = ((block / 64) as usize, 1u64 << (block % 64));
+                if let Some(word) = read.touched.get_mut(word)
+                    && *word & bit == 0
+                {
+                    *word |= bit;
+                    touched += 1;
+                }
+                let extent =
+                    u64::from(block) * block_size..(u64::from(block + 1) * block_size).min(self.size);
+                let part = range.start.max(extent.start)..range.end.min(extent.end);
+                let ranges = read.partly.entry(block).or_default();
+                merge(ranges, part);
+                if ranges.first() == Some(&extent) {
+                    read.partly.remove(&block);
+                    whole.push(block);
                 }
             }
         }
-        for block in done {
+        for block in whole {
             self.cache.sharing().release_kept((self.id, block));
         }
         if touched > 0 {
@@ -354,11 +355,10 @@ impl Cache {
         }
         loads.retain(|_, load| load.strong_count() > 0);
         let blocks = u64::from(self.block_count(object));
-        let units = object.version.size.div_ceil(COVERAGE_UNIT);
         let progress = Arc::new(Progress {
             read: Mutex::new(Read {
-                blocks: vec![0; blocks.div_ceil(64) as usize],
-                units: vec![0; units.div_ceil(64) as usize],
+                touched: vec![0; blocks.div_ceil(64) as usize],
+                partly: HashMap::new(),
             }),
             count: AtomicU32::new(0),
             moved: Notify::new(),
@@ -370,7 +370,7 @@ impl Cache {
             cache: self.clone(),
             id: object.id,
             block_size: self.inner.store.block_size(),
-            units,
+            size: object.version.size,
             _stop: stop.clone().drop_guard(),
         });
         loads.insert(object.id, Arc::downgrade(&load));
@@ -446,8 +446,10 @@ impl Cache {
                 }
                 if wanted {
                     let index = next_read;
+                    // Shared with a reader that wants the block meanwhile (one disk read).
+                    let block = self.spawn_block(object, index);
                     reads.push(async move {
-                        if let Some(block) = self.lookup(object, index, None).await {
+                        if let Ok(block) = block.await {
                             self.keep((object.id, index), &block);
                         }
                     });
@@ -461,6 +463,27 @@ impl Cache {
                 Some(()) = reads.next() => {}
             }
         }
+    }
+}
+
+impl Cache {
+    /// Bytes `part` of block `index` of a loaded object, for its reader: from the block kept
+    /// for the load's readers, else from the whole block (from disk, checked whole, or
+    /// fetched), which is then kept for the reads of its other parts (beyond the room kept
+    /// blocks have: a reader's own block must not be read whole again for each part).
+    pub(crate) async fn loaded_block(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        part: Range<usize>,
+    ) -> Result<Block, ReadError> {
+        let key = (object.id, index);
+        if let Some(block) = self.take_kept(key, Some(&part)) {
+            return Ok(block);
+        }
+        let block = self.spawn_block(object, index).await?;
+        self.sharing().keep(key, &block, u64::MAX);
+        Ok(block.part(&part))
     }
 }
 

@@ -97,11 +97,12 @@ impl Reader {
         let Some(span) = Span::new(&self.object, block_size, offset, len) else {
             return Ok(Bytes::new());
         };
-        if let Some(load) = &self.load {
-            load.note_read(span.offset..span.end);
-        }
         let wanted = self.plan(&span);
         let result = futures::future::try_join_all(wanted).await;
+        // After the read is served: a block read whole is let go from memory.
+        if let (Some(load), Ok(_)) = (&self.load, &result) {
+            load.note_read(span.offset..span.end);
+        }
         if result.is_err() {
             // Do not keep failures: the next read tries again.
             self.state
@@ -122,6 +123,16 @@ impl Reader {
         let span = Span::new(&self.object, block_size, offset, len)?;
         if span.first != span.last || len > larder_store::READ_NOW_MAX {
             return None;
+        }
+        if self.load.is_some() {
+            // Only what the load keeps: a part read from disk here would go unchecked whole.
+            let part = span.within(span.first, block_size);
+            let block = self.cache.take_kept((self.object.id, span.first), Some(&part))?;
+            let bytes = span.assemble(&[block], self.cache.stats(), self.opened);
+            if let Some(load) = &self.load {
+                load.note_read(span.offset..span.end);
+            }
+            return Some(bytes);
         }
         let held = {
             let state = self.state.lock();
@@ -191,9 +202,10 @@ impl Reader {
                 .blocks()
                 .map(|index| match state.blocks.get(&index) {
                     Some(block) => Want::Held(block.clone()),
-                    // A model load reads ahead for its readers, whole blocks kept until a
-                    // read reaches their end: a reader of it takes the parts it reads.
-                    None if self.load.is_some() || !step.sequential || !cache.room_to_hold() => Want::Part {
+                    // A model load reads ahead for its readers: a reader of it reads whole
+                    // blocks, kept for the reads of their other parts, and nothing ahead.
+                    None if self.load.is_some() => Want::Loaded(index),
+                    None if !step.sequential || !cache.room_to_hold() => Want::Part {
                         index,
                         hold: step.sequential && !state.on_disk.contains_key(&index),
                     },
@@ -249,6 +261,11 @@ impl Reader {
             .map(|want| match want {
                 Want::Held(block) => block.boxed(),
                 Want::Whole(index) => spawned[&index].clone().boxed(),
+                Want::Loaded(index) => {
+                    let (cache, object) = (cache.clone(), self.object.clone());
+                    let part = span.within(index, block_size);
+                    async move { cache.loaded_block(&object, index, part).await }.boxed()
+                }
                 Want::Part { index, .. } => {
                     let (cache, object) = (cache.clone(), self.object.clone());
                     let part = span.within(index, block_size);
@@ -289,6 +306,8 @@ enum Want {
     Whole(u32),
     /// Only the part the read covers; `hold`: hold the block on disk while the reader is in it.
     Part { index: u32, hold: bool },
+    /// The part the read covers, of the whole block kept for the load's readers.
+    Loaded(u32),
 }
 
 /// The blocks a read covers, and how to cut the read out of them.

@@ -231,15 +231,15 @@ async fn a_model_loaded_after_a_restart_is_read_from_disk_ahead_of_its_reader() 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for (name, extent) in &tensors {
+    for (name, extent) in &tensors[1..] {
         let got = read_in_pieces(&file, extent.clone(), 128 * 1024).await;
         assert!(got == bytes[extent.start as usize..extent.end as usize], "{name}");
     }
-    // Each block read about once: a block is let go from memory once every byte of it was
-    // read, and the piece of a tensor that shares a group with the next one read before it is
-    // read again from disk. (Before, without the load: 1.55x.)
+    // Each block read from disk once (the loader's and the load's reads of one block are one
+    // read), and let go from memory once every byte of it was read. (Before, without the
+    // load: 1.55x.)
     let read = fx.disk.read_bytes();
-    assert!(read <= size * 5 / 4, "{read} bytes read from disk for {size}");
+    assert!(read <= size * 11 / 10, "{read} bytes read from disk for {size}");
     // Every block was checked whole, the ones the loader read in part first too: the next
     // open passes the file through (once the load's last checks, in flight, are done).
     drop(file);
