@@ -11,8 +11,12 @@ use futures::StreamExt;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-/// Drops the page cache so reads come from the disk; false where that is not allowed.
+/// Drops the page cache so reads come from the disk; false where that is not allowed. Dirty
+/// pages are written back first: a file written just before (a local copy) would otherwise
+/// keep its pages, and a read of it would be a read of memory.
 pub(crate) fn drop_page_cache() -> bool {
+    // SAFETY: sync takes no arguments and cannot fail.
+    unsafe { libc::sync() };
     let dropped = std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok();
     // These machines are VMs whose host takes freed guest memory back shortly after it is
     // freed (free page reporting); a read that starts at once finds some pages still mapped and
