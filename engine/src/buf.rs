@@ -27,6 +27,9 @@ pub fn align_up(n: u64) -> u64 {
 /// Buffers at least this large are mapped and pooled.
 const MAPPED_MIN: usize = 1 << 20;
 
+/// A transparent huge page on x86-64 and most arm64 kernels: where mapped buffers start.
+const HUGE_PAGE: usize = 2 << 20;
+
 /// Bytes of dropped mapped buffers kept for reuse.
 const POOL_BYTES: usize = 64 << 20;
 
@@ -89,20 +92,41 @@ impl AlignedBuf {
                 return pool.buffers.swap_remove(i).0;
             }
         }
+        // Mapped with room to start on a huge page boundary, the rest given back: a block
+        // buffer then faults in a few 2 MiB pages, not a thousand 4 KiB ones (a tenth of a
+        // cold read's CPU went to those faults).
+        let mapped = capacity + HUGE_PAGE;
         // SAFETY: a new private anonymous mapping; no existing memory is affected.
         let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                capacity,
+                mapped,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
         };
-        match NonNull::new(raw.cast::<u8>()) {
-            Some(ptr) if raw != libc::MAP_FAILED => ptr,
-            _ => alloc::handle_alloc_error(Self::layout(capacity)),
+        if raw == libc::MAP_FAILED || raw.is_null() {
+            alloc::handle_alloc_error(Self::layout(capacity));
+        }
+        let start = raw as usize;
+        let aligned = start.next_multiple_of(HUGE_PAGE);
+        let (head, tail) = (aligned - start, start + mapped - (aligned + capacity));
+        // SAFETY: the head and the tail are parts of the mapping just made that the buffer
+        // does not cover; the hint only asks for huge pages (a kernel without them ignores it).
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw, head);
+            }
+            if tail > 0 {
+                libc::munmap((aligned + capacity) as *mut libc::c_void, tail);
+            }
+            libc::madvise(aligned as *mut libc::c_void, capacity, libc::MADV_HUGEPAGE);
+        }
+        match NonNull::new(aligned as *mut u8) {
+            Some(ptr) => ptr,
+            None => alloc::handle_alloc_error(Self::layout(capacity)),
         }
     }
 
