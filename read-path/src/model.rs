@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
@@ -264,6 +264,8 @@ struct Progress {
     read: Mutex<Read>,
     count: AtomicU32,
     moved: Notify,
+    /// False once the header was refused: the file is a plain file for its readers.
+    active: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -290,6 +292,11 @@ fn merge(ranges: &mut Vec<Range<u64>>, range: Range<u64>) {
 }
 
 impl ModelLoad {
+    /// Whether its readers read as a model load's (until the header is refused).
+    pub(crate) fn active(&self) -> bool {
+        self.progress.active.load(Ordering::Relaxed)
+    }
+
     /// Notes that a reader was served bytes `range` of the object (within it).
     pub(crate) fn note_read(&self, range: Range<u64>) {
         if range.is_empty() {
@@ -362,6 +369,7 @@ impl Cache {
             }),
             count: AtomicU32::new(0),
             moved: Notify::new(),
+            active: AtomicBool::new(true),
         });
         let stop = CancellationToken::new();
         self.sharing().set_loading(object.id, true);
@@ -392,6 +400,8 @@ impl Cache {
         let layout = match read_layout(self, object).await {
             Ok(Ok(layout)) => layout,
             Ok(Err(not)) => {
+                progress.active.store(false, Ordering::Relaxed);
+                self.sharing().set_loading(object.id, false);
                 if self.inner.models.refuse(object.id) {
                     tracing::warn!(
                         file = name,

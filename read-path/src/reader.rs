@@ -85,6 +85,11 @@ impl Reader {
         }
     }
 
+    /// The model load the reader takes part in, while it is one (its header held up).
+    fn load(&self) -> Option<&Arc<ModelLoad>> {
+        self.load.as_ref().filter(|load| load.active())
+    }
+
     /// The reader, taking part in `load`: its reads tell the load how far the readers got.
     pub fn loading(mut self, load: Option<Arc<ModelLoad>>) -> Self {
         self.load = load;
@@ -100,7 +105,7 @@ impl Reader {
         let wanted = self.plan(&span);
         let result = futures::future::try_join_all(wanted).await;
         // After the read is served: a block read whole is let go from memory.
-        if let (Some(load), Ok(_)) = (&self.load, &result) {
+        if let (Some(load), Ok(_)) = (self.load(), &result) {
             load.note_read(span.offset..span.end);
         }
         if result.is_err() {
@@ -124,12 +129,12 @@ impl Reader {
         if span.first != span.last || len > larder_store::READ_NOW_MAX {
             return None;
         }
-        if self.load.is_some() {
+        if self.load().is_some() {
             // Only what the load keeps: a part read from disk here would go unchecked whole.
             let part = span.within(span.first, block_size);
             let block = self.cache.take_kept((self.object.id, span.first), Some(&part))?;
             let bytes = span.assemble(&[block], self.cache.stats(), self.opened);
-            if let Some(load) = &self.load {
+            if let Some(load) = self.load() {
                 load.note_read(span.offset..span.end);
             }
             return Some(bytes);
@@ -153,7 +158,7 @@ impl Reader {
             }
         };
         let bytes = span.assemble(&[block], self.cache.stats(), self.opened);
-        if let Some(load) = &self.load {
+        if let Some(load) = self.load() {
             load.note_read(span.offset..span.end);
         }
         let step = self.step(&mut self.state.lock(), &span);
@@ -170,6 +175,7 @@ impl Reader {
         let cache = &self.cache;
         let store = cache.store();
         let block_size = store.block_size();
+        let loading = self.load().is_some();
         let (step, wants, ahead, left) = {
             let mut guard = self.state.lock();
             let state = &mut *guard;
@@ -204,7 +210,7 @@ impl Reader {
                     Some(block) => Want::Held(block.clone()),
                     // A model load reads ahead for its readers: a reader of it reads whole
                     // blocks, kept for the reads of their other parts, and nothing ahead.
-                    None if self.load.is_some() => Want::Loaded(index),
+                    None if loading => Want::Loaded(index),
                     None if !step.sequential || !cache.room_to_hold() => Want::Part {
                         index,
                         hold: step.sequential && !state.on_disk.contains_key(&index),
@@ -214,7 +220,7 @@ impl Reader {
                 .collect();
             let last = (span.last + blocks_ahead).min(cache.block_count(&self.object) - 1);
             let ahead: Vec<u32> = (span.last + 1..=last)
-                .filter(|index| self.load.is_none() && !state.blocks.contains_key(index))
+                .filter(|index| !loading && !state.blocks.contains_key(index))
                 .take_while(|_| cache.room_to_hold())
                 .collect();
             (step, wants, ahead, left)

@@ -521,3 +521,49 @@ async fn a_model_index_naming_what_is_not_beside_it_fails_the_prefetch_naming_it
         "a block was fetched"
     );
 }
+
+/// The handle whose open found the header refused reads as any plain file's from then on:
+/// small reads at random after a restart cost the groups they touch, not whole blocks. Before,
+/// that handle kept reading whole blocks for each read (the mount benchmark's random 4 KiB
+/// reads of its `model.safetensors`, random bytes, ran at 0.02x the local file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_whose_header_was_refused_reads_as_a_plain_file() {
+    capture();
+    let key = "plain/random.safetensors";
+    let bytes = content(11, 0, (8 * MIB) as usize);
+    let server = Arc::new(S3Server::start("larder-test").await.expect("s3 server"));
+    upload(&server, key, bytes.clone()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fx = fixture(&server, &dir).await;
+    let file = fx.open_file(key).await.expect("open");
+    assert!(file.read_all().await.expect("cold read") == bytes);
+    drop(file);
+    fx.cache.flush().await;
+    let fx = fx.restart().await.expect("restart");
+
+    let warned = || {
+        events_containing(key)
+            .iter()
+            .filter(|event| event.level == tracing::Level::WARN)
+            .count()
+    };
+    let before = warned();
+    let file = fx.open_file(key).await.expect("open");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while warned() == before {
+        assert!(Instant::now() < deadline, "the header was not refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let read_before = fx.disk.read_bytes();
+    // Not at the file's start, where any read starts a sequential run.
+    for i in 1..=16u64 {
+        let offset = (i * 7919 * 4096) % (8 * MIB - 4096);
+        let got = file.read(offset, 4096).await.expect("read");
+        assert!(
+            got == bytes[offset as usize..offset as usize + 4096],
+            "at {offset}"
+        );
+    }
+    let read = fx.disk.read_bytes() - read_before;
+    assert!(read < MIB, "16 reads of 4 KiB read {read} bytes from disk");
+}
