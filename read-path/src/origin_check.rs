@@ -722,6 +722,10 @@ impl Cache {
         let checks = self.checks();
         let dropped: Vec<UnsettledBlock> = bad.iter().map(|b| b.block.clone()).collect();
         self.store().drop_unsettled(object.id, &dropped).await;
+        // Nor may a copy kept in memory for a reader serve them.
+        for block in &dropped {
+            self.sharing().release_kept((object.id, block.index));
+        }
         add(&self.stats().origin_checks_mismatch, 1);
         remember(&checks.mismatched, object.id, ());
         // Blocks recorded before a restart name no member ("a member before the restart").
