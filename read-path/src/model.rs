@@ -41,6 +41,9 @@ pub const MAX_HEADER: u64 = 16 << 20;
 /// header again at each open); past this many the memory starts over.
 const REFUSED_KEPT: usize = 4096;
 
+/// Blocks present on disk a model load reads at once, ahead of its readers.
+const DISK_READS_AHEAD: usize = 8;
+
 /// Whether a file of this name is read as a safetensors model.
 pub fn is_model_file(name: &str) -> bool {
     name.ends_with(".safetensors")
@@ -347,6 +350,25 @@ impl Drop for ModelLoad {
 }
 
 impl Cache {
+    /// Bytes `part` of block `index` of a loaded object, for its reader: from the block kept
+    /// for the load's readers, else from the whole block (from disk, checked whole, or
+    /// fetched), which is then kept for the reads of its other parts (beyond the room kept
+    /// blocks have: a reader's own block must not be read whole again for each part).
+    pub(crate) async fn loaded_block(
+        &self,
+        object: &Arc<OpenObject>,
+        index: u32,
+        part: Range<usize>,
+    ) -> Result<Block, ReadError> {
+        let key = (object.id, index);
+        if let Some(block) = self.take_kept(key, Some(&part)) {
+            return Ok(block);
+        }
+        let block = self.spawn_block(object, index).await?;
+        self.sharing().keep(key, &block, u64::MAX);
+        Ok(block.part(&part))
+    }
+
     /// The load of `object` (a file named `name`) if it is read as a safetensors model: shared
     /// by every handle open on it, its header read and its data region fetched ahead of the
     /// readers from the first call on. `None` for another file, or one whose header was
@@ -475,30 +497,6 @@ impl Cache {
         }
     }
 }
-
-impl Cache {
-    /// Bytes `part` of block `index` of a loaded object, for its reader: from the block kept
-    /// for the load's readers, else from the whole block (from disk, checked whole, or
-    /// fetched), which is then kept for the reads of its other parts (beyond the room kept
-    /// blocks have: a reader's own block must not be read whole again for each part).
-    pub(crate) async fn loaded_block(
-        &self,
-        object: &Arc<OpenObject>,
-        index: u32,
-        part: Range<usize>,
-    ) -> Result<Block, ReadError> {
-        let key = (object.id, index);
-        if let Some(block) = self.take_kept(key, Some(&part)) {
-            return Ok(block);
-        }
-        let block = self.spawn_block(object, index).await?;
-        self.sharing().keep(key, &block, u64::MAX);
-        Ok(block.part(&part))
-    }
-}
-
-/// Blocks present on disk a model load reads at once, ahead of its readers.
-const DISK_READS_AHEAD: usize = 8;
 
 #[cfg(test)]
 mod tests {
